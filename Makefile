@@ -1,0 +1,31 @@
+# One-command setup: every target creates .venv/ if it is missing and brings it
+# up to date when the pinned requirements change. Safe to run repeatedly.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-cpu.txt requirements-bfcl.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements-cpu.txt
+	$(PIP) install --quiet --no-deps -r requirements-bfcl.txt
+	$(PIP) install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+demo: $(STAMP)
+	$(VENV)/bin/rcgrpo score --ground-truth --summary
+
+bench: $(STAMP)
+	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,77 @@
+"""`rcgrpo`: the project's command line.
+
+Subcommands:
+  score   replay tool calls (JSONL) through the BFCL environment and score them
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _score(args: argparse.Namespace) -> int:
+    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLSuite
+    from nemo_rcgrpo.score import ground_truth_lines, score_lines, summary_table, write_jsonl
+
+    try:
+        suite = BFCLSuite(args.categories) if args.categories else BFCLSuite()
+    except (BFCLDataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.ground_truth:
+        lines = list(ground_truth_lines(suite))
+    elif args.input:
+        try:
+            lines = Path(args.input).read_text().splitlines()
+        except OSError as e:
+            print(f"error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
+            return 2
+    else:
+        print("error: give IN.jsonl (and OUT.jsonl), or --ground-truth", file=sys.stderr)
+        return 2
+    progress = tqdm(lines, desc="scoring", unit="traj", file=sys.stderr, disable=args.quiet)
+    records = score_lines(suite, progress, arg_types=args.arg_types)
+    if args.output:
+        out_path = Path(args.output)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        with out_path.open("w") as out:
+            results = write_jsonl(records, out)
+    else:
+        results = list(records)
+    bad = sum(1 for r in results if "error" in r and "reward" not in r)
+    if args.summary or not args.output:
+        print(summary_table(results))
+    if bad:
+        print(f"{bad} line(s) could not be scored (see 'error' in the output)", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
+    p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
+    p.add_argument("output", nargs="?", help="JSONL of per-line scores (omit to print only the summary)")
+    p.add_argument("--ground-truth", action="store_true", help="score the ground truth itself (a self-check)")
+    p.add_argument("--categories", nargs="+", help="restrict to these BFCL categories (default: all four)")
+    p.add_argument("--arg-types", choices=("bfcl", "strict"), default="bfcl",
+                   help="argument type checking: 'bfcl' lets the API judge (leaderboard behaviour), "
+                   "'strict' rejects values that do not match the documented type")
+    p.add_argument("--summary", action="store_true", help="print the per-category table")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

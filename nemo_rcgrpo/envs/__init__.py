@@ -1,0 +1,1 @@
+"""Environments (one instance per rollout)."""

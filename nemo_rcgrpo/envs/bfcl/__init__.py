@@ -1,0 +1,25 @@
+"""BFCL v4 multi-turn environment: tasks, safe executor, per-rollout env, reward."""
+
+from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, BFCLEnv, StepResult, merged_prompt
+from nemo_rcgrpo.envs.bfcl.executor import CallRejected, Toolbox, parse_call_string, to_tool_call
+from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, compute_reward, replay_gold
+from nemo_rcgrpo.envs.bfcl.schemas import to_openai_tool
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+
+__all__ = [
+    "BFCLEnv",
+    "BFCLSuite",
+    "BFCLTask",
+    "CATEGORIES",
+    "CallRejected",
+    "EPISODE_MODES",
+    "GoldReplay",
+    "StepResult",
+    "Toolbox",
+    "compute_reward",
+    "merged_prompt",
+    "parse_call_string",
+    "replay_gold",
+    "to_openai_tool",
+    "to_tool_call",
+]

@@ -1,0 +1,301 @@
+"""Safe execution of model-written tool calls against per-rollout BFCL API objects.
+
+Model output is data, never code. BFCL's own executor ``eval()``s the call
+text (arbitrary code execution) and caches API objects in module globals; this
+one instead:
+
+1. parses a call string with ``ast`` (``mv(source='a', destination='b')``,
+   positional arguments allowed) or takes an OpenAI-style ``{"name",
+   "arguments"}`` call; every argument must be a literal (``ast.literal_eval``
+   or JSON), so nested calls, names, lambdas and attribute chains are refused;
+2. dispatches only to documented public methods of the rollout's own
+   instances that are offered at this point of the episode;
+3. binds arguments to the method signature before anything runs; with
+   ``arg_types="strict"`` it also checks them against the documented types
+   (the default ``"bfcl"`` lets the API method judge them, as BFCL does: one
+   ground-truth call, ``close_ticket(ticket_id='ticket_001')``, relies on it);
+4. formats the result exactly like BFCL's executor (str as is, dict as
+   ``json.dumps`` falling back to ``str``, anything else ``str``, exceptions as
+   ``"Error during execution: ..."``), so observations match the leaderboard's.
+
+Every rejection comes back as an error observation, never as an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import decimal
+import inspect
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping
+
+import mpmath
+
+from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
+from nemo_rcgrpo.types import ToolCall, ToolCallError
+
+MAX_CALL_CHARS = 16_384  # longest call string accepted (ground truth: < 400)
+MAX_NESTING = 16  # deepest list/dict nesting accepted in an argument
+MAX_INT_DIGITS = 30  # integers beyond this are not plausible API arguments
+MAX_PRECISION = 1_000  # MathAPI precision arguments (mpmath / decimal digits)
+MAX_INT_EXPONENT = 4_096  # MathAPI power() with integer base and exponent
+
+# BFCL's MathAPI mutates process-wide numeric state (mpmath.mp.dps; the decimal
+# context) and long-context VehicleControlAPI writes into a module-level dict
+# before returning it. Calls are therefore run, formatted and the numeric state
+# restored under one lock, so concurrently stepped rollouts never observe each
+# other. It guards third-party globals; it holds no state of its own.
+_BFCL_GLOBALS_LOCK = threading.Lock()
+
+
+class CallRejected(ValueError):
+    """A call that must not run; the message becomes the error observation."""
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _check_nesting(value: Any, depth: int = 0) -> None:
+    if depth > MAX_NESTING:
+        raise CallRejected(f"argument nested deeper than {MAX_NESTING} levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_nesting(k, depth + 1)
+            _check_nesting(v, depth + 1)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            _check_nesting(v, depth + 1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > MAX_INT_DIGITS * 3.33:
+            raise CallRejected(f"integer argument with more than {MAX_INT_DIGITS} digits")
+    elif isinstance(value, complex):
+        raise CallRejected("complex numbers are not valid arguments")
+
+
+def _literal(node: ast.AST, what: str) -> Any:
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise CallRejected(
+            f"{what} is not a literal value (only strings, numbers, booleans, None, lists, dicts and "
+            f"tuples are allowed; no expressions, names or nested calls)"
+        ) from None
+    _check_nesting(value)
+    return value
+
+
+def parse_call_string(text: str, call_id: str | None = None) -> ToolCall:
+    """``"mv(source='a', destination='b')"`` -> ToolCall. Raises CallRejected."""
+    if not isinstance(text, str):
+        raise CallRejected(f"a call must be a string, got {type(text).__name__}")
+    if len(text) > MAX_CALL_CHARS:
+        raise CallRejected(f"call is {len(text)} characters long; the limit is {MAX_CALL_CHARS}")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+        raise CallRejected(f"not a valid function call: {type(e).__name__}: {e}") from None
+    call = tree.body
+    if not isinstance(call, ast.Call):
+        raise CallRejected("expected a single function call like name(arg=value)")
+    if not isinstance(call.func, ast.Name):
+        raise CallRejected("the called function must be a plain tool name (no attributes, subscripts or calls)")
+    args = []
+    for i, a in enumerate(call.args):
+        if isinstance(a, ast.Starred):
+            raise CallRejected("*args unpacking is not allowed")
+        args.append(_literal(a, f"positional argument {i}"))
+    kwargs: dict[str, Any] = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise CallRejected("**kwargs unpacking is not allowed")
+        if kw.arg in kwargs:
+            raise CallRejected(f"argument {kw.arg!r} given twice")
+        kwargs[kw.arg] = _literal(kw.value, f"argument {kw.arg!r}")
+    return ToolCall(name=call.func.id, kwargs=kwargs, args=tuple(args), id=call_id)
+
+
+def parse_json_call(obj: Mapping[str, Any], call_id: str | None = None) -> ToolCall:
+    """OpenAI-style ``{"name": ..., "arguments": {...} | "json"}`` -> ToolCall."""
+    if "function" in obj and isinstance(obj["function"], Mapping):  # full OpenAI tool_call dict
+        call_id = obj.get("id", call_id)
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise CallRejected("a tool call needs a non-empty string 'name'")
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, str):
+        if len(arguments) > MAX_CALL_CHARS:
+            raise CallRejected(f"arguments are {len(arguments)} characters long; the limit is {MAX_CALL_CHARS}")
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError) as e:
+            raise CallRejected(f"arguments of {name!r} are not valid JSON: {e}") from None
+    if not isinstance(arguments, Mapping):
+        raise CallRejected(f"arguments of {name!r} must be a JSON object, got {type(arguments).__name__}")
+    if not all(isinstance(k, str) for k in arguments):
+        raise CallRejected(f"argument names of {name!r} must be strings")
+    _check_nesting(dict(arguments))
+    return ToolCall(name=name, kwargs=dict(arguments), id=call_id)
+
+
+def to_tool_call(raw: Any, call_id: str | None = None) -> ToolCall | ToolCallError:
+    """Any accepted call form -> ToolCall, or ToolCallError saying why not."""
+    if isinstance(raw, (ToolCall, ToolCallError)):
+        return raw
+    try:
+        if isinstance(raw, str):
+            return parse_call_string(raw, call_id)
+        if isinstance(raw, Mapping):
+            return parse_json_call(raw, call_id)
+        raise CallRejected(f"a call must be a string or an object with 'name' and 'arguments', got {type(raw).__name__}")
+    except CallRejected as e:
+        text = raw if isinstance(raw, str) else repr(raw)
+        return ToolCallError(raw=text[:200], message=str(e), id=call_id)
+
+
+# --------------------------------------------------------------------------- validation
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "float": (int, float),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "list": (list, tuple),
+    "tuple": (list, tuple),
+    "dict": (dict,),
+    "object": (dict,),
+}
+
+
+def _check_type(value: Any, spec: Mapping[str, Any], where: str) -> None:
+    typ = spec.get("type", "any")
+    if typ == "any" or value is None and "default" in spec:
+        return
+    allowed = _JSON_TYPES.get(typ)
+    if allowed is None:
+        return
+    if isinstance(value, bool) and bool not in allowed:
+        raise CallRejected(f"{where} must be of type {typ}, got a boolean")
+    if not isinstance(value, allowed):
+        raise CallRejected(f"{where} must be of type {typ}, got {type(value).__name__} {value!r:.60}")
+    if "items" in spec and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_type(item, spec["items"], f"{where}[{i}]")
+
+
+def _resource_guard(name: str, arguments: Mapping[str, Any]) -> None:
+    """Refuse arguments that would make a documented method run for minutes."""
+    precision = arguments.get("precision")
+    if isinstance(precision, int) and precision > MAX_PRECISION:
+        raise CallRejected(f"precision {precision} exceeds the limit of {MAX_PRECISION}")
+    if name == "power":
+        base, exponent = arguments.get("base"), arguments.get("exponent")
+        if isinstance(base, int) and isinstance(exponent, int) and abs(exponent) > MAX_INT_EXPONENT:
+            raise CallRejected(f"integer exponent {exponent} exceeds the limit of {MAX_INT_EXPONENT}")
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class ExecutedCall:
+    """A call that passed validation and ran. ``arguments`` are bound by name."""
+
+    name: str
+    arguments: Mapping[str, Any]  # explicit arguments only (positional bound to names)
+    full_arguments: Mapping[str, Any]  # with the signature's defaults applied
+    result: str
+    ok: bool  # False when the API method itself raised
+
+
+def format_result(result: Any) -> str:
+    """BFCL's result formatting (multi_turn_utils.execute_multi_turn_func_call)."""
+    if type(result) is str:
+        return result
+    if type(result) is dict:
+        try:
+            return json.dumps(result)
+        except Exception:
+            return str(result)
+    return str(result)
+
+
+ArgTypes = Literal["bfcl", "strict"]
+ARG_TYPE_MODES: tuple[str, ...] = ("bfcl", "strict")
+
+
+class Toolbox:
+    """The callable surface of one rollout: its own API instances, documented tools only."""
+
+    def __init__(self, instances: Mapping[str, object], tools: Iterable[ToolDoc], arg_types: ArgTypes = "bfcl"):
+        if arg_types not in ARG_TYPE_MODES:
+            raise ValueError(f"unknown arg_types {arg_types!r}; choose one of {ARG_TYPE_MODES}")
+        self.arg_types = arg_types
+        self.instances = dict(instances)
+        self._tools: dict[str, ToolDoc] = {}
+        self._signatures: dict[str, inspect.Signature] = {}
+        for tool in tools:
+            instance = self.instances.get(tool.class_name)
+            if instance is None:
+                continue
+            fn = inspect.getattr_static(type(instance), tool.name, None)
+            if tool.name.startswith("_") or not inspect.isfunction(fn):
+                raise ValueError(f"documented tool {tool.name} is not a public method of {tool.class_name}")
+            self._tools[tool.name] = tool
+            self._signatures[tool.name] = inspect.signature(fn)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._tools)
+
+    def bind(self, call: ToolCall, offered: frozenset[str] | None = None) -> tuple[ToolDoc, inspect.BoundArguments]:
+        """Resolve and validate a call without running it. Raises CallRejected."""
+        if call.name not in self._tools:
+            raise CallRejected(f"unknown tool {call.name!r}; available tools: {', '.join(sorted(offered or self._tools))}")
+        if offered is not None and call.name not in offered:
+            raise CallRejected(f"tool {call.name!r} is not available at this point of the conversation")
+        tool = self._tools[call.name]
+        sig = self._signatures[call.name]
+        try:
+            bound = sig.bind(None, *call.args, **call.kwargs)  # None stands in for self
+        except TypeError as e:
+            raise CallRejected(f"invalid arguments for {call.name}: {e}") from None
+        explicit = {k: v for k, v in bound.arguments.items() if k != "self"}
+        params = tool.parameters
+        for key, value in explicit.items():
+            if key not in params:
+                raise CallRejected(f"{call.name} has no documented parameter {key!r}")
+            if self.arg_types == "strict":
+                _check_type(value, params[key], f"{call.name}.{key}")
+        _resource_guard(call.name, explicit)
+        return tool, bound
+
+    def execute(self, call: ToolCall, offered: frozenset[str] | None = None) -> ExecutedCall:
+        """Run one validated call. Raises CallRejected when it must not run."""
+        tool, bound = self.bind(call, offered)
+        explicit = {k: v for k, v in bound.arguments.items() if k != "self"}
+        instance = self.instances[tool.class_name]
+        method = getattr(instance, tool.name)
+        with _BFCL_GLOBALS_LOCK:
+            dps, dec_ctx = mpmath.mp.dps, decimal.getcontext().copy()
+            try:
+                result, ok = format_result(method(*bound.args[1:], **bound.kwargs)), True
+            except Exception as e:  # the API's own errors are observations, as in BFCL
+                result, ok = f"Error during execution: {e}", False
+            finally:
+                mpmath.mp.dps = dps
+                decimal.setcontext(dec_ctx)
+        bound.apply_defaults()
+        full = {k: v for k, v in bound.arguments.items() if k != "self"}
+        return ExecutedCall(tool.name, explicit, full, result, ok)
+
+    def bind_arguments(self, call: ToolCall) -> dict[str, Any]:
+        """Explicit arguments of a (ground-truth) call, positional ones bound to names."""
+        _, bound = self.bind(call)
+        return {k: v for k, v in bound.arguments.items() if k != "self"}
