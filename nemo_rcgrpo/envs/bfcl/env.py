@@ -6,6 +6,8 @@ Two episode shapes:
   follows; a miss_func holdout turn offers the held-out tools with BFCL's
   "I have updated some more functions" message. Ends after the last turn or
   when a turn exceeds ``max_steps`` tool-calling steps (force quit, as BFCL).
+  With ``on_parse_failure="end_turn"`` a message none of whose calls parse
+  ends the turn, as BFCL's inference loop does.
 - ``merged`` (the paper's RL episode): all user turns in one prompt
   ("Step 1: ... Step 2: ..."), every tool offered from the start plus a
   ``done()`` tool; ends on ``done()``, on a message without tool calls, or
@@ -35,6 +37,11 @@ from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo,
 
 EpisodeMode = Literal["per_turn", "merged"]
 EPISODE_MODES: tuple[str, ...] = ("per_turn", "merged")
+# What an assistant message whose calls all fail to parse does: "observe" returns
+# error observations (useful feedback in RL); "end_turn" ends the turn, which is
+# what BFCL's inference loop does when decoding fails.
+ParseFailure = Literal["observe", "end_turn"]
+PARSE_FAILURE_MODES: tuple[str, ...] = ("observe", "end_turn")
 
 SYSTEM_PROMPTS: dict[str, str] = {
     "per_turn": (
@@ -83,9 +90,12 @@ class BFCLEnv:
         system_prompt: str | None = None,
         tool_response: ResponseMode = "description",
         arg_types: ArgTypes = "bfcl",
+        on_parse_failure: ParseFailure = "observe",
     ):
         if mode not in EPISODE_MODES:
             raise ValueError(f"unknown episode mode {mode!r}; choose one of {EPISODE_MODES}")
+        if on_parse_failure not in PARSE_FAILURE_MODES:
+            raise ValueError(f"unknown on_parse_failure {on_parse_failure!r}; choose one of {PARSE_FAILURE_MODES}")
         if max_steps < 1 or max_calls_per_step < 1:
             raise ValueError("max_steps and max_calls_per_step must be >= 1")
         self.mode = mode
@@ -94,6 +104,7 @@ class BFCLEnv:
         self.system_prompt = SYSTEM_PROMPTS[mode] if system_prompt is None else system_prompt
         self.tool_response = tool_response
         self.arg_types = arg_types
+        self.on_parse_failure = on_parse_failure
         self.task: BFCLTask | None = None
 
     # ------------------------------------------------------------------ episode
@@ -142,6 +153,11 @@ class BFCLEnv:
             raise RuntimeError("episode is over; call reset(task) to start another")
         if not calls:
             return self._end_turn()
+        if self.on_parse_failure == "end_turn":
+            parsed = [to_tool_call(c) for c in calls]
+            if not any(isinstance(c, ToolCall) for c in parsed):
+                return self._end_turn()
+            calls = parsed
         log = self.turns[self.turn]
         observations: list[Observation] = []
         step_log: list[Observation] = []
@@ -168,7 +184,7 @@ class BFCLEnv:
         if finished:
             self._finish()
             return StepResult(observations, messages, done=True)
-        if len(log.steps) >= self.max_steps:
+        if len(log.steps) > self.max_steps:  # BFCL: force quit when count > MAXIMUM_STEP_LIMIT
             self.force_quit = f"more than {self.max_steps} tool-calling steps in turn {self.turn}"
             if self.mode == "per_turn":
                 self._close_turn()
