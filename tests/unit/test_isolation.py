@@ -67,3 +67,44 @@ def test_concurrent_rollouts_in_threads(suite):
     for t in threads:
         t.join()
     assert errors == [] and rewards == [1.0] * (len(tasks) * 6)
+
+
+def _mutable_ids(obj, seen, depth=0):
+    """ids of every mutable container reachable from obj (dicts, lists, sets, objects)."""
+    if id(obj) in seen or depth > 60 or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return
+    if isinstance(obj, (dict, list, set)) or hasattr(obj, "__dict__"):
+        seen.add(id(obj))
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _mutable_ids(v, seen, depth + 1)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            _mutable_ids(v, seen, depth + 1)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and not callable(obj):
+        for v in vars(obj).values():
+            _mutable_ids(v, seen, depth + 1)
+
+
+def test_no_instance_state_is_reachable_from_bfcl_module_globals(suite):
+    import importlib
+
+    from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state
+    from nemo_rcgrpo.envs.bfcl.tasks import API_CLASSES
+
+    module_objects: set[int] = set()
+    names = [API_CLASSES[c][0] for c in API_CLASSES] + [
+        "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.long_context"]
+    for name in names:
+        for key, value in vars(importlib.import_module(name)).items():
+            if key.isupper():  # module-level constants such as CREDIT_CARD_EXTENSION, DEFAULT_STATE
+                _mutable_ids(value, module_objects)
+    assert module_objects
+    shared = []
+    for task in suite:
+        for class_name, instance in build_instances(task).items():
+            reachable: set[int] = set()
+            _mutable_ids(public_state(instance), reachable)
+            if reachable & module_objects:
+                shared.append((task.id, class_name))
+    assert shared == []

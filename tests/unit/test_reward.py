@@ -169,3 +169,19 @@ def test_parse_failure_modes(suite):
     assert bfcl_like.step(["mv(", "ls()"]).observations[1].ok  # one decodable call: the step runs
     with pytest.raises(ValueError, match="on_parse_failure"):
         BFCLEnv(on_parse_failure="ignore")
+
+
+@pytest.mark.parametrize(
+    "turns, turn, error_type",
+    [
+        (_edit(3, 1, "cp(source='previous_report.pdf',destination='temp')"), 3, "multi_turn:instance_state_mismatch"),
+        (_edit(1, 1), 1, "multi_turn:execution_response_mismatch"),  # grep's result is missing
+        (_edit(0, 2), 0, "multi_turn:instance_state_mismatch"),  # the first mv is missing
+        ([BASE_0[0], [], BASE_0[2], BASE_0[3]], 1, "multi_turn:empty_turn_model_response"),
+    ],
+    ids=["cp-for-mv", "dropped-grep", "dropped-mv", "silent-turn"],
+)
+def test_official_verdict_names_the_failing_turn(suite, turns, turn, error_type):
+    env = run_turns(BFCLEnv(mode="per_turn"), suite["multi_turn_base_0"], turns)
+    verdict = env.official_verdict()
+    assert (verdict.valid, verdict.turn, verdict.error_type) == (False, turn, error_type)

@@ -1,11 +1,15 @@
 """Fresh, private BFCL API instances for one rollout (or one gold replay).
 
-BFCL's long-context TravelAPI puts the module-level credit-card and booking
-dicts into instances without copying them, so one rollout charging a card
-changes it for every other instance in the process. Each instance's whole
-``__dict__`` is therefore deep-copied in one pass after ``_load_scenario``
-(one memo, so internal references such as the file system's current
-directory still point into the copied tree).
+``_load_scenario`` gets a deep copy of the task's config and itself deep-copies
+the class defaults, so ordinary instances share nothing. The long-context
+load is different: TravelAPI puts BFCL's module-level credit-card and booking
+dicts into the instance without copying them, so one rollout charging a card
+would change it for every other instance in the process. The attributes
+that the long-context load fills with module-level objects are deep-copied
+right after loading (`LONG_CONTEXT_SHARED`); a test walks every instance of
+all 800 tasks and proves no public state is reachable from BFCL's
+module-level objects, so a new bfcl-eval that adds aliasing fails loudly.
+(Deep-copying whole instances instead costs about as much as the replay.)
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import importlib
 from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.tasks import API_CLASSES, STATELESS_CLASSES, BFCLTask
+
+# class -> attributes that BFCL's long-context _load_scenario fills with module-level objects
+LONG_CONTEXT_SHARED: Mapping[str, tuple[str, ...]] = {"TravelAPI": ("credit_card_list", "booking_record")}
 
 
 def api_class(class_name: str) -> type:
@@ -30,7 +37,9 @@ def build_instances(task: BFCLTask) -> dict[str, object]:
         if class_name not in STATELESS_CLASSES:
             config = copy.deepcopy(task.initial_config.get(class_name, {}))
             instance._load_scenario(config, long_context=task.long_context)
-        instance.__dict__ = copy.deepcopy(instance.__dict__)
+        if task.long_context:
+            for attr in LONG_CONTEXT_SHARED.get(class_name, ()):
+                setattr(instance, attr, copy.deepcopy(getattr(instance, attr)))
         instances[class_name] = instance
     return instances
 

@@ -238,17 +238,9 @@ class Toolbox:
             raise ValueError(f"unknown arg_types {arg_types!r}; choose one of {ARG_TYPE_MODES}")
         self.arg_types = arg_types
         self.instances = dict(instances)
-        self._tools: dict[str, ToolDoc] = {}
-        self._signatures: dict[str, inspect.Signature] = {}
-        for tool in tools:
-            instance = self.instances.get(tool.class_name)
-            if instance is None:
-                continue
-            fn = inspect.getattr_static(type(instance), tool.name, None)
-            if tool.name.startswith("_") or not inspect.isfunction(fn):
-                raise ValueError(f"documented tool {tool.name} is not a public method of {tool.class_name}")
-            self._tools[tool.name] = tool
-            self._signatures[tool.name] = inspect.signature(fn)
+        # Only documented tools of involved classes; ToolDoc carries the method's signature,
+        # checked at load time to be a public function of the class.
+        self._tools: dict[str, ToolDoc] = {t.name: t for t in tools if t.class_name in self.instances}
 
     @property
     def names(self) -> frozenset[str]:
@@ -261,9 +253,8 @@ class Toolbox:
         if offered is not None and call.name not in offered:
             raise CallRejected(f"tool {call.name!r} is not available at this point of the conversation")
         tool = self._tools[call.name]
-        sig = self._signatures[call.name]
         try:
-            bound = sig.bind(None, *call.args, **call.kwargs)  # None stands in for self
+            bound = tool.signature.bind(None, *call.args, **call.kwargs)  # None stands in for self
         except TypeError as e:
             raise CallRejected(f"invalid arguments for {call.name}: {e}") from None
         explicit = {k: v for k, v in bound.arguments.items() if k != "self"}

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from nemo_rcgrpo.envs.bfcl.apis import build_instances, snapshot, state_differences
+from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state, snapshot, state_differences
 from nemo_rcgrpo.envs.bfcl.executor import CallRejected, ExecutedCall, Toolbox, parse_call_string
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLTask
 from nemo_rcgrpo.types import OfficialVerdict, RewardInfo
@@ -55,21 +55,49 @@ class GoldReplay:
 
 
 def replay_gold(task: BFCLTask) -> GoldReplay:
-    """Execute the ground truth of ``task`` through the safe executor."""
+    """Execute the ground truth of ``task`` through the safe executor.
+
+    The state after each turn is kept for the per-turn verdict, copying only
+    what can still change: a class is copied at the end of turn t only if a
+    later turn calls one of its methods; otherwise its state at t is its final
+    state, and the replay's own instances (which nothing else ever touches)
+    are referenced directly. Unchanged classes reuse the previous copy.
+    """
     instances = build_instances(task)
     toolbox = Toolbox(instances, task.tools)
-    turn_results, turn_states, actions = [], [], []
+    class_of = {t.name: t.class_name for t in task.tools}
+    parsed = []
     for turn, calls in enumerate(task.ground_truth):
+        try:
+            parsed.append([parse_call_string(text) for text in calls])
+        except CallRejected as e:
+            raise BFCLDataError(f"{task.id} turn {turn}: ground-truth call rejected: {e}") from None
+    touched = [{class_of.get(c.name) for c in calls} for calls in parsed]
+    last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=-1) for name in instances}
+    live = {name: public_state(inst) for name, inst in instances.items()}  # dicts of live attributes
+    turn_results, turn_states, actions = [], [], []
+    previous: dict[str, Any] = {}
+    for turn, calls in enumerate(parsed):
         results = []
-        for text in calls:
+        for call in calls:
             try:
-                executed = toolbox.execute(parse_call_string(text))
+                executed = toolbox.execute(call)
             except CallRejected as e:
-                raise BFCLDataError(f"{task.id} turn {turn}: ground-truth call {text!r} rejected: {e}") from None
+                raise BFCLDataError(f"{task.id} turn {turn}: ground-truth call {call.name} rejected: {e}") from None
             results.append(executed.result)
             actions.append(GoldAction(executed.name, executed.arguments))
         turn_results.append(tuple(results))
-        turn_states.append(snapshot(instances))
+        state = {}
+        for name, inst in instances.items():
+            if turn >= last_touch[name]:
+                state[name] = live[name] if name not in touched[turn] else public_state(inst)
+                live[name] = state[name]
+            elif name in touched[turn] or name not in previous:
+                state[name] = snapshot({name: inst})[name]
+            else:
+                state[name] = previous[name]
+        turn_states.append(state)
+        previous = state
     return GoldReplay(
         turn_results=tuple(turn_results),
         turn_states=tuple(turn_states),

@@ -9,7 +9,9 @@ a group of G rollouts replays the ground truth once.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,11 +74,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class ToolDoc:
-    """One documented API method: the BFCL doc and the class that owns it."""
+    """One documented API method: the BFCL doc, the class that owns it, its signature."""
 
     name: str
     class_name: str
     doc: Mapping[str, Any]
+    signature: inspect.Signature  # of the unbound method (first parameter: self)
 
     @property
     def parameters(self) -> Mapping[str, Any]:
@@ -139,6 +142,13 @@ class BFCLTask:
         return [to_openai_tool(dict(t.doc), response) for t in self.tools if t.name in offered]
 
 
+def _public_method_signature(cls: type, name: str) -> inspect.Signature:
+    fn = inspect.getattr_static(cls, name, None)
+    if name.startswith("_") or not inspect.isfunction(fn):
+        raise BFCLDataError(f"documented tool {name} is not a public method of {cls.__name__}")
+    return inspect.signature(fn)
+
+
 def _called_name(call: str) -> str:
     return call.split("(", 1)[0].strip()
 
@@ -177,9 +187,13 @@ class BFCLSuite:
 
     def _load_docs(self) -> dict[str, tuple[ToolDoc, ...]]:
         docs = {}
-        for class_name, (_, doc_file) in API_CLASSES.items():
+        for class_name, (module_name, doc_file) in API_CLASSES.items():
+            cls = getattr(importlib.import_module(module_name), class_name)
             rows = _read_jsonl(self.data_dir / "multi_turn_func_doc" / doc_file)
-            docs[class_name] = tuple(ToolDoc(r["name"], class_name, MappingProxyType(r)) for r in rows)
+            docs[class_name] = tuple(
+                ToolDoc(r["name"], class_name, MappingProxyType(r), _public_method_signature(cls, r["name"]))
+                for r in rows
+            )
         return docs
 
     def _load_category(self, category: str) -> list[BFCLTask]:

@@ -1,0 +1,69 @@
+"""Typed, validated settings of the BFCL environment (Hydra group ``env``: conf/env/bfcl.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
+from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message says which and what to change."""
+
+
+@dataclass(frozen=True)
+class BFCLEnvConfig:
+    name: str = "bfcl"
+    mode: str = "merged"  # per_turn (official BFCL protocol) | merged (paper's RL episode)
+    categories: tuple[str, ...] = CATEGORIES
+    max_steps: int = 20  # tool-calling steps per turn (per_turn) or per episode (merged)
+    max_calls_per_step: int = 128
+    arg_types: str = "bfcl"  # bfcl | strict
+    on_parse_failure: str = "observe"  # observe | end_turn
+    tool_response: str = "description"  # description | drop
+    system_prompt: str | None = None  # None: the built-in prompt of the mode
+
+    def __post_init__(self) -> None:
+        _choice("env.name", self.name, ("bfcl",))
+        _choice("env.mode", self.mode, EPISODE_MODES)
+        _choice("env.arg_types", self.arg_types, ARG_TYPE_MODES)
+        _choice("env.on_parse_failure", self.on_parse_failure, PARSE_FAILURE_MODES)
+        _choice("env.tool_response", self.tool_response, ("description", "drop"))
+        bad = [c for c in self.categories if c not in CATEGORIES]
+        if bad or not self.categories:
+            raise ConfigError(f"env.categories={list(self.categories)}: use a non-empty subset of {list(CATEGORIES)}")
+        for key in ("max_steps", "max_calls_per_step"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"env.{key}={value!r}: must be a positive integer")
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> "BFCLEnvConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ConfigError(f"unknown env setting(s) {unknown}; known: {sorted(known)}")
+        values = dict(cfg)
+        if "categories" in values:
+            values["categories"] = tuple(values["categories"])
+        return cls(**values)
+
+    def make_env(self) -> BFCLEnv:
+        """A new environment for one rollout."""
+        return BFCLEnv(
+            mode=self.mode,
+            max_steps=self.max_steps,
+            max_calls_per_step=self.max_calls_per_step,
+            system_prompt=self.system_prompt,
+            tool_response=self.tool_response,
+            arg_types=self.arg_types,
+            on_parse_failure=self.on_parse_failure,
+        )
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}")
