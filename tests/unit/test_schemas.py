@@ -3,7 +3,7 @@ import json
 import jsonschema
 import pytest
 
-from nemo_rcgrpo.envs.bfcl.schemas import DONE_TOOL, to_openai_tool
+from nemo_rcgrpo.envs.bfcl.schemas import done_tool, to_openai_tool
 
 
 def _all_types(schema):
@@ -70,4 +70,7 @@ def test_unknown_type_is_refused():
 
 
 def test_done_tool_is_valid():
-    jsonschema.Draft202012Validator.check_schema(DONE_TOOL["function"]["parameters"])
+    tool = done_tool()
+    jsonschema.Draft202012Validator.check_schema(tool["function"]["parameters"])
+    tool["function"]["name"] = "edited"
+    assert done_tool()["function"]["name"] == "done"

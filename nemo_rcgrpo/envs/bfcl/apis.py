@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import copy
 import importlib
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.tasks import API_CLASSES, STATELESS_CLASSES, BFCLTask
 
 # class -> attributes that BFCL's long-context _load_scenario fills with module-level objects
-LONG_CONTEXT_SHARED: Mapping[str, tuple[str, ...]] = {"TravelAPI": ("credit_card_list", "booking_record")}
+LONG_CONTEXT_SHARED: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"TravelAPI": ("credit_card_list", "booking_record")}
+)
 
 
 def api_class(class_name: str) -> type:

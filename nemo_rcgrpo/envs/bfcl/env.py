@@ -26,12 +26,13 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from types import MappingProxyType
+from typing import Any, Literal, Mapping, Sequence
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, CallRejected, ExecutedCall, Toolbox, to_tool_call
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
-from nemo_rcgrpo.envs.bfcl.schemas import DONE_TOOL, ResponseMode
+from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
 
@@ -43,7 +44,7 @@ EPISODE_MODES: tuple[str, ...] = ("per_turn", "merged")
 ParseFailure = Literal["observe", "end_turn"]
 PARSE_FAILURE_MODES: tuple[str, ...] = ("observe", "end_turn")
 
-SYSTEM_PROMPTS: dict[str, str] = {
+SYSTEM_PROMPTS: Mapping[str, str] = MappingProxyType({
     "per_turn": (
         "You are an assistant that completes the user's requests by calling the provided tools. "
         "Call tools as needed; their results are returned to you. When the request is complete, "
@@ -54,7 +55,7 @@ SYSTEM_PROMPTS: dict[str, str] = {
         "Work through every step in order, calling tools as needed; their results are returned to you. "
         "When all steps are complete, call done()."
     ),
-}
+})
 
 
 @dataclass
@@ -139,7 +140,7 @@ class BFCLEnv:
         """OpenAI tool schemas offered right now."""
         turn = None if self.mode == "merged" else self.turn
         tools = self.task.openai_tools(turn, self.tool_response)
-        return tools + [DONE_TOOL] if self.mode == "merged" else tools
+        return tools + [done_tool()] if self.mode == "merged" else tools
 
     # ------------------------------------------------------------------ step
     def step(self, calls: Sequence[Any]) -> StepResult:

@@ -28,6 +28,7 @@ import decimal
 import inspect
 import json
 import threading
+from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
@@ -159,7 +160,7 @@ def to_tool_call(raw: Any, call_id: str | None = None) -> ToolCall | ToolCallErr
 
 # --------------------------------------------------------------------------- validation
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
+_JSON_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
     "string": (str,),
     "integer": (int,),
     "float": (int, float),
@@ -170,7 +171,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "tuple": (list, tuple),
     "dict": (dict,),
     "object": (dict,),
-}
+})
 
 
 def _check_type(value: Any, spec: Mapping[str, Any], where: str) -> None:

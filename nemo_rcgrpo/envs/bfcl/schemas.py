@@ -10,10 +10,11 @@ what a tool returns) and drops the fake "None" defaults.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
 
 # Gorilla type name -> JSON Schema type; None means "any value" (no type key).
-GORILLA_TO_JSON_SCHEMA: dict[str, str | None] = {
+GORILLA_TO_JSON_SCHEMA: Mapping[str, str | None] = MappingProxyType({
     "dict": "object",
     "object": "object",
     "float": "number",
@@ -28,7 +29,7 @@ GORILLA_TO_JSON_SCHEMA: dict[str, str | None] = {
     "list": "array",
     "tuple": "array",
     "any": None,
-}
+})
 
 ResponseMode = Literal["description", "drop"]
 
@@ -81,11 +82,13 @@ def to_openai_tool(doc: dict[str, Any], response: ResponseMode = "description") 
     }
 
 
-DONE_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "done",
-        "description": "Call this once every step of the request has been completed. It ends the episode.",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
+def done_tool() -> dict[str, Any]:
+    """The ``done()`` tool of merged episodes (a new dict each call: callers may edit it)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "done",
+            "description": "Call this once every step of the request has been completed. It ends the episode.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
