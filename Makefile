@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rcgrpo score --ground-truth --summary
 
 bench: $(STAMP)
-	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md
+	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5
 
 clean-venv:
 	rm -rf $(VENV)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import pickle
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -38,11 +39,11 @@ def build_instances(task: BFCLTask) -> dict[str, object]:
     for class_name in task.involved_classes:
         instance = api_class(class_name)()
         if class_name not in STATELESS_CLASSES:
-            config = copy.deepcopy(task.initial_config.get(class_name, {}))
+            config = deep_copy(task.initial_config.get(class_name, {}))
             instance._load_scenario(config, long_context=task.long_context)
         if task.long_context:
             for attr in LONG_CONTEXT_SHARED.get(class_name, ()):
-                setattr(instance, attr, copy.deepcopy(getattr(instance, attr)))
+                setattr(instance, attr, deep_copy(getattr(instance, attr)))
         instances[class_name] = instance
     return instances
 
@@ -52,9 +53,21 @@ def public_state(instance: object) -> dict[str, Any]:
     return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
 
 
+def deep_copy(value: Any) -> Any:
+    """``copy.deepcopy`` for the project's own plain state, about twice as fast via pickle.
+
+    Only ever applied to data this process built (task configs, API state),
+    never to untrusted bytes.
+    """
+    try:
+        return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return copy.deepcopy(value)
+
+
 def snapshot(instances: Mapping[str, object]) -> dict[str, dict[str, Any]]:
     """Deep copy of the public state of every instance (for later comparison)."""
-    return {name: copy.deepcopy(public_state(inst)) for name, inst in instances.items()}
+    return {name: deep_copy(public_state(inst)) for name, inst in instances.items()}
 
 
 def state_differences(
