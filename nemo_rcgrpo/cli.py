@@ -1,7 +1,8 @@
 """`rcgrpo`: the project's command line.
 
 Subcommands:
-  score   replay tool calls (JSONL) through the BFCL environment and score them
+  score          replay tool calls (JSONL) through the BFCL environment and score them
+  prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def _score(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -68,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in HYDRA_COMMANDS:  # Hydra entries take key=value overrides, not argparse flags
+        import importlib
+
+        return importlib.import_module(HYDRA_COMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

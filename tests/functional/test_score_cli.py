@@ -45,7 +45,7 @@ def test_score_file_with_good_and_bad_lines(tmp_path, capsys):
     assert "9 turns given" in out[5]["error"]
     inj = out[6]
     assert inj["reward"] == 0.0 and inj["num_errors"] == 1 and not inj["official_valid"]
-    assert inj["official_error"] == "multi_turn:instance_state_mismatch"  # turn 0 incomplete
+    assert inj["official_error"] == "multi_turn:force_terminated"  # one of four turns given
     assert inj["observations"][0][0].startswith("Error: could not parse tool call")
     assert "must be a JSON object" in out[7]["error"]
     assert "6 line(s) could not be scored" in capsys.readouterr().err

@@ -113,3 +113,8 @@ def test_resource_guards(suite):
     with pytest.raises(CallRejected, match="integer exponent 1000000000 exceeds"):
         box.execute(parse_call_string("power(base=10, exponent=1000000000)"))
     assert box.execute(parse_call_string("power(base=2, exponent=10)")).result == '{"result": 1024}'
+
+
+def test_integer_digit_limit_is_exact():
+    assert parse_call_string("f(x=" + "9" * 30 + ")").kwargs["x"] == 10**30 - 1
+    assert "more than 30 digits" in to_tool_call("f(x=" + "1" + "0" * 30 + ")").message

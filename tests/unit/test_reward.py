@@ -107,9 +107,12 @@ def test_official_checker_by_hand():
     assert ok.verdict().valid
     missing = OfficialChecker(gold)
     missing.end_turn(0, {}, ["X"], decoded_steps=1)
+    missing.end_turn(1, {}, [], decoded_steps=0)
     assert missing.verdict().error_type == "multi_turn:execution_response_mismatch"
     empty = OfficialChecker(gold)
     empty.end_turn(0, {}, [], decoded_steps=0)
+    assert empty.verdict().error_type == "multi_turn:force_terminated"  # turn 1 never played
+    empty.end_turn(1, {}, [], decoded_steps=0)
     assert empty.verdict().error_type == "multi_turn:empty_turn_model_response"
     short = OfficialChecker(gold)
     short.end_turn(0, {}, ["A"], decoded_steps=1)
@@ -118,7 +121,7 @@ def test_official_checker_by_hand():
     twice = GoldReplay(turn_results=(("A", "A"),), turn_states=({},), turn_has_calls=(True,), actions=())
     c = OfficialChecker(twice)
     c.end_turn(0, {}, ["A"], decoded_steps=1)
-    assert not c.verdict().valid
+    assert c.verdict().error_type == "multi_turn:execution_response_mismatch"
 
 
 def test_truncated_episode_scores_zero(suite):
@@ -149,11 +152,21 @@ def test_step_limit_force_quits(suite):
     assert env.step(["ls()"]).done  # the fourth step exceeds the limit
     assert env.force_quit == "more than 3 tool-calling steps in turn 0"
     assert env.official_verdict().error_type == "multi_turn:force_terminated"
-    # the same limit hit before turn 0 is solved: the turn's state check fails first
+    # as in BFCL, missing turns are reported before a failed check of an earlier turn
     env.reset(suite["multi_turn_base_0"])
     for _ in range(4):
         env.step(["ls()"])
-    assert env.done and env.official_verdict().error_type == "multi_turn:instance_state_mismatch"
+    assert env.done and env.official_verdict().error_type == "multi_turn:force_terminated"
+    # a force quit in the last turn leaves every turn played: BFCL checks them normally
+    env = BFCLEnv(mode="per_turn")
+    env.reset(suite["multi_turn_base_0"])
+    for calls in BASE_0[:3]:
+        env.step(calls)
+        env.step([])
+    env.step(BASE_0[3])
+    for _ in range(20):
+        env.step(["pwd()"])
+    assert env.done and env.force_quit and env.official_verdict().valid and env.reward().value == 1.0
 
 
 def test_parse_failure_modes(suite):

@@ -97,3 +97,72 @@ def test_enormous_step_is_bounded(suite):
     result = env.step(["ls()"] * 10)
     assert sum(o.ok for o in result.observations) == 4
     assert all("more than 4 calls" in o.content for o in result.observations[4:])
+
+
+def test_mutable_default_arguments_do_not_leak_between_rollouts(suite):
+    # TwitterAPI.post_tweet(content, tags=[], mentions=[]): one default list per process in BFCL
+    task = suite["multi_turn_base_5"]
+    gold = suite.gold(task)
+    gold_tweets = json.dumps(gold.final_state["TwitterAPI"]["tweets"], default=str)
+    attacker, victim = BFCLEnv(mode="merged"), BFCLEnv(mode="merged")
+    attacker.reset(task, gold=gold)
+    victim.reset(task, gold=gold)
+    login = "authenticate_twitter(username='dr_smith', password='securePass123')"
+    posted = attacker.step([login, "post_tweet(content='x')"]).observations[1].content
+    attacker.step([f"mention(tweet_id={json.loads(posted)['id']}, mentioned_usernames=['INJECTED'])"])
+    assert "INJECTED" in json.dumps(attacker.instances["TwitterAPI"].tweets)
+    clean = victim.step([login, "post_tweet(content='other rollout')"]).observations[1].content
+    assert json.loads(clean)["mentions"] == []
+    assert json.dumps(gold.final_state["TwitterAPI"]["tweets"], default=str) == gold_tweets
+    victim2 = BFCLEnv(mode="merged")
+    victim2.reset(task, gold=gold)
+    victim2.step([c for turn in task.ground_truth for c in turn] + ["done()"])
+    assert victim2.reward().value == 1.0
+
+
+def test_call_records_keep_arguments_as_called(suite):
+    # post_tweet stores the mentions list; a later mention() extends it in the tweet, not in the record
+    actions = [a for a in suite.gold("multi_turn_base_90").actions if a.name == "post_tweet"]
+    assert actions[0].arguments["mentions"] == ["@TravelBuddy"]
+
+
+@pytest.mark.parametrize(
+    "task_id, call, message",
+    [
+        ("multi_turn_base_15", "round_number(number=5, decimal_places=-10000000)", "decimal_places -10000000 exceeds"),
+        ("multi_turn_base_15", "logarithm(value=10, base=2, precision=2e6)", "precision 2000000.0 exceeds"),
+        ("multi_turn_base_15", "logarithm(value=10, base=2, precision='2000000')", "precision '2000000' exceeds"),
+        ("multi_turn_base_15", "round_number(number=5, decimal_places=" + "9" * 31 + ")", "more than 30 digits"),
+    ],
+)
+def test_numeric_resource_guards(suite, task_id, call, message):
+    env = BFCLEnv(mode="merged")
+    env.reset(suite[task_id])
+    obs = env.step([call]).observations[0]
+    assert not obs.ok and message in obs.content
+
+
+def test_exponential_directory_walk_is_refused(suite):
+    # cp copies directories shallowly: 40 levels copied 40 times = 2^40 paths for find/du
+    env = BFCLEnv(mode="merged", max_steps=50)
+    env.reset(suite["multi_turn_base_0"])
+    env.step([c for _ in range(40) for c in ("mkdir(dir_name='a')", "cd(folder='a')")])
+    env.step([c for _ in range(40) for c in ("cd(folder='..')", "cp(source='a', destination='b')")])
+    for call in ("find(path='.')", "du()", "find(path='.', name='zzz')"):
+        obs = env.step([call]).observations[0]
+        assert not obs.ok and "more than 100000 entries" in obs.content, call
+    env.reward()  # comparing the state with the gold state stays cheap
+
+
+def test_text_budget_applies_to_object_arguments_and_results_are_clipped(suite):
+    env = BFCLEnv(mode="merged", max_observation_chars=1000)
+    env.reset(suite["multi_turn_base_150"])  # TravelAPI
+    big = {"name": "compute_exchange_rate",
+           "arguments": {"base_currency": "USD", "target_currency": "JPY", "value": "x" * 20_000}}
+    obs = env.step([big]).observations[0]
+    assert not obs.ok and "more than 16384 characters of text" in obs.content
+    amplified = {**big, "arguments": {**big["arguments"], "value": "x" * 16_000}}
+    obs = env.step([amplified]).observations[0]
+    assert len(obs.content) < 1100 and obs.content.endswith(" characters]") and "[truncated " in obs.content
+    long_name = {"name": "n" * 1000, "arguments": {}}
+    assert "tool name longer than 128" in env.step([long_name]).observations[0].content

@@ -8,10 +8,7 @@ from typing import Any, Mapping
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
-
-
-class ConfigError(ValueError):
-    """A setting is wrong; the message says which and what to change."""
+from nemo_rcgrpo.utils.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -25,6 +22,8 @@ class BFCLEnvConfig:
     on_parse_failure: str = "observe"  # observe | end_turn
     tool_response: str = "description"  # description | drop
     system_prompt: str | None = None  # None: the built-in prompt of the mode
+    holdout_tools_in_message: bool = True  # miss_func: list the new tools in the holdout user message
+    max_observation_chars: int = 65_536  # longer tool results are truncated (longest gold result: ~32k)
 
     def __post_init__(self) -> None:
         _choice("env.name", self.name, ("bfcl",))
@@ -35,7 +34,7 @@ class BFCLEnvConfig:
         bad = [c for c in self.categories if c not in CATEGORIES]
         if bad or not self.categories:
             raise ConfigError(f"env.categories={list(self.categories)}: use a non-empty subset of {list(CATEGORIES)}")
-        for key in ("max_steps", "max_calls_per_step"):
+        for key in ("max_steps", "max_calls_per_step", "max_observation_chars"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"env.{key}={value!r}: must be a positive integer")
@@ -61,6 +60,8 @@ class BFCLEnvConfig:
             tool_response=self.tool_response,
             arg_types=self.arg_types,
             on_parse_failure=self.on_parse_failure,
+            holdout_tools_in_message=self.holdout_tools_in_message,
+            max_observation_chars=self.max_observation_chars,
         )
 
 

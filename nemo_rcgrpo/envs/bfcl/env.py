@@ -25,6 +25,7 @@ Usage::
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence
@@ -92,13 +93,15 @@ class BFCLEnv:
         tool_response: ResponseMode = "description",
         arg_types: ArgTypes = "bfcl",
         on_parse_failure: ParseFailure = "observe",
+        holdout_tools_in_message: bool = True,
+        max_observation_chars: int = 65_536,
     ):
         if mode not in EPISODE_MODES:
             raise ValueError(f"unknown episode mode {mode!r}; choose one of {EPISODE_MODES}")
         if on_parse_failure not in PARSE_FAILURE_MODES:
             raise ValueError(f"unknown on_parse_failure {on_parse_failure!r}; choose one of {PARSE_FAILURE_MODES}")
-        if max_steps < 1 or max_calls_per_step < 1:
-            raise ValueError("max_steps and max_calls_per_step must be >= 1")
+        if max_steps < 1 or max_calls_per_step < 1 or max_observation_chars < 64:
+            raise ValueError("max_steps, max_calls_per_step must be >= 1 and max_observation_chars >= 64")
         self.mode = mode
         self.max_steps = max_steps
         self.max_calls_per_step = max_calls_per_step
@@ -106,6 +109,8 @@ class BFCLEnv:
         self.tool_response = tool_response
         self.arg_types = arg_types
         self.on_parse_failure = on_parse_failure
+        self.holdout_tools_in_message = holdout_tools_in_message
+        self.max_observation_chars = max_observation_chars
         self.task: BFCLTask | None = None
 
     # ------------------------------------------------------------------ episode
@@ -129,7 +134,17 @@ class BFCLEnv:
 
     def _user_turn_messages(self, turn: int) -> list[Message]:
         msgs = [dict(m) for m in self.task.turns[turn]]
-        return msgs or [{"role": "user", "content": HOLDOUT_TURN_PROMPT}]
+        if msgs:
+            return msgs
+        # A miss_func holdout turn. As in BFCL's prompting handlers, the new tools are
+        # listed in the message itself, so the conversation so far stays a prefix
+        # (FC endpoints also get them through `tools`).
+        content = HOLDOUT_TURN_PROMPT
+        new = [t for t in self.task.openai_tools(turn, self.tool_response)
+               if t["function"]["name"] in self.task.missed_functions.get(turn, ())]
+        if new and self.holdout_tools_in_message:
+            content = json.dumps(new) + "\n" + HOLDOUT_TURN_PROMPT
+        return [{"role": "user", "content": content}]
 
     @property
     def offered(self) -> frozenset[str]:
@@ -203,7 +218,13 @@ class BFCLEnv:
         except CallRejected as e:
             return Observation(f"Error: {e}", False, call.name, call_id)
         self.executed.append(executed)
-        return Observation(executed.result, executed.ok, executed.name, call_id)
+        return Observation(self._clip(executed.result), executed.ok, executed.name, call_id)
+
+    def _clip(self, text: str) -> str:
+        """Bound what one call can add to the context (the longest gold result is ~32k characters)."""
+        if len(text) <= self.max_observation_chars:
+            return text
+        return text[: self.max_observation_chars] + f"... [truncated {len(text) - self.max_observation_chars} characters]"
 
     def _close_turn(self) -> None:
         log = self.turns[self.turn]

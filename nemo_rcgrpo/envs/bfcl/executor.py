@@ -24,6 +24,7 @@ Every rejection comes back as an error observation, never as an exception.
 from __future__ import annotations
 
 import ast
+import copy
 import decimal
 import inspect
 import json
@@ -40,7 +41,9 @@ from nemo_rcgrpo.types import ToolCall, ToolCallError
 MAX_CALL_CHARS = 16_384  # longest call string accepted (ground truth: < 400)
 MAX_NESTING = 16  # deepest list/dict nesting accepted in an argument
 MAX_INT_DIGITS = 30  # integers beyond this are not plausible API arguments
-MAX_PRECISION = 1_000  # MathAPI precision arguments (mpmath / decimal digits)
+MAX_NAME_CHARS = 128
+MAX_PRECISION = 1_000  # MathAPI precision / decimal_places arguments (digits)
+MAX_TREE_ENTRIES = 100_000  # paths that GorillaFileSystem.find / du may walk
 MAX_INT_EXPONENT = 4_096  # MathAPI power() with integer base and exponent
 
 # BFCL's MathAPI mutates process-wide numeric state (mpmath.mp.dps; the decimal
@@ -58,18 +61,25 @@ class CallRejected(ValueError):
 # --------------------------------------------------------------------------- parsing
 
 
-def _check_nesting(value: Any, depth: int = 0) -> None:
+def _check_nesting(value: Any, depth: int = 0, budget: list[int] | None = None) -> None:
+    """Refuse deep nesting, huge integers and, in total, more than MAX_CALL_CHARS of text."""
+    budget = [MAX_CALL_CHARS] if budget is None else budget
     if depth > MAX_NESTING:
         raise CallRejected(f"argument nested deeper than {MAX_NESTING} levels")
-    if isinstance(value, dict):
+    if isinstance(value, (str, bytes)):
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            raise CallRejected(f"arguments hold more than {MAX_CALL_CHARS} characters of text")
+    elif isinstance(value, dict):
         for k, v in value.items():
-            _check_nesting(k, depth + 1)
-            _check_nesting(v, depth + 1)
+            _check_nesting(k, depth + 1, budget)
+            _check_nesting(v, depth + 1, budget)
     elif isinstance(value, (list, tuple, set, frozenset)):
+        budget[0] -= len(value)
         for v in value:
-            _check_nesting(v, depth + 1)
+            _check_nesting(v, depth + 1, budget)
     elif isinstance(value, int) and not isinstance(value, bool):
-        if value.bit_length() > MAX_INT_DIGITS * 3.33:
+        if abs(value) >= 10**MAX_INT_DIGITS:
             raise CallRejected(f"integer argument with more than {MAX_INT_DIGITS} digits")
     elif isinstance(value, complex):
         raise CallRejected("complex numbers are not valid arguments")
@@ -125,6 +135,8 @@ def parse_json_call(obj: Mapping[str, Any], call_id: str | None = None) -> ToolC
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         raise CallRejected("a tool call needs a non-empty string 'name'")
+    if len(name) > MAX_NAME_CHARS:
+        raise CallRejected(f"tool name longer than {MAX_NAME_CHARS} characters")
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if arguments is None:
         arguments = {}
@@ -190,15 +202,59 @@ def _check_type(value: Any, spec: Mapping[str, Any], where: str) -> None:
             _check_type(item, spec["items"], f"{where}[{i}]")
 
 
-def _resource_guard(name: str, arguments: Mapping[str, Any]) -> None:
-    """Refuse arguments that would make a documented method run for minutes."""
-    precision = arguments.get("precision")
-    if isinstance(precision, int) and precision > MAX_PRECISION:
-        raise CallRejected(f"precision {precision} exceeds the limit of {MAX_PRECISION}")
+def _as_number(value: Any) -> float | None:
+    """What mpmath/decimal/round would make of an argument (they accept numeric strings too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _tree_entries(directory: Any, limit: int) -> int:
+    """Paths below ``directory`` as find/du would walk them (shared subtrees counted each time)."""
+    memo: dict[int, int] = {}
+
+    def count(node: Any) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = 0  # a cycle adds nothing here; BFCL's own walk hits its recursion limit
+        total = 1
+        for child in getattr(node, "contents", {}).values():
+            total += count(child) if hasattr(child, "contents") else 1
+            if total > limit:
+                break
+        memo[key] = total
+        return total
+
+    try:
+        return count(directory)
+    except RecursionError:
+        return limit + 1
+
+
+def _resource_guard(name: str, arguments: Mapping[str, Any], instance: object) -> None:
+    """Refuse arguments that would make a documented method run for minutes or exhaust memory."""
+    for key in ("precision", "decimal_places"):
+        number = _as_number(arguments.get(key))
+        if number is not None and abs(number) > MAX_PRECISION:
+            raise CallRejected(f"{key} {arguments[key]!r} exceeds the limit of {MAX_PRECISION}")
     if name == "power":
         base, exponent = arguments.get("base"), arguments.get("exponent")
         if isinstance(base, int) and isinstance(exponent, int) and abs(exponent) > MAX_INT_EXPONENT:
             raise CallRejected(f"integer exponent {exponent} exceeds the limit of {MAX_INT_EXPONENT}")
+    if name in ("find", "du") and hasattr(instance, "root"):
+        # cp copies directories shallowly, so copies share subtrees and a few dozen calls
+        # build a tree whose walk is exponential (2^40 paths from 160 calls)
+        entries = _tree_entries(instance.root, MAX_TREE_ENTRIES)
+        if entries > MAX_TREE_ENTRIES:
+            raise CallRejected(f"the directory tree has more than {MAX_TREE_ENTRIES} entries to walk")
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -225,6 +281,18 @@ def format_result(result: Any) -> str:
         except Exception:
             return str(result)
     return str(result)
+
+
+def _bind(tool: ToolDoc, call: ToolCall) -> inspect.BoundArguments:
+    try:
+        return tool.signature.bind(None, *call.args, **call.kwargs)  # None stands in for self
+    except TypeError as e:
+        raise CallRejected(f"invalid arguments for {call.name}: {e}") from None
+
+
+def named_arguments(tool: ToolDoc, call: ToolCall) -> dict[str, Any]:
+    """The call's explicit arguments with positional ones bound to parameter names."""
+    return {k: v for k, v in _bind(tool, call).arguments.items() if k != "self"}
 
 
 ArgTypes = Literal["bfcl", "strict"]
@@ -254,10 +322,7 @@ class Toolbox:
         if offered is not None and call.name not in offered:
             raise CallRejected(f"tool {call.name!r} is not available at this point of the conversation")
         tool = self._tools[call.name]
-        try:
-            bound = tool.signature.bind(None, *call.args, **call.kwargs)  # None stands in for self
-        except TypeError as e:
-            raise CallRejected(f"invalid arguments for {call.name}: {e}") from None
+        bound = _bind(tool, call)
         explicit = {k: v for k, v in bound.arguments.items() if k != "self"}
         params = tool.parameters
         for key, value in explicit.items():
@@ -265,19 +330,26 @@ class Toolbox:
                 raise CallRejected(f"{call.name} has no documented parameter {key!r}")
             if self.arg_types == "strict":
                 _check_type(value, params[key], f"{call.name}.{key}")
-        _resource_guard(call.name, explicit)
+        _resource_guard(call.name, explicit, self.instances[tool.class_name])
         return tool, bound
 
     def execute(self, call: ToolCall, offered: frozenset[str] | None = None) -> ExecutedCall:
         """Run one validated call. Raises CallRejected when it must not run."""
         tool, bound = self.bind(call, offered)
         explicit = {k: v for k, v in bound.arguments.items() if k != "self"}
-        instance = self.instances[tool.class_name]
-        method = getattr(instance, tool.name)
+        # The method gets private copies: APIs store argument lists in their state
+        # (and extend them later), which must not reach this record or another rollout.
+        # Mutable defaults are passed as fresh copies too: TwitterAPI.post_tweet's
+        # ``mentions=[]`` is one list shared by every instance in the process.
+        call_args = copy.deepcopy(explicit)
+        for param in tool.signature.parameters.values():
+            if param.name not in call_args and param.name != "self" and isinstance(param.default, (list, dict, set)):
+                call_args[param.name] = copy.deepcopy(param.default)
+        method = getattr(self.instances[tool.class_name], tool.name)
         with _BFCL_GLOBALS_LOCK:
             dps, dec_ctx = mpmath.mp.dps, decimal.getcontext().copy()
             try:
-                result, ok = format_result(method(*bound.args[1:], **bound.kwargs)), True
+                result, ok = format_result(method(**call_args)), True
             except Exception as e:  # the API's own errors are observations, as in BFCL
                 result, ok = f"Error during execution: {e}", False
             finally:
@@ -286,8 +358,3 @@ class Toolbox:
         bound.apply_defaults()
         full = {k: v for k, v in bound.arguments.items() if k != "self"}
         return ExecutedCall(tool.name, explicit, full, result, ok)
-
-    def bind_arguments(self, call: ToolCall) -> dict[str, Any]:
-        """Explicit arguments of a (ground-truth) call, positional ones bound to names."""
-        _, bound = self.bind(call)
-        return {k: v for k, v in bound.arguments.items() if k != "self"}

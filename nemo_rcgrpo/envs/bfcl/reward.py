@@ -189,18 +189,17 @@ class OfficialChecker:
     def _fail(self, turn: int, error_type: str, message: str) -> None:
         self.failure = OfficialVerdict(valid=False, error_type=error_type, error_message=message, turn=turn)
 
-    def verdict(self, force_terminated: str | None = None) -> OfficialVerdict:
-        if self.failure is not None:
-            return self.failure
+    def verdict(self, stopped_early: str | None = None) -> OfficialVerdict:
+        """BFCL first checks that every turn was played (else ``force_terminated``), then the turns."""
         total = len(self.gold.turn_results)
-        if force_terminated or self.turns_checked < total:
+        if self.turns_checked < total:
             return OfficialVerdict(
                 valid=False,
                 error_type="multi_turn:force_terminated",
-                error_message=force_terminated or f"episode ended after {self.turns_checked} of {total} turns",
+                error_message=stopped_early or f"episode ended after {self.turns_checked} of {total} turns",
                 turn=self.turns_checked,
             )
-        return OfficialVerdict(valid=True)
+        return self.failure if self.failure is not None else OfficialVerdict(valid=True)
 
 
 def gold_calls(task: BFCLTask) -> list[list[str]]:

@@ -67,9 +67,19 @@ def bfcl_data_dir() -> Path:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise BFCLDataError(f"missing BFCL data file {path}; reinstall bfcl-eval==2026.3.23")
+        raise BFCLDataError(f"missing BFCL data file {path}; reinstall bfcl-eval==2026.3.23 (make install)")
+    rows = []
     with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise BFCLDataError(
+                    f"corrupt BFCL data file {path} (line {number}: {e}); reinstall bfcl-eval==2026.3.23 (make install)"
+                ) from None
+    return rows
 
 
 @dataclass(frozen=True)
@@ -199,12 +209,20 @@ class BFCLSuite:
     def _load_category(self, category: str) -> list[BFCLTask]:
         name = f"BFCL_v4_multi_turn_{category}.json"
         entries = _read_jsonl(self.data_dir / name)
-        answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(self.data_dir / "possible_answer" / name)}
+        try:
+            answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(self.data_dir / "possible_answer" / name)}
+            ids = [e["id"] for e in entries]
+        except (KeyError, TypeError):
+            raise BFCLDataError(f"{name} lacks 'id'/'ground_truth' fields; reinstall bfcl-eval==2026.3.23") from None
+        if len(set(ids)) != len(ids):
+            raise BFCLDataError(f"{name} has duplicate ids; reinstall bfcl-eval==2026.3.23")
         tasks = []
         for e in entries:
             if e["id"] not in answers:
                 raise BFCLDataError(f"{e['id']} has no ground truth in possible_answer/{name}")
             gt = answers[e["id"]]
+            if not isinstance(e.get("question"), list) or not isinstance(gt, list):
+                raise BFCLDataError(f"{e['id']} in {name} is malformed; reinstall bfcl-eval==2026.3.23 (make install)")
             if len(gt) != len(e["question"]):
                 raise BFCLDataError(f"{e['id']}: {len(gt)} ground-truth turns for {len(e['question'])} questions")
             unknown = [c for c in e["involved_classes"] if c not in API_CLASSES]

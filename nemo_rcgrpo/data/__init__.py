@@ -1,0 +1,1 @@
+"""Data: chat formats, trajectories, failures, splits and the prepared datasets."""

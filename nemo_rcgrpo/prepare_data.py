@@ -1,0 +1,281 @@
+"""`rcgrpo prepare-data`: every dataset a training run needs, reproducibly from a seed.
+
+    rcgrpo prepare-data out_dir=data/bfcl_v4 seed=1234 mode=merged
+    python nemo_rcgrpo/prepare_data.py --config-name prepare_data out_dir=... overwrite=true
+
+Writes into ``out_dir`` (refuses an existing folder unless ``overwrite=true``;
+the folder is assembled next to it and moved into place at the end):
+
+  split.json       scenario-grouped 90/10 split with per-category counts
+  sft.jsonl        800 expert trajectories (ground truth played through the env)
+  failures.jsonl   800 failure trajectories (verified reward 0), typed
+  rctp.jsonl       1600 = experts + failures with the reward-goal token, 50/50
+  rl_train.jsonl   720 RL pointers {"task_id", "category", "env", "mode"}
+  rl_test.jsonl    80 RL pointers
+  stats.json       counts, success rates, failure mix, token-length percentiles
+  config.yaml      the resolved settings
+
+Every line carries ``split``; trainers select ``split == "train"``. Load with
+``datasets.load_dataset("json", data_files=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from tqdm import tqdm
+
+from nemo_rcgrpo.data.chat_format import TokenCounter
+from nemo_rcgrpo.data.failures import FAILURE_OPERATORS, assign_types, load_rollout_failures, make_failure
+from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.splits import split_by_scenario
+from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
+from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
+from nemo_rcgrpo.utils.config import ConfigError, compose, reject_unknown, split_argv
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    types: dict[str, float] = field(
+        default_factory=lambda: {"wrong_tool": 1.0, "wrong_param": 1.0, "premature_termination": 1.0}
+    )
+    max_tries: int = 20
+    rollout_files: tuple[str, ...] = ()
+    rollout_fraction: float = 0.0  # share of failures taken from recorded rollouts where a task has one
+
+
+@dataclass(frozen=True)
+class PrepareDataConfig:
+    out_dir: str = "data/bfcl_v4"
+    overwrite: bool = False
+    seed: int = 1234
+    mode: str = "merged"
+    categories: tuple[str, ...] = CATEGORIES
+    test_fraction: float = 0.1
+    calls_per_message: str = "turn"
+    bfcl_data_dir: str | None = None
+    tokenizer: str | None = "smollm2"
+    closing: ClosingTexts = ClosingTexts()
+    failures: FailureConfig = FailureConfig()
+    reward_goal: RewardGoal = RewardGoal()
+    progress: bool = True
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "PrepareDataConfig":
+        reject_unknown("", cfg, {f.name for f in fields(cls)})
+        values = dict(cfg)
+        for key, sub in (("closing", ClosingTexts), ("failures", FailureConfig), ("reward_goal", RewardGoal)):
+            section = values.get(key) or {}
+            reject_unknown(key, section, {f.name for f in fields(sub)})
+            try:
+                values[key] = sub(**section)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{key}: {e}") from None
+        if "categories" in values:
+            values["categories"] = tuple(values["categories"])
+        if values.get("failures") and values["failures"].rollout_files:
+            values["failures"] = FailureConfig(**{**asdict(values["failures"]),
+                                                  "rollout_files": tuple(values["failures"].rollout_files)})
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.mode not in EPISODE_MODES:
+            raise ConfigError(f"mode={self.mode!r}: choose one of {list(EPISODE_MODES)}")
+        bad = [c for c in self.categories if c not in CATEGORIES]
+        if bad or not self.categories:
+            raise ConfigError(f"categories={list(self.categories)}: unknown {bad}; use a subset of {list(CATEGORIES)}")
+        if self.calls_per_message not in ("turn", "one"):
+            raise ConfigError(f"calls_per_message={self.calls_per_message!r}: choose 'turn' or 'one'")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
+        unknown = set(self.failures.types) - set(FAILURE_OPERATORS)
+        if unknown:
+            raise ConfigError(f"failures.types: unknown {sorted(unknown)}; known: {sorted(FAILURE_OPERATORS)}")
+        if not 0.0 <= self.failures.rollout_fraction <= 1.0:
+            raise ConfigError(f"failures.rollout_fraction={self.failures.rollout_fraction}: must be in [0, 1]")
+        if self.failures.rollout_fraction > 0 and not self.failures.rollout_files:
+            raise ConfigError("failures.rollout_fraction > 0 needs failures.rollout_files=[path.jsonl, ...]")
+
+
+def _percentiles(values: list[int]) -> dict[str, int]:
+    if not values:
+        return {}
+    xs = sorted(values)
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": xs[-1]}
+
+
+def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
+    """Build every file into ``out`` (an empty folder). Returns the stats."""
+    suite = BFCLSuite(cfg.categories, data_dir=Path(cfg.bfcl_data_dir) if cfg.bfcl_data_dir else None)
+    split = split_by_scenario(suite, cfg.seed, cfg.test_fraction)
+    rng = random.Random(cfg.seed)
+    play_kwargs = {"mode": cfg.mode, "closing": cfg.closing, "calls_per_message": cfg.calls_per_message}
+    tasks = list(suite)
+
+    rollouts, rollout_counts = ({}, {})
+    if cfg.failures.rollout_files:
+        rollouts, rollout_counts = load_rollout_failures(cfg.failures.rollout_files, suite, cfg.mode)
+    failure_types = assign_types(len(tasks), cfg.failures.types, rng)
+
+    experts, failures = [], []
+    for task, preferred in tqdm(list(zip(tasks, failure_types)), desc="trajectories", unit="task",
+                                disable=not cfg.progress, file=sys.stderr):
+        gold = suite.gold(task)
+        base = {"task_id": task.id, "category": task.category, "split": split.side(task.scenario), "mode": cfg.mode}
+        plan = gold_plan(task)
+        expert = play(task, plan, gold=gold, **play_kwargs)
+        if expert.reward.value != 1.0:
+            raise BFCLDataError(f"the ground truth of {task.id} does not score 1 ({expert.reward.details})")
+        experts.append({**base, "messages": expert.messages, "tools": expert.tools})
+
+        candidates = rollouts.get(task.id, [])
+        if candidates and rng.random() < cfg.failures.rollout_fraction:
+            record = candidates[rng.randrange(len(candidates))]
+            failures.append({**base, "messages": record["messages"], "tools": record.get("tools", expert.tools),
+                             "failure_type": record.get("failure_type", "exploration"),
+                             "failure_detail": "recorded rollout", "source": "rollout"})
+            continue
+        failure = make_failure(task, plan, preferred, rng, {**play_kwargs, "gold": gold}, cfg.failures.max_tries)
+        if failure is None:
+            raise BFCLDataError(f"no perturbation of {task.id} scores 0; raise failures.max_tries")
+        failures.append({**base, "messages": failure.played.messages, "tools": failure.played.tools,
+                         "failure_type": failure.failure_type, "failure_detail": failure.detail,
+                         "source": failure.source})
+
+    goal = cfg.reward_goal
+    rctp = []
+    for expert, failure in zip(experts, failures):
+        rctp.append({**expert, "messages": goal.apply(expert["messages"], True), "reward": 1,
+                     "reward_goal": goal.token(True), "failure_type": None})
+        rctp.append({**{k: v for k, v in failure.items() if k not in ("failure_detail", "source")},
+                     "messages": goal.apply(failure["messages"], False), "reward": 0,
+                     "reward_goal": goal.token(False)})
+    for record in failures:
+        record["reward"] = 0
+    for record in experts:
+        record["reward"] = 1
+
+    pointers = {side: [{"task_id": t.id, "category": t.category, "env": "bfcl", "mode": cfg.mode}
+                       for t in tasks if split.side(t.scenario) == side] for side in ("train", "test")}
+    files = {"sft.jsonl": experts, "failures.jsonl": failures, "rctp.jsonl": rctp,
+             "rl_train.jsonl": pointers["train"], "rl_test.jsonl": pointers["test"]}
+    for name, records in files.items():
+        with (out / name).open("w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    split_json = split.to_json(suite)
+    (out / "split.json").write_text(json.dumps(split_json, indent=1) + "\n")
+
+    stats = _stats(cfg, files, split_json, rollout_counts)
+    (out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    (out / "config.yaml").write_text(yaml.safe_dump(_plain(asdict(cfg)), sort_keys=False))
+    return stats
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, rollout_counts: dict) -> dict[str, Any]:
+    counter = None
+    if cfg.tokenizer:
+        from nemo_rcgrpo.models.hf import load_tokenizer
+
+        counter = TokenCounter(load_tokenizer(cfg.tokenizer))
+    stats: dict[str, Any] = {"seed": cfg.seed, "mode": cfg.mode, "split": split_json["counts"], "files": {}}
+    for name, records in files.items():
+        entry: dict[str, Any] = {"lines": len(records)}
+        for side in ("train", "test"):
+            entry[side] = dict(sorted(Counter(r["category"] for r in records
+                                              if r.get("split", side if name.endswith(f"{side}.jsonl") else None) == side
+                                              ).items()))
+        if records and "reward" in records[0]:
+            entry["success_rate"] = sum(r["reward"] for r in records) / len(records)
+        if records and "messages" in records[0] and counter is not None:
+            entry["tokens"] = _percentiles(counter.lengths([(r["messages"], r["tools"]) for r in records]))
+        stats["files"][name] = entry
+    stats["failure_types"] = dict(sorted(Counter(r["failure_type"] for r in files["failures.jsonl"]).items()))
+    stats["failure_sources"] = dict(sorted(Counter(r["source"] for r in files["failures.jsonl"]).items()))
+    if rollout_counts:
+        stats["rollout_files"] = rollout_counts
+    stats["tokenizer"] = cfg.tokenizer
+    stats["chat_format"] = "hermes"
+    return stats
+
+
+def summary_table(stats: dict[str, Any]) -> str:
+    rows = ["| file | lines | train | test | success rate | tokens p50 / p90 / max |", "|---|---:|---:|---:|---:|---|"]
+    for name, e in stats["files"].items():
+        tokens = e.get("tokens")
+        tok = f"{tokens['p50']} / {tokens['p90']} / {tokens['max']}" if tokens else "-"
+        rate = f"{e['success_rate']:.2f}" if "success_rate" in e else "-"
+        rows.append(f"| {name} | {e['lines']} | {sum(e['train'].values())} | {sum(e['test'].values())} | {rate} | {tok} |")
+    mix = ", ".join(f"{k} {v}" for k, v in stats["failure_types"].items())
+    return "\n".join(rows) + f"\n\nfailure types: {mix}; tokenizer: {stats['tokenizer']} (hermes rendering)"
+
+
+def run(cfg: PrepareDataConfig) -> dict[str, Any]:
+    out = Path(cfg.out_dir)
+    if out.exists() and not cfg.overwrite:
+        raise FileExistsError(f"out_dir {out} already exists; pass overwrite=true or choose another out_dir")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
+    try:
+        stats = build(cfg, staging)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return stats
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # Some BFCL API messages print Python sets, whose order depends on the
+        # per-process string hash seed; a fixed seed makes the files byte-identical.
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
+    try:
+        name, overrides = split_argv(argv, "prepare_data")
+        cfg = PrepareDataConfig.from_dict(compose(name, overrides))
+        stats = run(cfg)
+    except (ConfigError, BFCLDataError, FileExistsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - tokenizer/model files and the like: one line, not a traceback
+        from nemo_rcgrpo.models.hf import ModelFilesError
+
+        if isinstance(e, ModelFilesError):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+    print(summary_table(stats))
+    print(f"wrote {cfg.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Utilities: configuration, checkpoints, logging, distributed helpers."""
