@@ -10,11 +10,11 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-cpu.txt requirements-bfcl.txt
+$(STAMP): pyproject.toml requirements-cpu.txt requirements-nodeps.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -r requirements-cpu.txt
-	$(PIP) install --quiet --no-deps -r requirements-bfcl.txt
+	$(PIP) install --quiet --no-deps -r requirements-nodeps.txt
 	$(PIP) install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
@@ -22,10 +22,12 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 demo: $(STAMP)
-	$(VENV)/bin/rcgrpo score --ground-truth --summary
+	$(VENV)/bin/rcgrpo score --ground-truth --summary --quiet
+	$(VENV)/bin/rcgrpo prepare-data out_dir=outputs/demo/data overwrite=true
 
 bench: $(STAMP)
 	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5
+	$(PY) scripts/bench/prepare_data.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -160,11 +160,12 @@ def render(results: dict, repeats: int) -> str:
     return "\n".join(rows)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, start: str = START, end: str = END) -> None:
+    """Put ``section`` (delimited by start/end markers) into the Markdown file, replacing an older one."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\nNumbers measured by the scripts in `scripts/bench/`.\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
