@@ -3,6 +3,7 @@
 Subcommands:
   score          replay tool calls (JSONL) through the BFCL environment and score them
   prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
+  train          a training recipe (--config-name NAME key=value ...), as nemo_rcgrpo/train.py
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
+    sub.add_parser("train", help="train: --config-name NAME plus Hydra overrides (same as nemo_rcgrpo/train.py)")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data"}
+HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train"}
 
 
 def main(argv: list[str] | None = None) -> int:

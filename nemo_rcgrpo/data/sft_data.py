@@ -1,0 +1,80 @@
+"""Stage-1 examples: dataset lines -> token ids + loss masks, and deterministic length-bucketed batches."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rcgrpo.data.tokenize import ChatRenderer
+
+
+@dataclass
+class Example:
+    ids: list[int]
+    mask: list[int]
+    task_id: str
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def load_records(path: Path, split: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={path.parent}`")
+    records = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    return [r for r in records if split == "all" or r.get("split") == split]
+
+
+def build_examples(records: list[dict[str, Any]], renderer: ChatRenderer, max_length: int,
+                   seed: int, max_examples: int | None) -> tuple[list[Example], dict[str, int]]:
+    """Seeded shuffle, optional slice, tokenise; examples longer than max_length are dropped."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    examples, dropped = [], 0
+    for i in order:
+        if max_examples is not None and len(examples) >= max_examples:
+            break
+        r = records[i]
+        tok = renderer.render(r["messages"], r.get("tools"))
+        if len(tok) > max_length or sum(tok.mask) == 0:
+            dropped += 1
+            continue
+        examples.append(Example(tok.ids, tok.mask, r.get("task_id", str(i))))
+    return examples, {"examples": len(examples), "dropped_too_long": dropped, "records": len(records)}
+
+
+def epoch_batches(lengths: list[int], global_batch_size: int, seed: int, epoch: int,
+                  bucket_by_length: bool) -> list[list[int]]:
+    """Global batches of example indices for one epoch (the remainder is dropped).
+
+    With bucketing, indices are sorted by length inside chunks of 8 batches, so
+    a batch holds similar lengths and padding stays small; batch order is
+    shuffled. Deterministic in (seed, epoch), which makes resume exact.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    if bucket_by_length:
+        chunk = global_batch_size * 8
+        order = [i for s in range(0, len(order), chunk) for i in sorted(order[s:s + chunk], key=lambda j: lengths[j])]
+    batches = [order[s:s + global_batch_size] for s in range(0, len(order) - global_batch_size + 1, global_batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded [B, T] tensors: input_ids, attention_mask, loss_mask (shifted targets handled by the policy)."""
+    width = max(len(e) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, e in enumerate(examples):
+        ids[row, : len(e)] = torch.tensor(e.ids)
+        attn[row, : len(e)] = 1
+        mask[row, : len(e)] = torch.tensor(e.mask)
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}

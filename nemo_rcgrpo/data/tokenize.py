@@ -1,0 +1,167 @@
+"""Token ids and loss masks for conversations: the single path from messages to training tokens.
+
+``ChatRenderer`` turns OpenAI-format messages into ids with a mask (1 on
+assistant content and its end-of-turn token, 0 on system, user, reward token,
+tool results and the assistant header) using one of two renderers:
+
+- ``project``: the formats of `chat_format.py`, piece by piece;
+- ``template``: the tokenizer's own chat template (when it supports tools),
+  applied to growing prefixes of the conversation; each new message's text
+  must extend the previous rendering, which is checked (a template that
+  rewrites earlier text cannot be used for token-level rollouts).
+
+``auto`` picks ``template`` when the tokenizer's template mentions tools and
+the format is hermes, ``project`` otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, REWARD_TOKEN_PATTERN, Piece, render_pieces
+from nemo_rcgrpo.types import Message
+
+RENDERERS = ("auto", "project", "template")
+REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
+
+
+class ChatFormatError(ValueError):
+    """The tokenizer and the chosen chat format do not fit together."""
+
+
+@dataclass
+class Tokenized:
+    ids: list[int]
+    mask: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def ensure_format_tokens(tokenizer, fmt: str) -> list[str]:
+    """Add the format's control tokens to a tokenizer that lacks them (tiny test models). Returns those added."""
+    missing = [t for t in FORMAT_SPECS[fmt].special_tokens if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_tokens(missing, special_tokens=True)
+    return missing
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer, fmt: str = "hermes", *, tool_description: str = "full",
+                 renderer: str = "auto", reward_tokens: Sequence[str] = REWARD_TOKENS, literal_reward_tokens: bool = False):
+        if fmt not in FORMATS:
+            raise ChatFormatError(f"chat.format={fmt!r}: choose one of {list(FORMATS)}")
+        if renderer not in RENDERERS:
+            raise ChatFormatError(f"chat.renderer={renderer!r}: choose one of {list(RENDERERS)}")
+        self.tokenizer = tokenizer
+        self.fmt = fmt
+        self.spec = FORMAT_SPECS[fmt]
+        self.tool_description = tool_description
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if renderer == "auto":
+            renderer = "template" if ("tools" in template and fmt == "hermes") else "project"
+        if renderer == "template" and "tools" not in template:
+            raise ChatFormatError("chat.renderer=template needs a tokenizer chat template with tool support; use project")
+        self.renderer = renderer
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in self.spec.special_tokens if t not in vocab]
+        if missing:
+            raise ChatFormatError(f"the tokenizer lacks the {fmt} control tokens {missing}; choose the model's own "
+                                  f"format (chat.format) or add them with ensure_format_tokens")
+        self.special_ids = {t: vocab[t] for t in self.spec.special_tokens}
+        self.stop_ids = [vocab[t] for t in self.spec.stop_tokens]
+        self.literal_reward_tokens = literal_reward_tokens
+        self.reward_ids = {}
+        if not literal_reward_tokens:
+            self.reward_ids = {t: vocab[t] for t in reward_tokens if t in vocab}
+
+    # ------------------------------------------------------------------ text -> ids
+    def encode_text(self, text: str, user_text: bool = False) -> list[int]:
+        """Plain text: special-token strings stay text, except reward tokens in user text."""
+        if not text:
+            return []
+        if user_text and self.reward_ids:
+            ids: list[int] = []
+            for part in REWARD_TOKEN_PATTERN.split(text):
+                if part in self.reward_ids:
+                    ids.append(self.reward_ids[part])
+                elif part:
+                    ids += self.tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            return ids
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def _encode_pieces(self, pieces: Sequence[Piece], out: Tokenized) -> None:
+        for p in pieces:
+            ids = [self.special_ids[p.text]] if p.special else self.encode_text(p.text, p.user_text)
+            out.ids += ids
+            out.mask += [int(p.train)] * len(ids)
+
+    # ------------------------------------------------------------------ public API
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = False) -> Tokenized:
+        out = Tokenized([], [])
+        self.render_into(out, messages, 0, tools)
+        if add_generation_prompt:
+            out.ids += self.generation_prompt_ids()
+            out.mask += [0] * len(self.generation_prompt_ids())
+        return out
+
+    def render_into(self, out: Tokenized, messages: Sequence[Message], start: int,
+                    tools: Sequence[dict[str, Any]] | None = None) -> Tokenized:
+        """Append the tokens of ``messages[start:]`` (rendered in the context of all of them)."""
+        if self.renderer == "template":
+            self._template_into(out, messages, start, tools)
+            return out
+        for i in range(start, len(messages)):
+            self._encode_pieces(self.spec.pieces(messages, i, tools, self.tool_description), out)
+        return out
+
+    def generation_prompt_ids(self) -> list[int]:
+        out = Tokenized([], [])
+        self._encode_pieces(self.spec.generation_prompt(), out)
+        return out.ids
+
+    def after_stop_ids(self) -> list[int]:
+        """What follows a generated end-of-turn token before the next message ("\\n" in ChatML)."""
+        return self.encode_text(self.spec.after_stop)
+
+    # ------------------------------------------------------------------ template renderer
+    def _template_text(self, messages: Sequence[Message], tools, add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def _template_into(self, out: Tokenized, messages: Sequence[Message], start: int, tools) -> None:
+        # units: a run of consecutive tool messages is one unit (templates merge them)
+        bounds = [i + 1 for i in range(len(messages)) if i + 1 == len(messages) or not (
+            messages[i]["role"] == "tool" and messages[i + 1]["role"] == "tool")]
+        previous = self._template_text(messages[:start], tools) if start else ""
+        eot = self.spec.stop_tokens[0]
+        for end in (b for b in bounds if b > start):
+            text = self._template_text(messages[:end], tools)
+            if not text.startswith(previous):
+                raise ChatFormatError("the tokenizer's chat template rewrites earlier text when a message is added; "
+                                      "use chat.renderer=project")
+            delta = text[len(previous):]
+            last = messages[end - 1]
+            if last["role"] == "assistant":
+                header = self._template_text(messages[: end - 1], tools, add_generation_prompt=True)[len(previous):]
+                if not delta.startswith(header):
+                    raise ChatFormatError("the chat template's generation prompt does not start the assistant turn")
+                body, _, tail = delta[len(header):].partition(eot)
+                self._encode_pieces([Piece(header), Piece(body, train=True), Piece(eot, train=True, special=True),
+                                     Piece(tail)], out)
+            else:
+                self._encode_template_text(delta, out, user_text=last["role"] == "user")
+            previous = text
+
+    def _encode_template_text(self, text: str, out: Tokenized, user_text: bool) -> None:
+        pattern = "(" + "|".join(map(__import__("re").escape, self.special_ids)) + ")"
+        for part in __import__("re").split(pattern, text):
+            if part in self.special_ids:
+                out.ids.append(self.special_ids[part])
+                out.mask.append(0)
+            elif part:
+                ids = self.encode_text(part, user_text)
+                out.ids += ids
+                out.mask += [0] * len(ids)

@@ -1,0 +1,126 @@
+"""Torch policy backend: one process, or torchrun DDP (gloo on CPU, NCCL on GPU).
+
+Interface shared with the Megatron backend: ``token_logprobs(batch)``,
+``train_step(micro_batches, loss_fn, num_valid_tokens) -> metrics``,
+``export_weights()`` (HF names, full tensors), ``state_dict()/load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from nemo_rcgrpo.config import TrainerConfig
+from nemo_rcgrpo.utils.dist import DistInfo
+
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    """Multiplier of the base lr at optimizer step s: linear warmup, then cosine/linear decay or constant."""
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+        return min_ratio + (1 - min_ratio) * decay
+
+    return f
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
+
+    With ``loss_mask`` [B, T], logits are computed only at the positions that
+    predict a masked token in some row (the output layer over a 50k-150k
+    vocabulary is a large share of the cost); positions no row needs are 0.
+    """
+    targets = input_ids[:, 1:]  # [B, T-1]
+    if loss_mask is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [B, T-1, V]
+        lp = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        lp = lp.view(targets.shape)
+    else:
+        keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K] positions t whose t+1 is trained
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
+        picked = targets[:, keep]  # [B, K]
+        kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
+        lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
+        lp[:, keep] = kept.view(picked.shape)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
+
+
+class TorchPolicy:
+    def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, dist: DistInfo, total_steps: int,
+                 gradient_checkpointing: bool = False):
+        self.dist = dist
+        self.model = model.to(dist.device)
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.module = self.model
+        if dist.world_size > 1:
+            ids = [dist.device.index] if dist.device.type == "cuda" else None
+            self.model = DDP(self.model, device_ids=ids)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=trainer.lr, betas=tuple(trainer.betas),
+                                           weight_decay=trainer.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
+        self.grad_clip = trainer.grad_clip
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.dist.device) for k, v in batch.items()}
+
+    @torch.no_grad()
+    def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.model.eval()
+        b = self._to_device(batch)
+        return token_logprobs(self.module, b["input_ids"], b["attention_mask"]).cpu()
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
+                   num_valid_tokens: float) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        loss_sum = 0.0
+        for i, mb in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if (last or not isinstance(self.model, DDP)) else self.model.no_sync()
+            with sync:
+                b = self._to_device(mb)
+                lp = token_logprobs(self.model, b["input_ids"], b["attention_mask"], b.get("loss_mask"))
+                loss, metrics = loss_fn(lp, b, num_valid_tokens)
+                # DDP averages gradients over ranks; the loss is already normalised globally
+                (loss * self.dist.world_size).backward()
+            loss_sum += loss.item()
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
+                                                   self.grad_clip if self.grad_clip > 0 else float("inf"))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss_local": loss_sum, "grad_norm": float(grad_norm), "lr": lr, **totals}
+
+    def state_dict(self) -> dict:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None:
+        self.module.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)
+        self.scheduler.load_state_dict(scheduler)
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (for the generator's weight sync)."""
+        for name, tensor in self.module.state_dict().items():
+            yield name, tensor.detach()

@@ -1,0 +1,41 @@
+"""Training entry: ``torchrun nemo_rcgrpo/train.py --config-name sft_smollm_cpu [key=value ...]``.
+
+Also ``python nemo_rcgrpo/train.py ...`` (one process) and ``rcgrpo train ...``.
+The config (``conf/<name>.yaml``) is composed with Hydra, validated against
+`nemo_rcgrpo.config.TrainConfig` and dispatched on ``stage``: ``sft`` and
+``rctp`` run the stage-1 loop (`algorithms/sft.py`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+if __package__ in (None, ""):  # run as a script (torchrun nemo_rcgrpo/train.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
+    from nemo_rcgrpo.models.hf import ModelFilesError
+    from nemo_rcgrpo.utils.checkpoint import CheckpointError
+    from nemo_rcgrpo.utils.config import ConfigError, compose, split_argv
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        name, overrides = split_argv(argv, "sft_smollm_cpu")
+        cfg = TrainConfig.from_dict(compose(name, overrides))
+        from nemo_rcgrpo.algorithms.sft import run_stage1
+
+        result = run_stage1(cfg)
+    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

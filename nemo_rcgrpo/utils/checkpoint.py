@@ -1,0 +1,88 @@
+"""Atomic, resumable checkpoints: ``run_dir/checkpoints/step_N/``.
+
+A checkpoint is written into ``.tmp-step_N`` and renamed into place only when
+complete (``trainer_state.json`` is its last file), so a kill mid-save never
+leaves a checkpoint that looks valid, and older ones are removed only after a
+newer one is complete. It holds the model and optimizer state, the scheduler,
+the RNG states and the data position, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used; the message says why."""
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint (one whose state file exists), or None."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
+                    scheduler_state: dict, trainer_state: dict[str, Any], keep_last: int,
+                    tokenizer=None) -> Path:
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp-step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(model_state, tmp / "model.pt")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save({"scheduler": scheduler_state, "rng": rng_state()}, tmp / "extra.pt")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / "tokenizer")
+    (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    complete = sorted((p for p in root.glob("step_*") if (p / STATE_FILE).is_file()),
+                      key=lambda p: int(p.name.split("_")[1]))
+    for old in complete[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    state_file = path / STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
+    try:
+        trainer_state = json.loads(state_file.read_text())
+        model = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+        optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    return {"trainer_state": trainer_state, "model": model, "optimizer": optimizer, **extra}

@@ -1,0 +1,52 @@
+"""Process groups from torchrun's environment; gloo on CPU, NCCL on GPU. Single process without torchrun."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the torchrun group if launched by torchrun (WORLD_SIZE > 1), else run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank, world, local, device)
+
+
+def all_reduce_sum(value: float, info: DistInfo) -> float:
+    if info.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=info.device if info.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def barrier(info: DistInfo) -> None:
+    if info.world_size > 1:
+        dist.barrier()
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,63 @@
+"""Run metrics: ``metrics.jsonl`` always, TensorBoard and W&B (offline by default) when enabled.
+
+Only rank 0 writes. Every record has ``step``; values must be numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, *, rank: int = 0, tensorboard: bool = True,
+                 wandb_cfg: Any = None, config: dict[str, Any] | None = None):
+        self.enabled = rank == 0
+        self.run_dir = Path(run_dir)
+        self._tb = None
+        self._wandb = None
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = (self.run_dir / "metrics.jsonl").open("a")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if wandb_cfg is not None and wandb_cfg.enabled and wandb_cfg.mode != "disabled":
+            try:
+                import wandb
+            except ImportError:
+                raise RuntimeError("logging.wandb.enabled=true needs the wandb package (pip install wandb)") from None
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self._wandb = wandb.init(project=wandb_cfg.project, mode=wandb_cfg.mode, dir=str(self.run_dir),
+                                     config=config or {}, name=self.run_dir.name, reinit="finish_previous")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
