@@ -24,10 +24,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rcgrpo score --ground-truth --summary --quiet
 	$(VENV)/bin/rcgrpo prepare-data out_dir=outputs/demo/data overwrite=true
+	$(VENV)/bin/rcgrpo train --config-name rctp_smollm_cpu data.dir=outputs/demo/data run_dir=outputs/demo/rctp_smollm_cpu
+	@echo "metrics: outputs/demo/rctp_smollm_cpu/metrics.jsonl (TensorBoard: outputs/demo/rctp_smollm_cpu/tensorboard); HF export: outputs/demo/rctp_smollm_cpu/hf"
 
 bench: $(STAMP)
 	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5
 	$(PY) scripts/bench/prepare_data.py --out docs/benchmarks.md
+	$(PY) scripts/bench/train_throughput.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)

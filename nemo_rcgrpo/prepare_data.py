@@ -85,7 +85,7 @@ class PrepareDataConfig:
                 raise ConfigError(f"{key}: {e}") from None
         if "categories" in values:
             values["categories"] = tuple(values["categories"])
-        if values.get("failures") and values["failures"].rollout_files:
+        if "failures" in values:
             values["failures"] = FailureConfig(**{**asdict(values["failures"]),
                                                   "rollout_files": tuple(values["failures"].rollout_files)})
         config = cls(**values)

@@ -21,3 +21,49 @@ def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_v
     nll_sum = -(token_logprobs * mask).sum()  # scalar
     loss = nll_sum / max(num_valid_tokens, 1.0)
     return loss, {"nll_sum": nll_sum.detach().item(), "tokens": mask.sum().item()}
+
+
+def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float, *,
+              clip_low: float = 0.2, clip_high: float = 0.2, kl_beta: float = 0.1, kl_estimator: str = "k3",
+              aggregation: str = "token"):
+    """PPO-clipped policy loss with a KL penalty to the reference (GRPO / RC-GRPO).
+
+    batch: loss_mask [B, T] (1 on generated tokens), old_logprobs [B, T] (the
+    trainer's recomputed logprobs before the update), ref_logprobs [B, T],
+    advantages [B] (one per rollout, broadcast over its tokens); for
+    aggregation="sequence" also num_sequences (the global count, a scalar).
+
+        ratio_t = exp(logp_t - old_t)
+        pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
+        loss_t  = pg_t + beta * KL_t(policy || ref)
+        token:    sum_t mask * loss_t / num_valid_tokens          (global token count)
+        sequence: sum_b [sum_t mask * loss_t / len_b] / num_sequences
+    """
+    from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
+
+    mask = batch["loss_mask"].to(token_logprobs.dtype)  # [B, T]
+    adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
+    log_ratio = (token_logprobs - batch["old_logprobs"]) * mask  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    pg = -torch.minimum(ratio * adv, clipped * adv)  # [B, T]
+    kl = KL_ESTIMATORS[kl_estimator](token_logprobs, batch["ref_logprobs"]) * mask  # [B, T]
+    per_token = pg + kl_beta * kl  # [B, T]
+    if aggregation == "token":
+        loss = (per_token * mask).sum() / max(num_valid_tokens, 1.0)
+    elif aggregation == "sequence":
+        lengths = mask.sum(dim=1).clamp(min=1.0)  # [B]
+        loss = ((per_token * mask).sum(dim=1) / lengths).sum() / float(batch["num_sequences"])
+    else:
+        raise ValueError(f"aggregation={aggregation!r}: choose 'token' or 'sequence'")
+    with torch.no_grad():
+        is_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
+        n = mask.sum()
+        metrics = {
+            "pg_loss_sum": float((pg * mask).sum()),
+            "kl_sum": float((kl * mask).sum()),
+            "clipped_tokens": float((is_clipped.to(mask.dtype) * mask).sum()),
+            "ratio_sum": float((ratio * mask).sum()),
+            "tokens": float(n),
+        }
+    return loss, metrics

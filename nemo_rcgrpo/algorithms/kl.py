@@ -1,0 +1,27 @@
+"""Per-token KL estimators between the policy and the reference (Schulman, "Approximating KL divergence").
+
+With log-ratio d = ref_logprob - logprob (samples drawn from the policy):
+    k1 = -d                     unbiased, high variance, can be negative
+    k2 = d^2 / 2                biased, low variance
+    k3 = exp(d) - d - 1         unbiased, low variance, always >= 0 (default, as GRPO)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)  # exp overflow guard
+    return torch.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}

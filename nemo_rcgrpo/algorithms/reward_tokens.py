@@ -1,0 +1,58 @@
+"""Reward-token sampling for RC-GRPO rollouts (PAPER.md, "Stage 2").
+
+Every rollout j of a group is conditioned on r_j in {high, low}. The paper
+samples i.i.d. with P(high) = p (p = 0.5, the success share of the stage-1
+data); with G = 5 about 6% of groups then get one token type only (2 * 0.5^5).
+`stratified` gives every group both tokens in proportion p (3 high / 2 low at
+G = 5, p = 0.5), so the token always injects within-group variance (Prop. 4.3).
+Each sampler is a registered function: ``(num_groups, group_size, p_high, rng) -> [[bool]]``
+(True = high).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+RewardTokenSampler = Callable[[int, int, float, random.Random], list[list[bool]]]
+REWARD_TOKEN_SAMPLERS: dict[str, RewardTokenSampler] = {}
+
+
+def register_sampler(name: str):
+    def wrap(fn: RewardTokenSampler) -> RewardTokenSampler:
+        REWARD_TOKEN_SAMPLERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def _check(group_size: int, p_high: float) -> None:
+    if group_size < 1 or not 0.0 <= p_high <= 1.0:
+        raise ValueError(f"group_size={group_size} must be >= 1 and p_high={p_high} in [0, 1]")
+
+
+@register_sampler("iid")
+def iid(num_groups: int, group_size: int, p_high: float, rng: random.Random) -> list[list[bool]]:
+    """r_j ~ Bernoulli(p) independently for every rollout (the paper)."""
+    _check(group_size, p_high)
+    return [[rng.random() < p_high for _ in range(group_size)] for _ in range(num_groups)]
+
+
+def stratified_count(group_size: int, p_high: float) -> int:
+    """High tokens per group: round(p * G) (halves up), kept within [1, G - 1] so both tokens appear."""
+    n = math.floor(p_high * group_size + 0.5)
+    return min(max(n, 1), group_size - 1) if group_size >= 2 else n
+
+
+@register_sampler("stratified")
+def stratified(num_groups: int, group_size: int, p_high: float, rng: random.Random) -> list[list[bool]]:
+    """Exactly `stratified_count` high tokens per group, at shuffled positions."""
+    _check(group_size, p_high)
+    n_high = stratified_count(group_size, p_high)
+    groups = []
+    for _ in range(num_groups):
+        tokens = [True] * n_high + [False] * (group_size - n_high)
+        rng.shuffle(tokens)
+        groups.append(tokens)
+    return groups
