@@ -80,10 +80,10 @@ def _slow_loss(logp, old, ref, adv, mask, n_tokens, eps_l, eps_h, beta):
     total = 0.0
     for b in range(len(logp)):
         for t in range(len(logp[0])):
-            if mask[b, t]:
-                ratio = math.exp(logp[b, t] - old[b, t])
+            if mask[b][t]:
+                ratio = math.exp(logp[b][t] - old[b][t])
                 pg = -min(ratio * adv[b], min(max(ratio, 1 - eps_l), 1 + eps_h) * adv[b])
-                d = ref[b, t] - logp[b, t]
+                d = ref[b][t] - logp[b][t]
                 total += pg + beta * (math.exp(d) - d - 1)
     return total / n_tokens
 
