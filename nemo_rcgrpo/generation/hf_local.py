@@ -1,0 +1,87 @@
+"""In-process HF generator: batched, KV cache, temperature / top-p sampling, seeded.
+
+Prompts are left-padded into one batch and decoded together with
+``model.generate`` (KV cache); each completion is cut after its first stop
+token. Logprobs are those of the sampling distribution (the processed scores
+after temperature and top-p), one per generated token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from nemo_rcgrpo.generation.base import Completion, SamplingParams
+
+
+class HFGenerator:
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.version = 0
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        out: list[Completion] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            seed = None if params.seed is None else params.seed + start
+            out += self._generate_batch(prompts[start:start + self.max_batch_size], params, seed)
+        return out
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list[Completion]:
+        if not prompts:
+            return []
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):] = torch.tensor(p)
+            attn[row, width - len(p):] = 1
+        greedy = params.temperature == 0
+        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_token_id,
+                      eos_token_id=list(params.stop_token_ids) or None, return_dict_in_generate=True,
+                      output_scores=True)
+        if not greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p)
+        if seed is not None:
+            torch.manual_seed(seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            result = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
+        finally:
+            self.model.train(was_training)
+        new = result.sequences[:, width:].cpu()  # [B, N]
+        scores = torch.stack(result.scores, dim=1).float().log_softmax(-1).cpu()  # [B, N, V]
+        stops = set(params.stop_token_ids)
+        completions = []
+        for row in range(len(prompts)):
+            tokens, logprobs, reason = [], [], "length"
+            for t, token in enumerate(new[row].tolist()):
+                tokens.append(token)
+                logprobs.append(float(scores[row, t, token]))
+                if token in stops:
+                    reason = "stop"
+                    break
+            completions.append(Completion(tokens, logprobs, reason))
+        return completions
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
+        """In-process: load the given tensors (or an HF folder's safetensors) into the model."""
+        if isinstance(weights, (str, Path)):
+            from safetensors.torch import load_file
+
+            state = {}
+            for f in sorted(Path(weights).glob("*.safetensors")):
+                state.update(load_file(str(f)))
+            self.model.load_state_dict(state, strict=False)
+        else:
+            own = self.model.state_dict()
+            with torch.no_grad():
+                for name, tensor in weights:
+                    own[name].copy_(tensor)
+        self.version = version

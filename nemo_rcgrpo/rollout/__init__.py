@@ -1,0 +1,1 @@
+"""Rollouts: multi-turn episodes between a generator and environments."""

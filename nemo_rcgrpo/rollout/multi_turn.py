@@ -1,0 +1,201 @@
+"""Multi-turn rollouts: the only place a generator meets an environment.
+
+Token-in, token-out. For every rollout the engine renders the opening messages
+(with the rollout's reward-goal token, for RC-GRPO) into token ids; the
+generator continues all live rollouts at once; generated tokens are kept as
+they are (loss mask 1, with their sampling logprobs); the text is parsed into
+tool calls, the rollout's own environment answers, and the answer is appended
+as tokens rendered by the chat format (loss mask 0). A trajectory is never
+re-tokenised from text, so training sees exactly what was sampled.
+
+A rollout ends when its environment is done (``done()``, a message without
+tool calls in merged mode, the last user turn in per_turn mode), after
+``max_turns`` assistant messages, or when the next prompt would not fit the
+context budget or a message hits ``max_new_tokens`` without a stop token
+(truncated: reward 0, reason recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
+from nemo_rcgrpo.data.tool_parsers import PARSERS
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask
+from nemo_rcgrpo.generation.base import Generator, SamplingParams
+from nemo_rcgrpo.types import Message, ToolCall, ToolCallError
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    task: BFCLTask
+    group: int  # index of the rollout's group in the step
+    reward_token: bool | None = None  # True high, False low, None: no token (GRPO, or literal eval prompts)
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    category: str
+    group: int
+    reward_token: str | None
+    token_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    prompt_length: int
+    reward: float = 0.0
+    state_ok: bool = False
+    actions_ok: bool = False
+    official_valid: bool | None = None
+    truncated: str | None = None
+    num_turns: int = 0  # assistant messages
+    tool_errors: int = 0
+    calls: list[list[Any]] = field(default_factory=list)  # per assistant message: {"name", "arguments"} or {"error"}
+    observations: list[list[str]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # decoded assistant messages
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-serialisable summary for the per-step rollout dump."""
+        return {"task_id": self.task_id, "category": self.category, "group": self.group,
+                "reward_token": self.reward_token, "turns": self.calls, "observations": self.observations,
+                "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
+                "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
+                "tool_errors": self.tool_errors, "generated_tokens": self.generated_tokens,
+                "text": "\n---\n".join(self.texts)}
+
+
+@dataclass
+class _Live:
+    order: int
+    spec: RolloutSpec
+    env: Any
+    messages: list[Message]
+    tools: list[dict]
+    seq: Tokenized
+    logprobs: list[float]
+    traj: Trajectory
+
+
+def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
+    if isinstance(call, ToolCallError):
+        return {"error": call.message, "raw": call.raw}
+    return {"name": call.name, "arguments": call.kwargs}
+
+
+class RolloutEngine:
+    def __init__(self, generator: Generator, renderer: ChatRenderer, suite: BFCLSuite, env_config: BFCLEnvConfig,
+                 sampling: SamplingParams, *, max_turns: int = 20, max_total_tokens: int = 4096,
+                 reward_goal: RewardGoal | None = None, tokenizer=None):
+        self.generator = generator
+        self.renderer = renderer
+        self.tokenizer = tokenizer or renderer.tokenizer
+        self.suite = suite
+        self.env_config = env_config
+        self.sampling = SamplingParams(**{**sampling.__dict__, "stop_token_ids": tuple(renderer.stop_ids)})
+        self.max_turns = max_turns
+        self.max_total_tokens = max_total_tokens
+        self.reward_goal = reward_goal or RewardGoal()
+        self.parse = PARSERS[renderer.fmt]
+        self.timings: dict[str, float] = {}
+
+    def _start(self, order: int, spec: RolloutSpec) -> _Live:
+        env = self.env_config.make_env()
+        messages = env.reset(spec.task, gold=self.suite.gold(spec.task))
+        if spec.reward_token is not None:
+            messages = self.reward_goal.apply(messages, spec.reward_token)
+        tools = env.tools
+        seq = self.renderer.render(messages, tools, add_generation_prompt=True)
+        token = None if spec.reward_token is None else ("high" if spec.reward_token else "low")
+        traj = Trajectory(spec.task.id, spec.task.category, spec.group, token, [], [], [], len(seq.ids))
+        return _Live(order, spec, env, list(messages), tools, seq, [0.0] * len(seq.ids), traj)
+
+    def rollout(self, specs: Sequence[RolloutSpec], seed: int | None = None) -> list[Trajectory]:
+        """Run every rollout to its end; all live rollouts advance together, one generator call per round."""
+        self.timings = {"generation": 0.0, "env": 0.0}
+        live = [self._start(i, s) for i, s in enumerate(specs)]
+        done: list[_Live] = []
+        round_index = 0
+        while live:
+            budget = [self.max_total_tokens - len(s.seq.ids) for s in live]
+            for s, b in zip(live, budget):
+                if b <= 0:
+                    s.env.truncate("context budget")
+            still = [s for s in live if not s.env.done]
+            done += [s for s in live if s.env.done]
+            live = still
+            if not live:
+                break
+            max_new = min(self.sampling.max_new_tokens, max(self.max_total_tokens - len(s.seq.ids) for s in live))
+            params = SamplingParams(max_new_tokens=max_new, temperature=self.sampling.temperature,
+                                    top_p=self.sampling.top_p, stop_token_ids=self.sampling.stop_token_ids,
+                                    seed=None if seed is None else seed + 7919 * round_index)
+            t0 = time.perf_counter()
+            completions = self.generator.generate([s.seq.ids for s in live], params)
+            self.timings["generation"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for s, c in zip(live, completions):
+                self._advance(s, c)
+            self.timings["env"] += time.perf_counter() - t0
+            round_index += 1
+        return [self._finish(s) for s in sorted(done, key=lambda s: s.order)]
+
+    def _advance(self, s: _Live, completion) -> None:
+        room = self.max_total_tokens - len(s.seq.ids)
+        tokens = completion.token_ids[:room]
+        s.seq.ids += tokens
+        s.seq.mask += [1] * len(tokens)
+        s.logprobs += completion.logprobs[: len(tokens)]
+        s.traj.num_turns += 1
+        stopped = completion.finish_reason == "stop" and len(tokens) == len(completion.token_ids)
+        body = tokens[:-1] if stopped else tokens
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        s.traj.texts.append(text)
+        if not stopped:
+            s.env.truncate("context budget" if len(tokens) >= room else "max_new_tokens without a stop token")
+            return
+        parsed = self.parse(text, {t["function"]["name"] for t in s.tools} | {"done"})
+        s.traj.calls.append([_call_record(c) for c in parsed.calls])
+        result = s.env.step(parsed.calls)
+        s.traj.observations.append([o.content for o in result.observations])
+        s.traj.tool_errors += sum(not o.ok for o in result.observations)
+        s.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [
+            {"id": f"call_{len(s.messages)}_{i}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
+            for i, c in enumerate(parsed.calls) if isinstance(c, ToolCall)]})
+        if s.env.done:
+            return
+        if s.traj.num_turns >= self.max_turns:
+            s.env.truncate(f"more than {self.max_turns} assistant messages")
+            return
+        start = len(s.messages)
+        s.messages += result.messages
+        if result.tools_changed:
+            s.tools = s.env.tools
+        after = Tokenized(self.renderer.after_stop_ids(), [])
+        self.renderer.render_into(after, s.messages, start, s.tools)
+        after.ids += self.renderer.generation_prompt_ids()
+        if len(s.seq.ids) + len(after.ids) >= self.max_total_tokens:
+            s.env.truncate("context budget")
+            return
+        s.seq.ids += after.ids
+        s.seq.mask += [0] * len(after.ids)
+        s.logprobs += [0.0] * len(after.ids)
+
+    def _finish(self, s: _Live) -> Trajectory:
+        t = s.traj
+        reward = s.env.reward()
+        verdict = s.env.official_verdict()
+        t.token_ids, t.loss_mask, t.sampler_logprobs = s.seq.ids, s.seq.mask, s.logprobs
+        t.reward, t.state_ok, t.actions_ok = reward.value, reward.state_ok, reward.actions_ok
+        t.truncated = s.env.truncated
+        t.official_valid = None if verdict is None else verdict.valid
+        return t

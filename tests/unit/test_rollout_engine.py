@@ -1,0 +1,112 @@
+"""The rollout engine with a scripted generator: token-level consistency, stopping rules, concurrency."""
+
+import json
+
+import pytest
+
+from nemo_rcgrpo.data.tokenize import ChatRenderer
+from nemo_rcgrpo.data.trajectories import gold_plan
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.generation.base import Completion, SamplingParams
+from nemo_rcgrpo.models.hf import load_tokenizer
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    tok = load_tokenizer("smollm2")
+    tok.add_tokens(["<|high_reward|>", "<|low_reward|>"], special_tokens=True)
+    return ChatRenderer(tok, "hermes", tool_description="compact")
+
+
+class ScriptedGenerator:
+    """Answers the k-th assistant message of every rollout with script(task, k); records batch sizes."""
+
+    def __init__(self, renderer, scripts, header):
+        self.renderer, self.scripts, self.header, self.batches = renderer, scripts, header, []
+
+    def generate(self, prompts, params):
+        self.batches.append(len(prompts))
+        out = []
+        for p in prompts:
+            key = next(k for k in self.scripts if _contains(p, self.scripts[k]["marker"]))
+            turn = _count(p, self.header) - 1
+            text = self.scripts[key]["turns"][turn] if turn < len(self.scripts[key]["turns"]) else "done"
+            ids = self.renderer.encode_text(text) + [params.stop_token_ids[0]]
+            out.append(Completion(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+    def update_weights(self, weights, version):
+        pass
+
+
+def _contains(seq, sub):
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _count(seq, sub):
+    return sum(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _hermes_calls(calls):
+    return "\n".join("<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.kwargs}) + "\n</tool_call>"
+                     for c in calls)
+
+
+def _engine(renderer, suite, scripts, mode="merged", **kw):
+    header = renderer.generation_prompt_ids()
+    gen = ScriptedGenerator(renderer, scripts, header)
+    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode=mode), SamplingParams(max_new_tokens=512),
+                           **kw)
+    return engine, gen
+
+
+def _gold_script(renderer, task):
+    turns = [_hermes_calls(calls) for calls in gold_plan(task) if calls]
+    turns.append(_hermes_calls([type(gold_plan(task)[0][0])("done")]))
+    marker = renderer.encode_text(task.turns[0][0]["content"][:40], user_text=True)[2:8]
+    return {"marker": marker, "turns": turns}
+
+
+def test_gold_rollouts_score_one_and_tokens_equal_the_rendered_conversation(suite, renderer):
+    tasks = [suite["multi_turn_base_0"], suite["multi_turn_base_5"]]
+    scripts = {t.id: _gold_script(renderer, t) for t in tasks}
+    engine, gen = _engine(renderer, suite, scripts)
+    specs = [RolloutSpec(t, g, token) for g, t in enumerate(tasks) for token in (True, False, True)]
+    trajs = engine.rollout(specs)
+    assert [t.reward for t in trajs] == [1.0] * 6 and all(t.state_ok and t.actions_ok for t in trajs)
+    assert gen.batches[0] == 6  # every live rollout in one generator call
+    assert [t.reward_token for t in trajs] == ["high", "low", "high"] * 2
+    high = renderer.tokenizer.convert_tokens_to_ids("<|high_reward|>")
+    t0 = trajs[0]
+    assert t0.token_ids[: t0.prompt_length].count(high) == 1
+    assert len(t0.token_ids) == len(t0.loss_mask) == len(t0.sampler_logprobs)
+    # the engine's ids are exactly the chat format's rendering of the same conversation
+    from nemo_rcgrpo.data.reward_goal import RewardGoal
+    from nemo_rcgrpo.data.trajectories import play
+
+    played = play(tasks[0], gold_plan(tasks[0]), "merged")
+    messages = RewardGoal().apply(played.messages, True)
+    rendered = renderer.render(messages, played.tools)
+    tail = renderer.after_stop_ids()  # the rendering closes the last turn with "\n"; a rollout ends at its stop token
+    assert rendered.ids[-len(tail):] == tail
+    assert t0.token_ids == rendered.ids[: -len(tail)] and t0.loss_mask == rendered.mask[: -len(tail)]
+    assert t0.num_turns == sum(1 for m in messages if m["role"] == "assistant")
+    assert t0.calls[0][0] == {"name": "cd", "arguments": {"folder": "document"}}
+
+
+def test_bad_output_becomes_error_observations_and_limits_end_rollouts(suite, renderer):
+    task = suite["multi_turn_base_0"]
+    marker = _gold_script(renderer, task)["marker"]
+    garbage = "<tool_call>{not json</tool_call>"
+    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": [garbage] * 50}}, max_turns=3)
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert traj.num_turns == 3 and traj.tool_errors == 3 and traj.truncated.startswith("more than 3")
+    assert traj.reward == 0.0 and "not valid JSON" in traj.observations[0][0]
+    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["<tool_call>\n{\"name\": \"ls\", \"arguments\": {}}\n</tool_call>"] * 50}},
+                        max_total_tokens=700)
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert traj.truncated == "context budget" and traj.reward == 0.0 and len(traj.token_ids) <= 700
+    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["I refuse."]}})
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert traj.num_turns == 1 and traj.truncated is None and traj.reward == 0.0  # merged: no call ends it
