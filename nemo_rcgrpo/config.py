@@ -14,10 +14,13 @@ from typing import Any
 
 from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.tokenize import RENDERERS
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.utils.config import ConfigError, reject_unknown
 
-STAGES = ("sft", "rctp")
+STAGE1 = ("sft", "rctp")
+RL_STAGES = ("grpo", "rcgrpo", "dapo_filter")
+STAGES = STAGE1 + RL_STAGES
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,45 @@ class RewardTokensConfig:
 
 
 @dataclass(frozen=True)
+class AdvantageConfig:
+    baseline: str = "mean"  # mean | leave_one_out
+    scale: str = "std"  # std | none
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_beta: float = 0.1
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    aggregation: str = "token"  # token | sequence
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per assistant message
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    group_size: int = 5  # G rollouts per task
+    tasks_per_step: int = 4  # groups per optimizer step (the paper's "batch")
+    reward_token_sampling: str = "iid"  # iid (paper) | stratified
+    p_high: float = 0.5  # P(high token): the success share of the stage-1 data
+    max_turns: int = 20  # assistant messages per rollout
+    max_total_tokens: int = 4096  # context budget of a rollout (prompt + everything generated)
+    dapo_max_rounds: int = 2  # dapo_filter: extra generation rounds to replace zero-variance groups
+    split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
+    stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
+    advantage: AdvantageConfig = AdvantageConfig()
+    loss: LossConfig = LossConfig()
+    sampling: SamplingConfig = SamplingConfig()
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     stage: str = "sft"
     seed: int = 1234
@@ -105,6 +147,8 @@ class TrainConfig:
     logging: LoggingConfig = LoggingConfig()
     policy: PolicyConfig = PolicyConfig()
     reward_tokens: RewardTokensConfig = RewardTokensConfig()
+    rl: RLConfig = RLConfig()
+    env: BFCLEnvConfig = BFCLEnvConfig()
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
@@ -128,8 +172,10 @@ class TrainConfig:
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
         _choice("policy.backend", self.policy.backend, ("torch",))
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
-        if self.stage == "rctp" and self.model.reward_tokens == "none":
-            raise ConfigError("stage=rctp conditions on reward tokens: set model.reward_tokens=special (or literal)")
+        if self.stage in RL_STAGES:
+            self._validate_rl()
+        if self.stage in ("rctp", "rcgrpo") and self.model.reward_tokens == "none":
+            raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
         if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
             raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
         t = self.trainer
@@ -151,6 +197,33 @@ class TrainConfig:
             raise ConfigError("trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1 and trainer.grad_clip >= 0")
         if self.data.max_examples is not None and self.data.max_examples <= 0:
             raise ConfigError(f"data.max_examples={self.data.max_examples}: must be > 0 or null")
+
+    def _validate_rl(self) -> None:
+        from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
+        from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
+
+        rl = self.rl
+        _choice("rl.reward_token_sampling", rl.reward_token_sampling, tuple(REWARD_TOKEN_SAMPLERS))
+        _choice("rl.advantage.baseline", rl.advantage.baseline, ("mean", "leave_one_out"))
+        _choice("rl.advantage.scale", rl.advantage.scale, ("std", "none"))
+        _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, tuple(KL_ESTIMATORS))
+        _choice("rl.loss.aggregation", rl.loss.aggregation, ("token", "sequence"))
+        _choice("rl.split", rl.split, ("train", "test"))
+        if rl.group_size < 2:
+            raise ConfigError(f"rl.group_size={rl.group_size}: group advantages need at least 2 rollouts per task")
+        for key, value in {"rl.tasks_per_step": rl.tasks_per_step, "rl.max_turns": rl.max_turns,
+                           "rl.max_total_tokens": rl.max_total_tokens,
+                           "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens}.items():
+            if value <= 0:
+                raise ConfigError(f"{key}={value}: must be > 0")
+        if not 0.0 <= rl.p_high <= 1.0:
+            raise ConfigError(f"rl.p_high={rl.p_high}: must be in [0, 1]")
+        if rl.sampling.temperature <= 0 or not 0 < rl.sampling.top_p <= 1:
+            raise ConfigError("rl.sampling.temperature must be > 0 (RL samples) and 0 < rl.sampling.top_p <= 1")
+        if rl.loss.clip_low < 0 or rl.loss.clip_high < 0 or rl.loss.kl_beta < 0:
+            raise ConfigError("rl.loss.clip_low, clip_high and kl_beta must be >= 0")
+        if self.trainer.max_steps is None:
+            raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))

@@ -3,7 +3,8 @@
 Also ``python nemo_rcgrpo/train.py ...`` (one process) and ``rcgrpo train ...``.
 The config (``conf/<name>.yaml``) is composed with Hydra, validated against
 `nemo_rcgrpo.config.TrainConfig` and dispatched on ``stage``: ``sft`` and
-``rctp`` run the stage-1 loop (`algorithms/sft.py`).
+``rctp`` run the stage-1 loop (`algorithms/sft.py`); ``grpo``, ``rcgrpo`` and
+``dapo_filter`` the stage-2 loop (`algorithms/rcgrpo.py`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         name, overrides = split_argv(argv, "sft_smollm_cpu")
         cfg = TrainConfig.from_dict(compose(name, overrides))
-        from nemo_rcgrpo.algorithms.sft import run_stage1
+        if cfg.stage in ("grpo", "rcgrpo", "dapo_filter"):
+            from nemo_rcgrpo.algorithms.rcgrpo import run_rl
 
-        result = run_stage1(cfg)
+            result = run_rl(cfg)
+        else:
+            from nemo_rcgrpo.algorithms.sft import run_stage1
+
+            result = run_stage1(cfg)
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir}")
+    print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "
+          f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.stage not in ('sft', 'rctp') else ''})")
     return 0
 
 

@@ -59,6 +59,23 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
 
 
+@torch.no_grad()
+def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] token logprobs and [B, T] entropies of the predictive distribution, at masked positions."""
+    targets = input_ids[:, 1:]
+    keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
+    logp_all = logits.log_softmax(-1)  # [B, K, V]
+    picked = logp_all.gather(-1, targets[:, keep].unsqueeze(-1)).squeeze(-1)  # [B, K]
+    ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, K]
+    lp = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+    en = torch.zeros_like(lp)
+    lp[:, keep], en[:, keep] = picked, ent
+    pad = torch.zeros_like(lp[:, :1])
+    return torch.cat([pad, lp], dim=1), torch.cat([pad, en], dim=1)
+
+
 class TorchPolicy:
     def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, dist: DistInfo, total_steps: int,
                  gradient_checkpointing: bool = False):
@@ -80,10 +97,18 @@ class TorchPolicy:
         return {k: v.to(self.dist.device) for k, v in batch.items()}
 
     @torch.no_grad()
-    def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        self.model.eval()
-        b = self._to_device(batch)
-        return token_logprobs(self.module, b["input_ids"], b["attention_mask"]).cpu()
+    def logprobs(self, batch: dict[str, torch.Tensor], with_entropy: bool = False):
+        """[B, T] logprobs at the masked positions (and entropies with ``with_entropy``), no gradient."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            b = self._to_device(batch)
+            if with_entropy:
+                lp, ent = logprobs_and_entropy(self.module, b["input_ids"], b["attention_mask"], b["loss_mask"])
+                return lp.cpu(), ent.cpu()
+            return token_logprobs(self.module, b["input_ids"], b["attention_mask"], b["loss_mask"]).cpu()
+        finally:
+            self.module.train(was_training)
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
                    num_valid_tokens: float) -> dict[str, float]:

@@ -1,0 +1,291 @@
+"""Stage 2: GRPO, RC-GRPO and the dynamic-sampling baseline (``stage=grpo|rcgrpo|dapo_filter``).
+
+One step (PAPER.md, "The method"):
+  1. take ``tasks_per_step`` training tasks; G rollouts each;
+  2. rcgrpo: sample a reward token per rollout (iid with P(high) = p, or
+     stratified) and put it into the rollout's first user message;
+  3. roll out all of them together (`rollout/multi_turn.py`), reward R = R_state x R_action;
+  4. group advantages over the whole group regardless of token;
+     dapo_filter: drop zero-variance groups and roll out replacement tasks (up to a limit);
+  5. old logprobs recomputed by the trainer (and entropies), reference logprobs
+     from the frozen initial model; clipped loss + KL, one optimizer step;
+  6. the in-process generator shares the policy's weights (nothing to copy);
+     metrics, rollout dump, checkpoint.
+GRPO is RC-GRPO without tokens; the 2x2 ablation is the init (SFT or RCTP-FT
+export) x the stage name.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
+from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
+from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, make_renderer, model_fingerprint,
+                                        seed_everything, export_hf)
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.hf_local import HFGenerator
+from nemo_rcgrpo.models.torch_policy import TorchPolicy, logprobs_and_entropy
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
+from nemo_rcgrpo.utils.logging import MetricsLogger
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / len(xs)
+    return cov / (statistics.pstdev(xs) * statistics.pstdev(ys))
+
+
+def _pad_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(t.token_ids) for t in trajs)
+    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for row, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[row, :n] = torch.tensor(t.token_ids)
+        attn[row, :n] = 1
+        mask[row, :n] = torch.tensor(t.loss_mask)
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}
+
+
+class RLTrainer:
+    def __init__(self, cfg: TrainConfig, dist: DistInfo):
+        if dist.world_size > 1:
+            raise ValueError("the torch RL loop runs in one process; multi-GPU RL comes with the Megatron backend")
+        self.cfg, self.dist = cfg, dist
+        self.run_dir = Path(cfg.run_dir)
+        seed_everything(cfg.seed)
+        ensure_data(cfg, dist)
+        self.tokenizer, model = load_tokenizer_and_model(cfg)
+        self.renderer = make_renderer(cfg, self.tokenizer)
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.fingerprint = model_fingerprint(model, cfg.model.path)
+        self.policy = TorchPolicy(model, cfg.trainer, dist, cfg.trainer.max_steps, cfg.model.gradient_checkpointing)
+        self.suite = BFCLSuite(cfg.env.categories)
+        pointers = Path(cfg.data.dir) / f"rl_{cfg.rl.split}.jsonl"
+        self.task_ids = [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
+        self.task_ids = [t for t in self.task_ids if t in self.suite.tasks]
+        if not self.task_ids:
+            raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
+        rl = cfg.rl
+        self.generator = HFGenerator(self.policy.module, self.tokenizer.pad_token_id)
+        goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low)
+        self.engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
+                                    SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
+                                                   temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
+                                    max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
+        self.step, self.task_cursor = 0, 0
+
+    # ------------------------------------------------------------------ data
+    def _next_tasks(self, n: int) -> list[str]:
+        """The next ``n`` task ids of a seeded per-epoch shuffle (deterministic, resumable by cursor)."""
+        out = []
+        while len(out) < n:
+            epoch, index = divmod(self.task_cursor, len(self.task_ids))
+            order = list(self.task_ids)
+            random.Random(self.cfg.seed * 7_919 + epoch).shuffle(order)
+            out.append(order[index])
+            self.task_cursor += 1
+        return out
+
+    def _specs(self, task_ids: list[str], first_group: int, rng: random.Random) -> list[RolloutSpec]:
+        rl, stage = self.cfg.rl, self.cfg.stage
+        if stage == "rcgrpo":
+            tokens = REWARD_TOKEN_SAMPLERS[rl.reward_token_sampling](len(task_ids), rl.group_size, rl.p_high, rng)
+        else:
+            tokens = [[None] * rl.group_size for _ in task_ids]
+        return [RolloutSpec(self.suite[t], first_group + g, tok)
+                for g, t in enumerate(task_ids) for tok in tokens[g]]
+
+    # ------------------------------------------------------------------ one step
+    def collect(self, rng: random.Random) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        rl = self.cfg.rl
+        stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "dropped_zero_variance_groups": 0.0}
+        groups: list[list[Trajectory]] = []
+        rounds = 1 + (rl.dapo_max_rounds if self.cfg.stage == "dapo_filter" else 0)
+        for round_index in range(rounds):
+            need = rl.tasks_per_step - len(groups)
+            if need <= 0:
+                break
+            specs = self._specs(self._next_tasks(need), len(groups), rng)
+            trajs = self.engine.rollout(specs, seed=self.cfg.seed + 100_003 * self.step + 1_009 * round_index)
+            stats["generation_seconds"] += self.engine.timings["generation"]
+            stats["env_seconds"] += self.engine.timings["env"]
+            for g in range(need):
+                group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
+                if self.cfg.stage == "dapo_filter" and len({t.reward for t in group}) == 1:
+                    stats["dropped_zero_variance_groups"] += 1
+                    if round_index < rounds - 1:
+                        continue
+                groups.append(group)
+        return groups, stats
+
+    def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> dict[str, float]:
+        cfg, rl = self.cfg, self.cfg.rl
+        trajs = [t for g in groups for t in g]
+        rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
+        adv = group_advantages(rewards, baseline=rl.advantage.baseline, scale=rl.advantage.scale, eps=rl.advantage.eps)
+        flat_adv = adv.reshape(-1)
+        pad = self.tokenizer.pad_token_id
+        t0 = time.perf_counter()
+        micro = cfg.trainer.micro_batch_size
+        batches, entropies = [], []
+        for s in range(0, len(trajs), micro):
+            part = trajs[s:s + micro]
+            b = _pad_batch(part, pad)
+            old, ent = self.policy.logprobs(b, with_entropy=True)
+            with torch.no_grad():
+                ref, _ = logprobs_and_entropy(self.reference, b["input_ids"], b["attention_mask"], b["loss_mask"])
+            b.update(old_logprobs=old, ref_logprobs=ref, advantages=flat_adv[s:s + micro].float(),
+                     num_sequences=torch.tensor(float(len(trajs))))
+            batches.append(b)
+            m = b["loss_mask"].float()
+            entropies += ((ent * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
+        logprob_seconds = time.perf_counter() - t0
+        num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
+        t0 = time.perf_counter()
+        loss_fn = lambda lp, b, n: grpo_loss(lp, b, n, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high,  # noqa: E731
+                                             kl_beta=rl.loss.kl_beta, kl_estimator=rl.loss.kl_estimator,
+                                             aggregation=rl.loss.aggregation)
+        out = self.policy.train_step(batches, loss_fn, num_valid)
+        train_seconds = time.perf_counter() - t0
+        self.generator.version = self.step + 1  # shares the policy's weights: nothing to copy
+        metrics = self._metrics(groups, trajs, rewards, adv, entropies, out, num_valid)
+        metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds, weight_sync_seconds=0.0)
+        return metrics
+
+    def _metrics(self, groups, trajs, rewards, adv, entropies, out, num_valid) -> dict[str, float]:
+        r = [t.reward for t in trajs]
+        m: dict[str, float] = {
+            "loss": out["loss_local"], "grad_norm": out["grad_norm"], "lr": out["lr"],
+            "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
+            "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
+            "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
+            "entropy": statistics.fmean(entropies), "kl": out["kl_sum"] / max(num_valid, 1.0),
+            "clip_fraction": out["clipped_tokens"] / max(num_valid, 1.0),
+            "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
+            "turns": statistics.fmean(t.num_turns for t in trajs),
+            "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
+            "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
+            "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
+        }
+        corr = _pearson(entropies, r)
+        if corr is not None:
+            m["entropy_reward_corr"] = corr
+        for token in ("high", "low"):
+            sel = [t.reward for t in trajs if t.reward_token == token]
+            if sel:
+                m[f"reward_mean_{token}"] = statistics.fmean(sel)
+        by_cat = defaultdict(list)
+        for t in trajs:
+            by_cat[t.category].append(t.reward)
+        for cat, vals in by_cat.items():
+            m[f"success_{cat}"] = statistics.fmean(vals)
+        return m
+
+    def dump(self, groups: list[list[Trajectory]], adv: torch.Tensor) -> None:
+        out = self.run_dir / "rollouts"
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / f"step_{self.step}.jsonl").open("w") as f:
+            for g, group in enumerate(groups):
+                for j, t in enumerate(group):
+                    f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j]),
+                                        "text": t.record()["text"]}, default=str) + "\n")
+
+    # ------------------------------------------------------------------ loop
+    def resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir) if self.cfg.trainer.resume else None
+        if ckpt is None:
+            return
+        state = load_checkpoint(ckpt)
+        ts = state["trainer_state"]
+        if ts.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
+                                  f"use a new run_dir or trainer.resume=false")
+        self.policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step, self.task_cursor = ts["step"], ts["task_cursor"]
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self.resume()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        logger = MetricsLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb_cfg=cfg.logging.wandb,
+                               config=cfg.to_dict())
+        total = cfg.trainer.max_steps
+        end = total if cfg.trainer.stop_after is None else min(total, self.step + cfg.trainer.stop_after)
+        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step", disable=not cfg.logging.progress,
+                   file=sys.stderr)
+        metrics: dict[str, float] = {}
+        while self.step < end:
+            started = time.perf_counter()
+            rng = random.Random(cfg.seed * 1_000_003 + self.step)
+            groups, stats = self.collect(rng)
+            metrics = self.train_step(groups, stats)
+            rewards = torch.tensor([[t.reward for t in g] for g in groups])
+            adv = group_advantages(rewards, baseline=cfg.rl.advantage.baseline, scale=cfg.rl.advantage.scale,
+                                   eps=cfg.rl.advantage.eps)
+            self.dump(groups, adv)
+            self.step += 1
+            metrics["step_seconds"] = time.perf_counter() - started
+            metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
+            logger.log(self.step, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+            if self.step % cfg.trainer.save_every == 0 or self.step == end:
+                sd = self.policy.state_dict()
+                save_checkpoint(self.run_dir, self.step, model_state=sd["model"], optimizer_state=sd["optimizer"],
+                                scheduler_state=sd["scheduler"], keep_last=cfg.trainer.keep_last,
+                                tokenizer=self.tokenizer,
+                                trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
+                                               "task_cursor": self.task_cursor, "stage": cfg.stage})
+        bar.close()
+        logger.close()
+        if cfg.trainer.export_hf and self.step == total:
+            export_hf(self.policy.module, self.tokenizer, self.run_dir / "hf")
+        return {"steps": self.step, **metrics}
+
+
+def maybe_run_stage1(cfg: TrainConfig) -> None:
+    """rl.stage1_recipe: train the initial model first when model.path does not exist yet."""
+    if cfg.rl.stage1_recipe is None or Path(cfg.model.path).exists():
+        return
+    from nemo_rcgrpo.algorithms.sft import run_stage1
+    from nemo_rcgrpo.utils.config import compose
+
+    run_dir = Path(cfg.model.path).parent
+    stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}",
+                                                                  f"seed={cfg.seed}"]))
+    run_stage1(stage1)
+
+
+def run_rl(cfg: TrainConfig) -> dict[str, Any]:
+    maybe_run_stage1(cfg)
+    dist = init_distributed()
+    try:
+        return RLTrainer(cfg, dist).run()
+    finally:
+        shutdown(dist)
