@@ -23,14 +23,19 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rcgrpo score --ground-truth --summary --quiet
-	$(VENV)/bin/rcgrpo prepare-data out_dir=outputs/demo/data overwrite=true
-	$(VENV)/bin/rcgrpo train --config-name rctp_smollm_cpu data.dir=outputs/demo/data run_dir=outputs/demo/rctp_smollm_cpu
-	@echo "metrics: outputs/demo/rctp_smollm_cpu/metrics.jsonl (TensorBoard: outputs/demo/rctp_smollm_cpu/tensorboard); HF export: outputs/demo/rctp_smollm_cpu/hf"
+	$(VENV)/bin/rcgrpo train --config-name rcgrpo_smollm_cpu data.dir=outputs/demo/data \
+	    model.path=outputs/demo/rctp_smollm_cpu/hf run_dir=outputs/demo/rcgrpo_smollm_cpu
+	$(VENV)/bin/rcgrpo plot outputs/demo/rcgrpo_smollm_cpu --out outputs/demo/dynamics.png
+	@echo "datasets:  outputs/demo/data (stats.json)"
+	@echo "stage 1:   outputs/demo/rctp_smollm_cpu (metrics.jsonl, tensorboard/, hf/)"
+	@echo "stage 2:   outputs/demo/rcgrpo_smollm_cpu (metrics.jsonl, rollouts/step_N.jsonl, tensorboard/, hf/)"
+	@echo "plots:     outputs/demo/dynamics.png"
 
 bench: $(STAMP)
 	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5
 	$(PY) scripts/bench/prepare_data.py --out docs/benchmarks.md
 	$(PY) scripts/bench/train_throughput.py --out docs/benchmarks.md
+	$(PY) scripts/bench/rollout_overhead.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,6 +4,7 @@ Subcommands:
   score          replay tool calls (JSONL) through the BFCL environment and score them
   prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
   train          a training recipe (--config-name NAME key=value ...), as nemo_rcgrpo/train.py
+  plot           training-dynamics PNG from runs' metrics.jsonl
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
     sub.add_parser("train", help="train: --config-name NAME plus Hydra overrides (same as nemo_rcgrpo/train.py)")
+    sub.add_parser("plot", help="plot training dynamics of runs: rcgrpo plot RUN [RUN ...] --out PNG")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -72,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train"}
+HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
+                  "plot": "nemo_rcgrpo.utils.plots"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,111 @@
+"""Benchmark: rollout-engine overhead over the bare generator, same prompts and lengths, same run.
+
+The engine's generator is wrapped to record every call (prompts, sampling
+parameters with their seeds) and its time; the same calls are then replayed
+directly on the generator (seeded, so the same tokens and lengths come out).
+Overhead = engine wall time / bare generator time - 1 (rendering, parsing,
+environment steps, bookkeeping). Optionally also tabulates the per-stage
+seconds of an RL run directory (``--run``).
+
+Usage: python scripts/bench/rollout_overhead.py [--model smollm2] [--run runs/x] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env_replay import cpu_name, write_section  # noqa: E402
+
+from nemo_rcgrpo.data.tokenize import ChatRenderer
+from nemo_rcgrpo.envs.bfcl import BFCLSuite
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.hf_local import HFGenerator
+from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+from nemo_rcgrpo.utils.logging import read_metrics
+
+START, END = "<!-- bench:rollout_overhead:start -->", "<!-- bench:rollout_overhead:end -->"
+STAGES = ("generation_seconds", "env_seconds", "logprob_seconds", "train_seconds", "weight_sync_seconds", "step_seconds")
+
+
+class Recording:
+    def __init__(self, inner):
+        self.inner, self.calls, self.seconds = inner, [], 0.0
+
+    def generate(self, prompts, params):
+        t0 = time.perf_counter()
+        out = self.inner.generate(prompts, params)
+        self.seconds += time.perf_counter() - t0
+        self.calls.append(([list(p) for p in prompts], params, [len(c.token_ids) for c in out]))
+        return out
+
+    def update_weights(self, weights, version):
+        self.inner.update_weights(weights, version)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--tasks", nargs="+", default=["multi_turn_base_0", "multi_turn_base_5"])
+    p.add_argument("--group-size", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--run", type=Path, help="an RL run directory whose per-stage seconds to tabulate")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model).eval()
+    add_reward_tokens(tokenizer, model, ("<|high_reward|>", "<|low_reward|>"))
+    renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
+    suite = BFCLSuite(["base"])
+    gen = Recording(HFGenerator(model, tokenizer.pad_token_id or tokenizer.eos_token_id))
+    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
+                           SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
+                           max_turns=args.max_turns, max_total_tokens=4096)
+    specs = [RolloutSpec(suite[t], g, j % 2 == 0) for g, t in enumerate(args.tasks) for j in range(args.group_size)]
+    t0 = time.perf_counter()
+    trajs = engine.rollout(specs, seed=1)
+    engine_s = time.perf_counter() - t0
+    bare_s, same = 0.0, True
+    for prompts, params, lengths in gen.calls:
+        t0 = time.perf_counter()
+        out = gen.inner.generate(prompts, params)
+        bare_s += time.perf_counter() - t0
+        same &= [len(c.token_ids) for c in out] == lengths
+    generated = sum(t.generated_tokens for t in trajs)
+    rows = [START, "## Rollout engine overhead (`scripts/bench/rollout_overhead.py`)", "",
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
+            f"Python {platform.python_version()}.",
+            f"- {args.model} (fp32, HF generator), {len(specs)} RC-GRPO rollouts ({len(args.tasks)} base tasks x G="
+            f"{args.group_size}), merged episodes, compact tools, <= {args.max_new_tokens} new tokens per message, "
+            f"<= {args.max_turns} messages; {len(gen.calls)} generator calls, {generated} generated tokens"
+            f"{'' if same else ' (replay lengths differed)'}.", "",
+            "| | seconds | ratio |", "|---|---:|---:|",
+            f"| bare generator calls (same prompts, seeds, lengths) | {bare_s:.2f} | 1.00 |",
+            f"| rollout engine (generation + render + parse + env) | {engine_s:.2f} | {engine_s / bare_s:.3f} |", "",
+            "Target: engine overhead at most 10% (ratio <= 1.10)."]
+    if args.run:
+        metrics = read_metrics(args.run)
+        rows += ["", f"Per-stage seconds of `{args.run}` (mean over its {len(metrics)} steps):", "",
+                 "| " + " | ".join(s.replace("_seconds", "") for s in STAGES) + " |",
+                 "|" + "---:|" * len(STAGES),
+                 "| " + " | ".join(f"{statistics.fmean(m.get(s, 0.0) for m in metrics):.1f}" for s in STAGES) + " |"]
+    rows.append(END)
+    section = "\n".join(rows)
+    print(section)
+    if args.out:
+        write_section(args.out, section, START, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
