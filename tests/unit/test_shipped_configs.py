@@ -8,18 +8,30 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.prepare_data import PrepareDataConfig
 from nemo_rcgrpo.utils.config import ConfigError, compose, conf_dir
 
-TRAIN_RECIPES = sorted(p.stem for p in conf_dir().glob("*.yaml") if p.stem.startswith(("sft_", "rctp_")))
+TRAIN_RECIPES = sorted(p.stem for p in conf_dir().glob("*.yaml")
+                       if p.stem.startswith(("sft_", "rctp_", "grpo_", "rcgrpo_", "ablation_")))
 
 
 def test_recipes_are_found():
-    assert {"sft_smollm_cpu", "rctp_smollm_cpu", "sft_qwen7b", "sft_llama8b", "rctp_qwen7b", "rctp_llama8b"} <= set(TRAIN_RECIPES)
+    assert {"sft_smollm_cpu", "rctp_smollm_cpu", "sft_qwen7b", "sft_llama8b", "rctp_qwen7b", "rctp_llama8b",
+            "rcgrpo_smollm_cpu", "rcgrpo_qwen7b", "rcgrpo_llama8b", "grpo_qwen7b", "grpo_llama8b"} <= set(TRAIN_RECIPES)
+    assert len([n for n in TRAIN_RECIPES if n.startswith("ablation_")]) == 8
 
 
 @pytest.mark.parametrize("name", TRAIN_RECIPES)
 def test_train_recipe_validates(name, monkeypatch):
     monkeypatch.setenv("RCGRPO_QWEN7B_PATH", "/models/qwen")
     cfg = TrainConfig.from_dict(compose(name))
+    if name.startswith("ablation_"):
+        _, init, algo, _ = name.split("_")
+        assert cfg.stage == algo and cfg.model.path.endswith(f"{init}_{name.rsplit('_', 1)[1]}/hf")
+        assert cfg.rl.tasks_per_step == (256 if algo == "rcgrpo" else 64)
+        assert (cfg.trainer.lr, cfg.rl.group_size, cfg.rl.loss.kl_beta, cfg.rl.loss.clip_low) == (1e-6, 5, 0.1, 0.2)
+        return
     assert cfg.stage == name.split("_")[0]
+    if cfg.stage in ("grpo", "rcgrpo"):
+        assert cfg.env.mode == "merged" and cfg.rl.group_size == 5
+        return
     if name.endswith(("qwen7b", "llama8b")):  # Appendix E
         assert (cfg.trainer.lr, cfg.trainer.global_batch_size, cfg.model.dtype) == (1e-5, 16, "bfloat16")
         assert cfg.trainer.epochs == (2 if cfg.stage == "sft" else 5)
