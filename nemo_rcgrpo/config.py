@@ -9,7 +9,7 @@ Hydra configs (`conf/sft_smollm_cpu.yaml`, ...); overrides use Hydra's grammar
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
@@ -91,6 +91,12 @@ class PolicyConfig:
 
 
 @dataclass(frozen=True)
+class GenerationConfig:
+    backend: str = "hf"  # hf: in-process, shares the policy's weights (the vLLM server plugs in here)
+    max_batch_size: int = 64  # rollouts decoded together per generator call
+
+
+@dataclass(frozen=True)
 class RewardTokensConfig:
     high: str = "<|high_reward|>"
     low: str = "<|low_reward|>"
@@ -149,6 +155,7 @@ class TrainConfig:
     reward_tokens: RewardTokensConfig = RewardTokensConfig()
     rl: RLConfig = RLConfig()
     env: BFCLEnvConfig = BFCLEnvConfig()
+    generation: GenerationConfig = GenerationConfig()
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
@@ -171,6 +178,11 @@ class TrainConfig:
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
         _choice("policy.backend", self.policy.backend, ("torch",))
+        from nemo_rcgrpo.generation import GENERATORS
+
+        _choice("generation.backend", self.generation.backend, tuple(GENERATORS))
+        if self.generation.max_batch_size <= 0:
+            raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         if self.stage in RL_STAGES:
             self._validate_rl()

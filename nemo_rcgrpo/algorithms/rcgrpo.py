@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import statistics
 import sys
@@ -41,7 +40,7 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
-from nemo_rcgrpo.generation.hf_local import HFGenerator
+from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.models.torch_policy import TorchPolicy, logprobs_and_entropy
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
@@ -90,7 +89,7 @@ class RLTrainer:
         if not self.task_ids:
             raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
         rl = cfg.rl
-        self.generator = HFGenerator(self.policy.module, self.tokenizer.pad_token_id)
+        self.generator = make_generator(cfg, self.policy.module, self.tokenizer)
         goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low)
         self.engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
@@ -142,7 +141,8 @@ class RLTrainer:
                 groups.append(group)
         return groups, stats
 
-    def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> dict[str, float]:
+    def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step on the groups; returns the metrics and the advantages [num_groups, G]."""
         cfg, rl = self.cfg, self.cfg.rl
         trajs = [t for g in groups for t in g]
         rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
@@ -171,10 +171,15 @@ class RLTrainer:
                                              aggregation=rl.loss.aggregation)
         out = self.policy.train_step(batches, loss_fn, num_valid)
         train_seconds = time.perf_counter() - t0
-        self.generator.version = self.step + 1  # shares the policy's weights: nothing to copy
+        t0 = time.perf_counter()
+        if self.cfg.generation.backend != "hf":  # the in-process generator shares the policy's weights
+            self.generator.update_weights(self.policy.export_weights(), self.step + 1)
+        self.generator.version = self.step + 1
+        sync_seconds = time.perf_counter() - t0
         metrics = self._metrics(groups, trajs, rewards, adv, entropies, out, num_valid)
-        metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds, weight_sync_seconds=0.0)
-        return metrics
+        metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
+                       weight_sync_seconds=sync_seconds)
+        return metrics, adv
 
     def _metrics(self, groups, trajs, rewards, adv, entropies, out, num_valid) -> dict[str, float]:
         r = [t.reward for t in trajs]
@@ -211,8 +216,7 @@ class RLTrainer:
         with (out / f"step_{self.step}.jsonl").open("w") as f:
             for g, group in enumerate(groups):
                 for j, t in enumerate(group):
-                    f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j]),
-                                        "text": t.record()["text"]}, default=str) + "\n")
+                    f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j])}, default=str) + "\n")
 
     # ------------------------------------------------------------------ loop
     def resume(self) -> None:
@@ -234,7 +238,7 @@ class RLTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         logger = MetricsLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb_cfg=cfg.logging.wandb,
-                               config=cfg.to_dict())
+                               config=cfg.to_dict(), resume_step=self.step)
         total = cfg.trainer.max_steps
         end = total if cfg.trainer.stop_after is None else min(total, self.step + cfg.trainer.stop_after)
         bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step", disable=not cfg.logging.progress,
@@ -244,10 +248,7 @@ class RLTrainer:
             started = time.perf_counter()
             rng = random.Random(cfg.seed * 1_000_003 + self.step)
             groups, stats = self.collect(rng)
-            metrics = self.train_step(groups, stats)
-            rewards = torch.tensor([[t.reward for t in g] for g in groups])
-            adv = group_advantages(rewards, baseline=cfg.rl.advantage.baseline, scale=cfg.rl.advantage.scale,
-                                   eps=cfg.rl.advantage.eps)
+            metrics, adv = self.train_step(groups, stats)
             self.dump(groups, adv)
             self.step += 1
             metrics["step_seconds"] = time.perf_counter() - started

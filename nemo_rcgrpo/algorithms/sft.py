@@ -135,7 +135,7 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
     logger = MetricsLogger(run_dir, rank=dist.rank, tensorboard=cfg.logging.tensorboard,
-                           wandb_cfg=cfg.logging.wandb, config=cfg.to_dict())
+                           wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=start_step)
     pad_id = tokenizer.pad_token_id
     bar = tqdm(total=total_steps, initial=start_step, desc=f"{cfg.stage}", unit="step",
                disable=not (cfg.logging.progress and dist.is_main), file=sys.stderr)

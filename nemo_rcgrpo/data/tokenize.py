@@ -16,10 +16,11 @@ the format is hermes, ``project`` otherwise.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, REWARD_TOKEN_PATTERN, Piece, render_pieces
+from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, REWARD_TOKEN_PATTERN, Piece
 from nemo_rcgrpo.types import Message
 
 RENDERERS = ("auto", "project", "template")
@@ -156,8 +157,8 @@ class ChatRenderer:
             previous = text
 
     def _encode_template_text(self, text: str, out: Tokenized, user_text: bool) -> None:
-        pattern = "(" + "|".join(map(__import__("re").escape, self.special_ids)) + ")"
-        for part in __import__("re").split(pattern, text):
+        pattern = "(" + "|".join(map(re.escape, self.special_ids)) + ")"
+        for part in re.split(pattern, text):
             if part in self.special_ids:
                 out.ids.append(self.special_ids[part])
                 out.mask.append(0)

@@ -1,1 +1,19 @@
-"""Generators: token ids in, token ids and sampling logprobs out (in-process HF; vLLM server)."""
+"""Generators: token ids in, token ids and sampling logprobs out, chosen by ``generation.backend``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _hf(cfg: Any, model: Any, tokenizer: Any):
+    from nemo_rcgrpo.generation.hf_local import HFGenerator
+
+    return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size)
+
+
+# name -> factory(train config, policy model, tokenizer) -> Generator
+GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = {"hf": _hf}
+
+
+def make_generator(cfg: Any, model: Any, tokenizer: Any):
+    return GENERATORS[cfg.generation.backend](cfg, model, tokenizer)

@@ -14,7 +14,9 @@ from typing import Any
 
 class MetricsLogger:
     def __init__(self, run_dir: str | Path, *, rank: int = 0, tensorboard: bool = True,
-                 wandb_cfg: Any = None, config: dict[str, Any] | None = None):
+                 wandb_cfg: Any = None, config: dict[str, Any] | None = None, resume_step: int = 0):
+        """``resume_step``: records after this step (written by a run killed before its next
+        checkpoint) are dropped, so a resumed run's metrics have each step once."""
         self.enabled = rank == 0
         self.run_dir = Path(run_dir)
         self._tb = None
@@ -22,7 +24,11 @@ class MetricsLogger:
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = (self.run_dir / "metrics.jsonl").open("a")
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            kept = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= resume_step]
+            path.write_text("".join(l + "\n" for l in kept))
+        self._file = path.open("a")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -76,3 +76,27 @@ def test_resume_after_interruption_continues_at_the_right_step(data_dir, tmp_pat
         assert x["reward_mean"] == y["reward_mean"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
     dump_a = (tmp_path / "a" / "rollouts" / "step_1.jsonl").read_text()
     assert dump_a == (tmp_path / "b" / "rollouts" / "step_1.jsonl").read_text()
+
+
+def test_kill_mid_run_then_resume(data_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[2]
+    args = _args(data_dir, tmp_path / "k", "trainer.max_steps=3", "trainer.save_every=1", "trainer.export_hf=false")
+    proc = subprocess.Popen([sys.executable, str(repo / "nemo_rcgrpo" / "train.py"), *args], cwd=repo,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    first = tmp_path / "k" / "checkpoints" / "step_1" / "trainer_state.json"
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # somewhere inside step 2
+    proc.wait()
+    assert first.exists()
+    assert main(args) == 0
+    steps = [m["step"] for m in read_metrics(tmp_path / "k")]
+    assert steps == [1, 2, 3]  # each step once, none lost
+    assert sorted(p.name for p in (tmp_path / "k" / "rollouts").iterdir()) == ["step_0.jsonl", "step_1.jsonl", "step_2.jsonl"]

@@ -1,6 +1,5 @@
 """Stage-1 training end to end on a tiny model: metrics, checkpoints, export, exact resume, errors, DDP."""
 
-import json
 import math
 import os
 import subprocess

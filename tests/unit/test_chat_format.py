@@ -1,6 +1,5 @@
 """Token-level rendering: prefix property, loss masks, reward tokens, no special-token injection."""
 
-import json
 
 import pytest
 

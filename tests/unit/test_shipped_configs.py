@@ -1,6 +1,5 @@
 """Every shipped recipe composes with Hydra and passes validation."""
 
-from pathlib import Path
 
 import pytest
 
