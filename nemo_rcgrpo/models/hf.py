@@ -105,8 +105,12 @@ def smollm2_model_dir() -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
     )
-    # save_pretrained refuses a GGUF-loaded model: copy into a fresh model of the same config
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    # save_pretrained refuses a GGUF-loaded model: copy into a fresh model of the same config,
+    # without the GGUF quantisation record (the weights are de-quantised fp32 now)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     _atomic_folder(target, lambda tmp: model.save_pretrained(tmp))

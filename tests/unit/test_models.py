@@ -43,8 +43,10 @@ def test_model_names_and_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_from_the_wheel():
+def test_smollm2_from_the_wheel(tmp_path):
     model = load_model("smollm2")
+    model.save_pretrained(tmp_path / "export")  # a plain HF model (no GGUF quantisation record)
+    assert "quantization_config" not in (tmp_path / "export" / "config.json").read_text()
     cfg = model.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
             cfg.vocab_size, cfg.tie_word_embeddings) == (30, 576, 9, 3, 49152, True)
