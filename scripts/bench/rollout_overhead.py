@@ -58,7 +58,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tasks", nargs="+", default=["multi_turn_base_0", "multi_turn_base_5"])
     p.add_argument("--group-size", type=int, default=5)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--run", type=Path, help="an RL run directory whose per-stage seconds to tabulate")
     p.add_argument("--out", type=Path)
@@ -97,8 +97,15 @@ def main() -> int:
             f"| of which inside generator calls | {gen.seconds:.2f} | {gen.seconds / bare_s:.3f} |", "",
             "Target: engine overhead at most 10% (ratio <= 1.10)."]
     if args.run:
+        import yaml
+
         metrics = read_metrics(args.run)
-        rows += ["", f"Per-stage seconds of `{args.run}` (mean over its {len(metrics)} steps):", "",
+        rc = yaml.safe_load((args.run / "config.yaml").read_text())
+        rl = rc["rl"]
+        setup = (f"{rc['stage']} from `{rc['model']['path']}`, {rl['tasks_per_step']} tasks x G={rl['group_size']} "
+                 f"({rl['reward_token_sampling']} tokens), <= {rl['sampling']['max_new_tokens']} new tokens per message, "
+                 f"<= {rl['max_turns']} messages, context {rl['max_total_tokens']}, categories {rc['env']['categories']}")
+        rows += ["", f"Per-stage seconds of `{args.run}` ({setup}; mean over its {len(metrics)} steps):", "",
                  "| " + " | ".join(s.replace("_seconds", "") for s in STAGES) + " |",
                  "|" + "---:|" * len(STAGES),
                  "| " + " | ".join(f"{statistics.fmean(m.get(s, 0.0) for m in metrics):.1f}" for s in STAGES) + " |"]
