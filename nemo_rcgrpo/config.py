@@ -136,6 +136,10 @@ class RLConfig:
     dapo_max_rounds: int = 2  # dapo_filter: extra generation rounds to replace zero-variance groups
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
+    stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
+    eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
+    eval_tasks: int = 8
+    eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -221,6 +225,9 @@ class TrainConfig:
         _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, tuple(KL_ESTIMATORS))
         _choice("rl.loss.aggregation", rl.loss.aggregation, ("token", "sequence"))
         _choice("rl.split", rl.split, ("train", "test"))
+        _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
+        if rl.eval_every < 0 or rl.eval_tasks <= 0:
+            raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
         if rl.group_size < 2:
             raise ConfigError(f"rl.group_size={rl.group_size}: group advantages need at least 2 rollouts per task")
         for key, value in {"rl.tasks_per_step": rl.tasks_per_step, "rl.max_turns": rl.max_turns,

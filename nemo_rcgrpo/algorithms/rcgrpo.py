@@ -95,6 +95,13 @@ class RLTrainer:
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
                                     max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
+        self.eval_engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
+                                         SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
+                                         max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
+        test_pointers = Path(cfg.data.dir) / "rl_test.jsonl"
+        self.eval_ids = [json.loads(l)["task_id"] for l in test_pointers.read_text().splitlines()
+                         if l.strip()] if test_pointers.is_file() else []
+        self.eval_ids = [t for t in self.eval_ids if t in self.suite.tasks][: rl.eval_tasks]
         self.step, self.task_cursor = 0, 0
 
     # ------------------------------------------------------------------ data
@@ -121,7 +128,8 @@ class RLTrainer:
     # ------------------------------------------------------------------ one step
     def collect(self, rng: random.Random) -> tuple[list[list[Trajectory]], dict[str, float]]:
         rl = self.cfg.rl
-        stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "dropped_zero_variance_groups": 0.0}
+        stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
+                 "dropped_zero_variance_groups": 0.0}
         groups: list[list[Trajectory]] = []
         rounds = 1 + (rl.dapo_max_rounds if self.cfg.stage == "dapo_filter" else 0)
         for round_index in range(rounds):
@@ -132,6 +140,7 @@ class RLTrainer:
             trajs = self.engine.rollout(specs, seed=self.cfg.seed + 100_003 * self.step + 1_009 * round_index)
             stats["generation_seconds"] += self.engine.timings["generation"]
             stats["env_seconds"] += self.engine.timings["env"]
+            stats["reward_seconds"] += self.engine.timings["reward"]
             for g in range(need):
                 group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
                 if self.cfg.stage == "dapo_filter" and len({t.reward for t in group}) == 1:
@@ -218,6 +227,20 @@ class RLTrainer:
                 for j, t in enumerate(group):
                     f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j])}, default=str) + "\n")
 
+    def evaluate(self) -> dict[str, float]:
+        """Greedy rollouts on held-out tasks, conditioned on ``rl.eval_token`` (rcgrpo); mean reward."""
+        token = {"high": True, "low": False, "none": None}[self.cfg.rl.eval_token]
+        if self.cfg.stage != "rcgrpo":
+            token = None
+        specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
+        trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
+        out = {"eval_reward": statistics.fmean(t.reward for t in trajs)}
+        by_cat = defaultdict(list)
+        for t in trajs:
+            by_cat[t.category].append(t.reward)
+        out.update({f"eval_success_{c}": statistics.fmean(v) for c, v in by_cat.items()})
+        return out
+
     # ------------------------------------------------------------------ loop
     def resume(self) -> None:
         ckpt = latest_checkpoint(self.run_dir) if self.cfg.trainer.resume else None
@@ -251,6 +274,9 @@ class RLTrainer:
             metrics, adv = self.train_step(groups, stats)
             self.dump(groups, adv)
             self.step += 1
+            if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids:
+                t0 = time.perf_counter()
+                metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
             metrics["step_seconds"] = time.perf_counter() - started
             metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
             logger.log(self.step, metrics)
@@ -278,8 +304,8 @@ def maybe_run_stage1(cfg: TrainConfig) -> None:
     from nemo_rcgrpo.utils.config import compose
 
     run_dir = Path(cfg.model.path).parent
-    stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}",
-                                                                  f"seed={cfg.seed}"]))
+    overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}", *cfg.rl.stage1_overrides]
+    stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
     run_stage1(stage1)
 
 

@@ -120,7 +120,7 @@ class RolloutEngine:
 
     def rollout(self, specs: Sequence[RolloutSpec], seed: int | None = None) -> list[Trajectory]:
         """Run every rollout to its end; all live rollouts advance together, one generator call per round."""
-        self.timings = {"generation": 0.0, "env": 0.0}
+        self.timings = {"generation": 0.0, "env": 0.0, "reward": 0.0}
         live = [self._start(i, s) for i, s in enumerate(specs)]
         done: list[_Live] = []
         round_index = 0
@@ -146,7 +146,10 @@ class RolloutEngine:
                 self._advance(s, c)
             self.timings["env"] += time.perf_counter() - t0
             round_index += 1
-        return [self._finish(s) for s in sorted(done, key=lambda s: s.order)]
+        t0 = time.perf_counter()
+        out = [self._finish(s) for s in sorted(done, key=lambda s: s.order)]
+        self.timings["reward"] = time.perf_counter() - t0
+        return out
 
     def _advance(self, s: _Live, completion) -> None:
         room = self.max_total_tokens - len(s.seq.ids)

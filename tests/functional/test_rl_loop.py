@@ -100,3 +100,17 @@ def test_kill_mid_run_then_resume(data_dir, tmp_path):
     steps = [m["step"] for m in read_metrics(tmp_path / "k")]
     assert steps == [1, 2, 3]  # each step once, none lost
     assert sorted(p.name for p in (tmp_path / "k" / "rollouts").iterdir()) == ["step_0.jsonl", "step_1.jsonl", "step_2.jsonl"]
+
+
+def test_pipeline_runs_stage1_first_and_evaluates(data_dir, tmp_path):
+    stage1 = tmp_path / "s1"
+    args = _args(data_dir, tmp_path / "rl", "trainer.max_steps=1", f"model.path={stage1}/hf",
+                 "rl.stage1_recipe=rctp_smollm_cpu", "trainer.export_hf=false",
+                 "rl.stage1_overrides=['model.path=tiny-llama','trainer.max_steps=1','data.max_examples=4',"
+                 "'chat.max_length=900','trainer.global_batch_size=2','logging.progress=false']",
+                 "rl.eval_every=1", "rl.eval_tasks=2")
+    args = [a for a in args if a != "rl.stage1_recipe=null"]
+    assert main(args) == 0
+    assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
+    m = read_metrics(tmp_path / "rl")[0]
+    assert m["eval_reward"] == 0.0 and "eval_seconds" in m and m["reward_seconds"] >= 0
