@@ -16,7 +16,7 @@ from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
-from nemo_rcgrpo.utils.config import ConfigError, reject_unknown
+from nemo_rcgrpo.utils.config import ConfigError, plain, reject_unknown
 
 STAGE1 = ("sft", "rctp")
 RL_STAGES = ("grpo", "rcgrpo", "dapo_filter")
@@ -245,15 +245,7 @@ class TrainConfig:
             raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return plain(dataclasses.asdict(self))
 
 
 def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):

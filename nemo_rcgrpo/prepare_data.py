@@ -43,7 +43,7 @@ from nemo_rcgrpo.data.splits import split_by_scenario
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
-from nemo_rcgrpo.utils.config import ConfigError, compose, reject_unknown, split_argv
+from nemo_rcgrpo.utils.config import ConfigError, compose, plain, reject_unknown, split_argv
 
 
 @dataclass(frozen=True)
@@ -183,16 +183,8 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
 
     stats = _stats(cfg, files, split_json, rollout_counts)
     (out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-    (out / "config.yaml").write_text(yaml.safe_dump(_plain(asdict(cfg)), sort_keys=False))
+    (out / "config.yaml").write_text(yaml.safe_dump(plain(asdict(cfg)), sort_keys=False))
     return stats
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, rollout_counts: dict) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from env_replay import cpu_name, write_section  # noqa: E402
+from env_replay import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.sft_data import collate, Example
@@ -94,10 +94,7 @@ def main() -> int:
         rows.append(f"| {name} | {m['expert']['mean']:+.3f} (n={m['expert']['n']}) | {m['expert']['positive_share']:.2f} "
                     f"| {m['failure']['mean']:+.3f} (n={m['failure']['n']}) | {m['failure']['positive_share']:.2f} |")
     rows.append(END)
-    section = "\n".join(rows)
-    print(section)
-    if args.out:
-        write_section(args.out, section, START, END)
+    emit(rows, args.out, START, END)
     ok = trained["expert"]["mean"] > 0 and trained["failure"]["mean"] > 0
     print("conditioning works" if ok else "conditioning NOT established", file=sys.stderr)
     return 0 if ok else 1

@@ -68,3 +68,12 @@ def reject_unknown(section: str, given: dict[str, Any], known: set[str]) -> None
     if unknown:
         where = f"{section}." if section else ""
         raise ConfigError(f"unknown setting(s) {[where + k for k in unknown]}; known: {sorted(known)}")
+
+
+def plain(value: Any) -> Any:
+    """Dataclass-derived values as YAML/JSON-friendly plain containers (tuples -> lists)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

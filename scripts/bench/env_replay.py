@@ -172,6 +172,15 @@ def write_section(path: Path, section: str, start: str = START, end: str = END) 
     path.write_text(text)
 
 
+def emit(rows: list[str], out: Path | None, start: str, end: str) -> int:
+    """Print a report section and, with ``out``, put it into that Markdown file."""
+    section = "\n".join(rows)
+    print(section)
+    if out:
+        write_section(out, section, start, end)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="Markdown file to update (default: print only)")

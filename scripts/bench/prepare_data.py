@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, write_section  # noqa: E402
+from env_replay import cpu_name, emit  # noqa: E402
 
 START, END = "<!-- bench:prepare_data:start -->", "<!-- bench:prepare_data:end -->"
 
@@ -71,11 +71,7 @@ def main() -> int:
         + (" (measured now)." if fresh else " (already cached in this run; about 12 s when fresh)."),
         END,
     ]
-    section = "\n".join(rows)
-    print(section)
-    if args.out:
-        write_section(args.out, section, START, END)
-    return 0
+    return emit(rows, args.out, START, END)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, write_section  # noqa: E402
+from env_replay import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
@@ -110,11 +110,7 @@ def main() -> int:
                  "|" + "---:|" * len(STAGES),
                  "| " + " | ".join(f"{statistics.fmean(m.get(s, 0.0) for m in metrics):.1f}" for s in STAGES) + " |"]
     rows.append(END)
-    section = "\n".join(rows)
-    print(section)
-    if args.out:
-        write_section(args.out, section, START, END)
-    return 0
+    return emit(rows, args.out, START, END)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, write_section  # noqa: E402
+from env_replay import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config import TrainerConfig
@@ -91,11 +91,7 @@ def main() -> int:
             f"| bare HF loop (labels, full-vocabulary loss) | {bare_tps:.1f} | 1.00 |",
             f"| torch backend `train_step` | {backend_tps:.1f} | {backend_tps / bare_tps:.2f} |", "",
             "Target: the backend at least 0.9 of the bare loop.", END]
-    section = "\n".join(rows)
-    print(section)
-    if args.out:
-        write_section(args.out, section, START, END)
-    return 0
+    return emit(rows, args.out, START, END)
 
 
 if __name__ == "__main__":
