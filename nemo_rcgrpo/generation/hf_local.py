@@ -3,7 +3,9 @@
 Prompts are left-padded into one batch and decoded together with
 ``model.generate`` (KV cache); each completion is cut after its first stop
 token. Logprobs are those of the sampling distribution (the processed scores
-after temperature and top-p), one per generated token.
+after temperature and top-p), one per generated token. They are collected by
+a logits processor that keeps one step's distribution at a time, not the
+[batch, new tokens, vocabulary] score tensor `output_scores` would hold.
 """
 
 from __future__ import annotations
@@ -12,8 +14,33 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
+
+
+class _SampledLogprobs:
+    """Logits processor (last in the chain): log p of each sampled token under the processed scores."""
+
+    def __init__(self, prompt_width: int):
+        self.prompt_width = prompt_width
+        self.previous: torch.Tensor | None = None  # [B, V] log-probs of the last step
+        self.picked: list[torch.Tensor] = []  # per step [B]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] > self.prompt_width:
+            self._take(input_ids[:, -1])
+        self.previous = scores.float().log_softmax(-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.picked.append(self.previous.gather(1, tokens.unsqueeze(1)).squeeze(1).cpu())
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[B, N] logprobs of the N generated tokens."""
+        if sequences.shape[1] - self.prompt_width > len(self.picked):
+            self._take(sequences[:, -1])
+        return torch.stack(self.picked, dim=1) if self.picked else torch.zeros(sequences.shape[0], 0)
 
 
 class HFGenerator:
@@ -42,11 +69,15 @@ class HFGenerator:
             ids[row, width - len(p):] = torch.tensor(p)
             attn[row, width - len(p):] = 1
         greedy = params.temperature == 0
+        recorder = _SampledLogprobs(width)
+        # temperature and top-p are applied here, ahead of the recorder, so it sees the sampling distribution
+        # (transformers runs user processors before its own warpers)
+        chain = [] if greedy else [TemperatureLogitsWarper(params.temperature)]
+        if not greedy and params.top_p < 1.0:
+            chain.append(TopPLogitsWarper(params.top_p))
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_token_id,
                       eos_token_id=list(params.stop_token_ids) or None, return_dict_in_generate=True,
-                      output_scores=True)
-        if not greedy:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p)
+                      logits_processor=LogitsProcessorList(chain + [recorder]), temperature=1.0, top_p=1.0)
         if seed is not None:
             torch.manual_seed(seed)
         was_training = self.model.training
@@ -56,14 +87,14 @@ class HFGenerator:
         finally:
             self.model.train(was_training)
         new = result.sequences[:, width:].cpu()  # [B, N]
-        scores = torch.stack(result.scores, dim=1).float().log_softmax(-1).cpu()  # [B, N, V]
+        token_logprobs = recorder.finish(result.sequences)  # [B, N]
         stops = set(params.stop_token_ids)
         completions = []
         for row in range(len(prompts)):
             tokens, logprobs, reason = [], [], "length"
             for t, token in enumerate(new[row].tolist()):
                 tokens.append(token)
-                logprobs.append(float(scores[row, t, token]))
+                logprobs.append(float(token_logprobs[row, t]))
                 if token in stops:
                     reason = "stop"
                     break

@@ -29,3 +29,32 @@ def test_hf_generator_rollouts_are_consistent_and_seeded(suite):
         assert t.reward == 0.0  # a random model solves nothing
         assert t.record()["task_id"] == t.task_id
     assert engine.timings["generation"] > 0
+
+
+def test_sampled_logprobs_match_the_processed_distribution():
+    """The recorded logprob of each sampled token equals log softmax(logits / T) after top-p, recomputed."""
+    import torch
+
+    from nemo_rcgrpo.generation.base import SamplingParams
+
+    tok, model = load_tokenizer("tiny-qwen2"), load_model("tiny-qwen2").eval()
+    gen = HFGenerator(model, tok.eos_token_id)
+    prompts = [tok.encode("one two three"), tok.encode("a longer prompt here with words")]
+    for temperature, top_p in ((0.0, 1.0), (0.7, 1.0), (1.0, 0.9)):
+        out = gen.generate(prompts, SamplingParams(max_new_tokens=6, temperature=temperature, top_p=top_p, seed=3))
+        for prompt, c in zip(prompts, out):
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1:-1].float()  # [N, V] predicting each new token
+            if temperature > 0:
+                logits = logits / temperature
+            if top_p < 1.0:
+                probs = logits.softmax(-1)
+                sorted_p, order = probs.sort(-1)
+                remove = sorted_p.cumsum(-1) <= 1 - top_p
+                remove[..., -1:] = False
+                logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+            expected = logits.log_softmax(-1).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            if temperature == 0:
+                assert c.token_ids == logits.argmax(-1).tolist()
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4), (temperature, top_p)
