@@ -143,10 +143,9 @@ class RLTrainer:
             stats["reward_seconds"] += self.engine.timings["reward"]
             for g in range(need):
                 group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
-                if self.cfg.stage == "dapo_filter" and len({t.reward for t in group}) == 1:
-                    stats["dropped_zero_variance_groups"] += 1
-                    if round_index < rounds - 1:
-                        continue
+                if self.cfg.stage == "dapo_filter" and len({t.reward for t in group}) == 1 and round_index < rounds - 1:
+                    stats["dropped_zero_variance_groups"] += 1  # replaced by a new task in the next round
+                    continue
                 groups.append(group)
         return groups, stats
 

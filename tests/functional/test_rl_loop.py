@@ -114,3 +114,13 @@ def test_pipeline_runs_stage1_first_and_evaluates(data_dir, tmp_path):
     assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
     m = read_metrics(tmp_path / "rl")[0]
     assert m["eval_reward"] == 0.0 and "eval_seconds" in m and m["reward_seconds"] >= 0
+
+
+def test_dapo_filter_replaces_zero_variance_groups(data_dir, tmp_path):
+    # a random model scores 0 everywhere: every group has zero variance, is dropped and replaced once
+    assert main(_args(data_dir, tmp_path / "d", "stage=dapo_filter", "rl.dapo_max_rounds=1", "trainer.max_steps=1",
+                      "trainer.export_hf=false")) == 0
+    m = read_metrics(tmp_path / "d")[0]
+    assert (m["dropped_zero_variance_groups"], m["groups"], m["rollouts"]) == (2.0, 2.0, 8.0)
+    records = [json.loads(l) for l in (tmp_path / "d" / "rollouts" / "step_0.jsonl").read_text().splitlines()]
+    assert all(r["reward_token"] is None for r in records)  # no tokens outside rcgrpo

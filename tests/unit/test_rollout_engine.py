@@ -110,3 +110,23 @@ def test_bad_output_becomes_error_observations_and_limits_end_rollouts(suite, re
     engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["I refuse."]}})
     traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
     assert traj.num_turns == 1 and traj.truncated is None and traj.reward == 0.0  # merged: no call ends it
+
+
+def test_per_turn_rollout_walks_the_user_turns(suite, renderer):
+    from nemo_rcgrpo.data.trajectories import ClosingTexts, play
+
+    task = suite["multi_turn_miss_param_0"]  # has a turn where the model must ask for the missing value
+    closing = ClosingTexts()
+    turns = []
+    for t, calls in enumerate(gold_plan(task)):
+        if calls:
+            turns.append(_hermes_calls(calls))
+        turns.append(closing.for_turn(task, t, len(calls)))
+    marker = _gold_script(renderer, task)["marker"]
+    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": turns}}, mode="per_turn", max_turns=50)
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert (traj.reward, traj.official_valid, traj.truncated) == (1.0, True, None)
+    played = play(task, gold_plan(task), "per_turn")
+    rendered = renderer.render(played.messages, played.tools)
+    tail = renderer.after_stop_ids()
+    assert traj.token_ids == rendered.ids[: -len(tail)] and traj.loss_mask == rendered.mask[: -len(tail)]
