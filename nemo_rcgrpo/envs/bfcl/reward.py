@@ -200,8 +200,3 @@ class OfficialChecker:
                 turn=self.turns_checked,
             )
         return self.failure if self.failure is not None else OfficialVerdict(valid=True)
-
-
-def gold_calls(task: BFCLTask) -> list[list[str]]:
-    """The ground truth as turns of call strings (for oracle policies and tests)."""
-    return [list(turn) for turn in task.ground_truth]

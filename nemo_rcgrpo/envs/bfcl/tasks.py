@@ -133,9 +133,6 @@ class BFCLTask:
                 return t
         return None
 
-    def held_out(self) -> frozenset[str]:
-        return frozenset(n for names in self.missed_functions.values() for n in names)
-
     def offered_tool_names(self, turn: int | None) -> frozenset[str]:
         """Tools the model may call at ``turn`` (None: all of them, e.g. merged episodes)."""
         names = {t.name for t in self.tools}
