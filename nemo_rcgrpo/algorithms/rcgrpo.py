@@ -38,10 +38,11 @@ from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, m
                                         seed_everything, export_hf)
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
-from nemo_rcgrpo.models.torch_policy import TorchPolicy, logprobs_and_entropy
+from nemo_rcgrpo.models.torch_policy import TorchPolicy, token_logprobs
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
@@ -56,17 +57,9 @@ def _pearson(xs: list[float], ys: list[float]) -> float | None:
     return cov / (statistics.pstdev(xs) * statistics.pstdev(ys))
 
 
-def _pad_batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(len(t.token_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros_like(ids)
-    for row, t in enumerate(trajs):
-        n = len(t.token_ids)
-        ids[row, :n] = torch.tensor(t.token_ids)
-        attn[row, :n] = 1
-        mask[row, :n] = torch.tensor(t.loss_mask)
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}
+def _batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for trajectories (loss mask 1 on generated tokens)."""
+    return collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], pad_id)
 
 
 class RLTrainer:
@@ -162,10 +155,10 @@ class RLTrainer:
         batches, entropies = [], []
         for s in range(0, len(trajs), micro):
             part = trajs[s:s + micro]
-            b = _pad_batch(part, pad)
+            b = _batch(part, pad)
             old, ent = self.policy.logprobs(b, with_entropy=True)
             with torch.no_grad():
-                ref, _ = logprobs_and_entropy(self.reference, b["input_ids"], b["attention_mask"], b["loss_mask"])
+                ref = token_logprobs(self.reference, b["input_ids"], b["attention_mask"], b["loss_mask"])
             b.update(old_logprobs=old, ref_logprobs=ref, advantages=flat_adv[s:s + micro].float(),
                      num_sequences=torch.tensor(float(len(trajs))))
             batches.append(b)

@@ -58,16 +58,8 @@ def smollm2_tokenizer_dir() -> Path:
 
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=target.parent))
-    try:
-        tokenizer.save_pretrained(tmp)
-        target.mkdir(exist_ok=True)
-        for item in tmp.iterdir():
-            os.replace(item, target / item.name)
-        (target / _TOKENIZER_DONE).write_text(str(gguf) + "\n")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _atomic_folder(target, lambda tmp: tokenizer.save_pretrained(tmp))
+    (target / _TOKENIZER_DONE).write_text(str(gguf) + "\n")
     return target
 
 
@@ -144,19 +136,24 @@ def tiny_model_dir(name: str) -> Path:
     return target
 
 
-def resolve_model_path(name_or_path: str) -> Path:
-    """Local folder for a model name (see the module docstring)."""
+def _resolve(name_or_path: str, what: str, required: str) -> Path:
+    """Folder for a name: 'smollm2' and the tiny models are built on first use; a path must hold ``required``."""
     if name_or_path in SMOLLM2_ALIASES:
-        return smollm2_model_dir()
+        return smollm2_model_dir() if what == "model" else smollm2_tokenizer_dir()
     if name_or_path in TINY_MODELS:
         return tiny_model_dir(name_or_path)
     path = Path(name_or_path).expanduser()
-    if not (path / "config.json").is_file():
+    if not (path / required).exists():
         raise ModelFilesError(
-            f"model {name_or_path!r} is not a local HF folder (no config.json there) nor one of "
+            f"{what} {name_or_path!r} is not a local HF folder (no {required} there) nor one of "
             f"'smollm2', {', '.join(repr(t) for t in sorted(TINY_MODELS))}; models are never downloaded"
         )
     return path
+
+
+def resolve_model_path(name_or_path: str) -> Path:
+    """Local folder for a model name (see the module docstring)."""
+    return _resolve(name_or_path, "model", "config.json")
 
 
 def load_model(name_or_path: str, dtype: str = "float32"):
@@ -210,17 +207,7 @@ def add_reward_tokens(tokenizer, model, tokens: tuple[str, ...]) -> list[int]:
 
 
 def resolve_tokenizer_path(name_or_path: str) -> Path:
-    if name_or_path in SMOLLM2_ALIASES:
-        return smollm2_tokenizer_dir()
-    if name_or_path in TINY_MODELS:
-        return tiny_model_dir(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        raise ModelFilesError(
-            f"tokenizer {name_or_path!r} is neither 'smollm2' nor a local HF folder; give the folder that "
-            f"holds tokenizer.json / tokenizer_config.json (models are never downloaded)"
-        )
-    return path
+    return _resolve(name_or_path, "tokenizer", "tokenizer_config.json")
 
 
 def load_tokenizer(name_or_path: str):
