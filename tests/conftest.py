@@ -1,6 +1,37 @@
+import importlib.util
+import os
+
 import pytest
 
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
+
+# marker -> module that must be importable for the marked tests to run
+OPTIONAL_BACKENDS = {"megatron": "megatron.core", "vllm": "vllm"}
+
+
+def _available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of an optional backend skip, with the reason shown, where it is not installed;
+    RCGRPO_REQUIRE=megatron,vllm (set by `make test`) turns a missing backend into a failure."""
+    required = {m for m in os.environ.get("RCGRPO_REQUIRE", "").split(",") if m}
+    unknown = required - set(OPTIONAL_BACKENDS)
+    if unknown:
+        raise pytest.UsageError(f"RCGRPO_REQUIRE names unknown backends {sorted(unknown)}")
+    for marker, module in OPTIONAL_BACKENDS.items():
+        if _available(module):
+            continue
+        if marker in required:
+            raise pytest.UsageError(f"RCGRPO_REQUIRE={marker} but {module} is not importable: "
+                                    f"run `make install` (it installs the {marker} extra)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=f"{module} is not installed (marker '{marker}')"))
 
 
 @pytest.fixture(scope="session")
