@@ -5,6 +5,8 @@ Subcommands:
   prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
   train          a training recipe (--config-name NAME key=value ...), as nemo_rcgrpo/train.py
   plot           training-dynamics PNG from runs' metrics.jsonl
+  eval           evaluate a policy on BFCL v4 multi-turn (policy=... protocol=paper|bfcl out_dir=...)
+  compare        several eval results side by side: Markdown table and bar chart
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
     sub.add_parser("train", help="train: --config-name NAME plus Hydra overrides (same as nemo_rcgrpo/train.py)")
     sub.add_parser("plot", help="plot training dynamics of runs: rcgrpo plot RUN [RUN ...] --out PNG")
+    sub.add_parser("eval", help="evaluate: policy=oracle|null|checkpoint|endpoint protocol=paper|bfcl out_dir=PATH")
+    sub.add_parser("compare", help="compare eval results: rcgrpo compare RESULT [RESULT ...] --out PATH")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -75,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
-                  "plot": "nemo_rcgrpo.utils.plots"}
+                  "plot": "nemo_rcgrpo.utils.plots", "eval": "nemo_rcgrpo.evaluation.run",
+                  "compare": "nemo_rcgrpo.evaluation.compare"}
 
 
 def main(argv: list[str] | None = None) -> int:

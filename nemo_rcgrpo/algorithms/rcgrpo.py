@@ -220,17 +220,24 @@ class RLTrainer:
                     f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j])}, default=str) + "\n")
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy rollouts on held-out tasks, conditioned on ``rl.eval_token`` (rcgrpo); mean reward."""
+        """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
+        (rcgrpo); accuracy in percent overall and per category, episodes in eval/step_N.jsonl."""
+        from nemo_rcgrpo.evaluation.run import summarize
+
         token = {"high": True, "low": False, "none": None}[self.cfg.rl.eval_token]
         if self.cfg.stage != "rcgrpo":
             token = None
         specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
         trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
-        out = {"eval_reward": statistics.fmean(t.reward for t in trajs)}
-        by_cat = defaultdict(list)
-        for t in trajs:
-            by_cat[t.category].append(t.reward)
-        out.update({f"eval_success_{c}": statistics.fmean(v) for c, v in by_cat.items()})
+        records = [{"task_id": t.task_id, "category": t.category, "success": t.reward == 1.0} for t in trajs]
+        summary = summarize(records)
+        out = {"eval_reward": statistics.fmean(t.reward for t in trajs), "eval_accuracy": summary["overall"]}
+        out.update({f"eval_accuracy_{c}": v["accuracy"] for c, v in summary["categories"].items()})
+        folder = self.run_dir / "eval"
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / f"step_{self.step}.jsonl").open("w") as f:
+            for t in trajs:
+                f.write(json.dumps(t.record(), default=str) + "\n")
         return out
 
     # ------------------------------------------------------------------ loop

@@ -52,6 +52,8 @@ class Trajectory:
     state_ok: bool = False
     actions_ok: bool = False
     official_valid: bool | None = None
+    official_error: str | None = None  # per_turn episodes: BFCL's error type and message when not valid
+    reward_details: dict[str, Any] = field(default_factory=dict)  # state differences, missing actions
     truncated: str | None = None
     num_turns: int = 0  # assistant messages
     tool_errors: int = 0
@@ -201,4 +203,7 @@ class RolloutEngine:
         t.reward, t.state_ok, t.actions_ok = reward.value, reward.state_ok, reward.actions_ok
         t.truncated = s.env.truncated
         t.official_valid = None if verdict is None else verdict.valid
+        if verdict is not None and not verdict.valid:
+            t.official_error = f"{verdict.error_type}: {verdict.error_message}"
+        t.reward_details = reward.details
         return t

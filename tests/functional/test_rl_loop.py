@@ -114,6 +114,8 @@ def test_pipeline_runs_stage1_first_and_evaluates(data_dir, tmp_path):
     assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
     m = read_metrics(tmp_path / "rl")[0]
     assert m["eval_reward"] == 0.0 and "eval_seconds" in m and m["reward_seconds"] >= 0
+    assert m["eval_accuracy"] == 0.0 and m["eval_accuracy_base"] == 0.0
+    assert len((tmp_path / "rl" / "eval" / "step_1.jsonl").read_text().splitlines()) == 2
 
 
 def test_dapo_filter_replaces_zero_variance_groups(data_dir, tmp_path):

@@ -1,0 +1,134 @@
+"""Settings of `rcgrpo eval` (conf/eval*.yaml), validated before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rcgrpo.config import (ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig, TrainConfig, _build,
+                                _choice)
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
+from nemo_rcgrpo.utils.config import ConfigError, plain
+
+POLICIES = ("oracle", "null", "checkpoint", "endpoint")
+PROTOCOLS = ("paper", "bfcl")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicyConfig:
+    """policy=checkpoint: an HF folder, a model name, or a run dir (its hf/ export or newest checkpoint)."""
+
+    path: str | None = None
+    step: int | None = None  # a run dir's checkpoints/step_N instead of the newest
+
+
+@dataclass(frozen=True)
+class EndpointPolicyConfig:
+    """policy=endpoint: any OpenAI-compatible chat completions server with tool calling."""
+
+    url: str = "http://127.0.0.1:8000/v1"  # base URL; /chat/completions is appended
+    model: str | None = None  # the served model name (required)
+    api_key_env: str | None = None  # name of the environment variable holding the key (never the key itself)
+    timeout: float = 120.0  # seconds per request
+    max_retries: int = 4  # connection errors, 408, 429 and 5xx are retried with exponential backoff
+    backoff: float = 1.0  # seconds before the first retry; doubles each time
+    concurrency: int = 8  # episodes in flight at once
+    tool_choice: str = "auto"
+    extra_body: dict[str, Any] = field(default_factory=dict)  # passed through (e.g. chat_template_kwargs)
+
+
+@dataclass
+class EvalConfig:
+    policy: str = "oracle"  # oracle | null | checkpoint | endpoint
+    protocol: str = "paper"  # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
+    out_dir: str | None = None
+    overwrite: bool = False
+    seed: int = 1234
+    # which tasks
+    data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)
+    split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
+    test_fraction: float = 0.1
+    categories: tuple[str, ...] = CATEGORIES
+    tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
+    limit: int | None = None  # at most this many tasks per category (small smoke runs)
+    # conditioning and sampling
+    reward_token: str = "auto"  # checkpoint policy: auto (high if it has the reward tokens, else none) | high | low | none
+    samples: int = 1  # rollouts per task; > 1 needs temperature > 0 (pass@k and mean accuracy)
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 512  # per assistant message
+    max_turns: int = 20  # assistant messages per episode
+    max_total_tokens: int = 16384  # context budget of a token-level episode (checkpoint policy)
+    max_steps: int = 20  # tool-calling steps per turn (bfcl) / per episode (paper); BFCL's limit is 20
+    progress: bool = True
+    # policy settings
+    checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
+    endpoint: EndpointPolicyConfig = EndpointPolicyConfig()
+    model: ModelConfig = ModelConfig()  # dtype, reward_tokens of the checkpoint policy
+    chat: ChatConfig = ChatConfig()
+    generation: GenerationConfig = GenerationConfig()
+    reward_tokens: RewardTokensConfig = RewardTokensConfig()
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "EvalConfig":
+        cfg = dict(cfg)
+        if "policy" in cfg and cfg["policy"] is None:  # Hydra reads `policy=null` as YAML null
+            cfg["policy"] = "null"
+        config = _build(cls, cfg, "")
+        if isinstance(config.categories, list):
+            config.categories = tuple(config.categories)
+        if isinstance(config.tasks, list):
+            config.tasks = tuple(config.tasks)
+        config.validate()
+        return config
+
+    @property
+    def mode(self) -> str:
+        return "merged" if self.protocol == "paper" else "per_turn"
+
+    def validate(self) -> None:
+        _choice("policy", self.policy, POLICIES)
+        _choice("protocol", self.protocol, PROTOCOLS)
+        _choice("reward_token", self.reward_token, ("auto", "high", "low", "none"))
+        if not self.out_dir:
+            raise ConfigError("out_dir is required: rcgrpo eval policy=... protocol=... out_dir=PATH")
+        unknown = sorted(set(self.categories) - set(CATEGORIES))
+        if unknown or not self.categories:
+            raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")
+        if self.samples < 1:
+            raise ConfigError(f"samples={self.samples}: must be >= 1")
+        if self.samples > 1 and self.temperature == 0:
+            raise ConfigError("samples > 1 with temperature=0 repeats one greedy episode; set temperature > 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("temperature >= 0 and 0 < top_p <= 1")
+        for key in ("max_new_tokens", "max_turns", "max_total_tokens", "max_steps"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key}={getattr(self, key)}: must be > 0")
+        if self.limit is not None and self.limit <= 0:
+            raise ConfigError(f"limit={self.limit}: must be > 0 or null")
+        if not 0 < self.test_fraction < 1:
+            raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
+        if self.policy == "checkpoint":
+            if not self.checkpoint.path:
+                raise ConfigError("policy=checkpoint needs checkpoint.path (an HF folder, a model name or a run dir)")
+            self.train_config()  # validates model / chat / generation
+        if self.policy == "endpoint":
+            e = self.endpoint
+            if not e.model:
+                raise ConfigError("policy=endpoint needs endpoint.model (the served model name)")
+            if not e.url.startswith(("http://", "https://")):
+                raise ConfigError(f"endpoint.url={e.url!r}: must start with http:// or https://")
+            if e.timeout <= 0 or e.max_retries < 0 or e.backoff < 0 or e.concurrency < 1:
+                raise ConfigError("endpoint.timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1")
+
+    def train_config(self, model_path: str | None = None) -> TrainConfig:
+        """The settings a checkpoint policy shares with training (model loading, chat format, generator)."""
+        return TrainConfig.from_dict({
+            "stage": "sft", "seed": self.seed, "run_dir": str(self.out_dir),
+            "model": {**dataclasses.asdict(self.model), "path": model_path or self.checkpoint.path or "smollm2"},
+            "chat": dataclasses.asdict(self.chat), "generation": plain(dataclasses.asdict(self.generation)),
+            "reward_tokens": dataclasses.asdict(self.reward_tokens)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return plain(dataclasses.asdict(self))  # api keys are never settings (only the variable's name)

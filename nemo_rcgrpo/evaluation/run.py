@@ -1,0 +1,435 @@
+"""`rcgrpo eval`: BFCL v4 multi-turn evaluation under the paper's or the official protocol.
+
+    rcgrpo eval policy=oracle protocol=paper out_dir=runs/eval/oracle
+    rcgrpo eval policy=checkpoint checkpoint.path=runs/rcgrpo_smollm_cpu protocol=bfcl limit=5 out_dir=...
+    rcgrpo eval policy=endpoint endpoint.url=http://host:8000/v1 endpoint.model=NAME protocol=bfcl out_dir=...
+
+Protocols:
+- ``paper``: the held-out tasks of the scenario split (80 of 800), merged
+  episodes, success = R_state x R_action = 1; checkpoints are conditioned on
+  ``reward_token`` (auto: high when the checkpoint has the reward tokens).
+- ``bfcl``: all 800 entries (or ``categories`` / ``tasks`` / ``limit``),
+  per-turn episodes, success = the official checker's verdict.
+
+Outputs in ``out_dir``: results.json (config, model, accuracies in percent,
+per-task outcomes with the failure reason), results.md (the table) and
+trajectories.jsonl (every episode, for reading).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tqdm import tqdm
+
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
+from nemo_rcgrpo.evaluation.config import EvalConfig
+from nemo_rcgrpo.utils.config import ConfigError
+
+SAMPLE_SEED_STRIDE = 1_000_003
+
+
+# ---------------------------------------------------------------------- tasks
+def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
+    """The protocol's task ids (paper: the held-out split; bfcl: every entry), filtered by categories and limit."""
+    if cfg.tasks:
+        missing = [t for t in cfg.tasks if t not in suite.tasks]
+        if missing:
+            raise ConfigError(f"tasks not in BFCL v4 multi-turn: {missing[:5]}")
+        ids = list(cfg.tasks)
+    elif cfg.protocol == "paper":
+        ids = held_out_ids(cfg, suite)
+    else:
+        ids = [t.id for t in suite]
+    ids = [t for t in ids if suite[t].category in cfg.categories]
+    if cfg.limit is not None:
+        taken: dict[str, int] = defaultdict(int)
+        kept = []
+        for t in ids:
+            cat = suite[t].category
+            if taken[cat] < cfg.limit:
+                kept.append(t)
+                taken[cat] += 1
+        ids = kept
+    if not ids:
+        raise ConfigError("no tasks to evaluate (check categories, tasks and limit)")
+    return ids
+
+
+def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
+    if cfg.data_dir:
+        path = Path(cfg.data_dir) / "split.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
+                                    f"or drop data_dir to recompute the split from split_seed")
+        try:
+            return list(json.loads(path.read_text())["test"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConfigError(f"{path} is not a split written by prepare-data: {e}") from None
+    from nemo_rcgrpo.data.splits import split_by_scenario
+
+    return split_by_scenario(suite, cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
+
+
+# ---------------------------------------------------------------------- scoring
+def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
+                   details: dict[str, Any]) -> str | None:
+    if success:
+        return None
+    if protocol == "bfcl" and official_error:
+        return official_error
+    if truncated:
+        return f"truncated: {truncated}"
+    parts = []
+    diffs = details.get("state_differences") or {}
+    if diffs:
+        parts.append(f"final state differs ({', '.join(sorted(diffs))})")
+    missing = details.get("missing_actions") or []
+    if missing:
+        parts.append(f"{len(missing)} gold action(s) missing, first: {missing[0]}")
+    return "; ".join(parts) or "reward 0"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(records: Sequence[dict[str, Any]], samples: int = 1) -> dict[str, Any]:
+    """Accuracies in percent: overall (over tasks), per category, mean over categories; pass@k with samples > 1."""
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    task_acc = {t: statistics.fmean(r["success"] for r in rs) for t, rs in by_task.items()}
+    category = {t: rs[0]["category"] for t, rs in by_task.items()}
+    cats: dict[str, list[float]] = defaultdict(list)
+    for t, acc in task_acc.items():
+        cats[category[t]].append(acc)
+    out: dict[str, Any] = {
+        "overall": 100.0 * statistics.fmean(task_acc.values()) if task_acc else 0.0,
+        "categories": {c: {"accuracy": 100.0 * statistics.fmean(v), "tasks": len(v)}
+                       for c, v in sorted(cats.items(), key=lambda kv: CATEGORIES.index(kv[0]))},
+        "tasks": len(task_acc), "episodes": len(records),
+    }
+    out["category_mean"] = statistics.fmean(c["accuracy"] for c in out["categories"].values()) if cats else 0.0
+    if samples > 1:
+        ks = sorted({k for k in (1, 2, 4, 8, 16, 32, samples) if k <= samples})
+        out["pass_at_k"] = {str(k): 100.0 * statistics.fmean(
+            pass_at_k(len(rs), sum(r["success"] for r in rs), k) for rs in by_task.values()) for k in ks}
+    return out
+
+
+def markdown_table(summary: dict[str, Any], title: str) -> str:
+    lines = [f"### {title}", "", "| category | tasks | accuracy (%) |", "|---|---:|---:|"]
+    for cat, v in summary["categories"].items():
+        lines.append(f"| {cat} | {v['tasks']} | {v['accuracy']:.1f} |")
+    lines.append(f"| **overall** | {summary['tasks']} | **{summary['overall']:.1f}** |")
+    for k, v in summary.get("pass_at_k", {}).items():
+        lines.append(f"| pass@{k} | {summary['tasks']} | {v:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- policies
+def _record(cfg: EvalConfig, task: BFCLTask, sample: int, seed: int, reward_token: str | None, *, reward,
+            official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
+            calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
+    success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
+    return {
+        "task_id": task.id, "category": task.category, "sample": sample, "seed": seed, "reward_token": reward_token,
+        "success": success, "reward": reward, "official_valid": official_valid,
+        "failure_reason": failure_reason(cfg.protocol, success=success, truncated=truncated,
+                                         official_error=official_error, details=details),
+        "truncated": truncated, "num_turns": num_turns, "tool_errors": tool_errors,
+        "generated_tokens": generated_tokens, "calls": calls, "observations": observations, **extra,
+    }
+
+
+def env_config(cfg: EvalConfig) -> BFCLEnvConfig:
+    return BFCLEnvConfig(mode=cfg.mode, categories=tuple(cfg.categories), max_steps=cfg.max_steps)
+
+
+class MessagePolicy:
+    """oracle, null and endpoint: whole messages in and out, episodes run in a thread pool."""
+
+    def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict):
+        self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
+
+    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable) -> list[dict]:
+        env_cfg = env_config(self.cfg)
+        for t in task_ids:
+            suite.gold(t)  # memoised before the threads start
+
+        def one(index: int, task_id: str) -> dict:
+            task = suite[task_id]
+            env = env_cfg.make_env()
+            opening = env.reset(task, gold=suite.gold(task))
+            agent = self.make_agent()
+            episode_seed = seed + index
+            agent.start(task, self.cfg.mode, episode_seed)
+            ep = play_episode(agent, env, opening, max_turns=self.cfg.max_turns)
+            reward = env.reward()
+            verdict = env.official_verdict()
+            rec = _record(self.cfg, task, sample, episode_seed, None, reward=reward.value,
+                          official_valid=None if verdict is None else verdict.valid,
+                          official_error=None if verdict is None or verdict.valid else
+                          f"{verdict.error_type}: {verdict.error_message}",
+                          truncated=env.truncated, details=reward.details, num_turns=ep.num_turns,
+                          tool_errors=ep.tool_errors, generated_tokens=ep.generated_tokens, calls=ep.calls,
+                          observations=ep.observations, extra={"messages": ep.messages})
+            on_done(rec)
+            return rec
+
+        if self.concurrency == 1:
+            return [one(i, t) for i, t in enumerate(task_ids)]
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            futures = [pool.submit(one, i, t) for i, t in enumerate(task_ids)]
+            finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in pending:
+                f.cancel()
+            for f in futures:  # the first failure (e.g. a dead endpoint) is raised here
+                if f.done() and not f.cancelled() and f.exception() is not None:
+                    raise f.exception()
+            return [f.result() for f in futures]
+
+    def close(self) -> None:
+        pass
+
+
+class CheckpointPolicy:
+    """A trained model through the generator named by ``generation.backend`` (hf or vllm), token in / token out."""
+
+    def __init__(self, cfg: EvalConfig, suite: BFCLSuite):
+        import torch
+
+        from nemo_rcgrpo.algorithms.sft import load_tokenizer_and_model, make_renderer, seed_everything
+        from nemo_rcgrpo.data.reward_goal import RewardGoal
+        from nemo_rcgrpo.generation import make_generator
+        from nemo_rcgrpo.generation.base import SamplingParams
+        from nemo_rcgrpo.models.hf import load_tokenizer
+        from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
+
+        self.cfg = cfg
+        model_path, state, source = resolve_checkpoint(cfg.checkpoint.path, cfg.checkpoint.step)
+        has_tokens = cfg.reward_tokens.high in load_tokenizer(model_path).get_vocab()
+        token = cfg.reward_token
+        if token == "auto":
+            token = "high" if has_tokens else "none"
+        if token != "none" and cfg.model.reward_tokens == "special" and not has_tokens:
+            print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
+                  f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
+        self.reward_token = {"high": True, "low": False, "none": None}[token]
+        tcfg = cfg.train_config(str(model_path))
+        seed_everything(cfg.seed)
+        self.tokenizer, model = load_tokenizer_and_model(tcfg)
+        if state is not None:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            if unexpected or [k for k in missing if "lm_head" not in k]:
+                raise ValueError(f"checkpoint weights do not fit {model_path}: missing {missing[:3]}, "
+                                 f"unexpected {unexpected[:3]}")
+        model.eval().requires_grad_(False)
+        if torch.cuda.is_available():
+            model = model.cuda()
+        self.generator = make_generator(tcfg, model, self.tokenizer)
+        self.engine = RolloutEngine(
+            self.generator, make_renderer(tcfg, self.tokenizer), suite, env_config(cfg),
+            SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
+            max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
+            reward_goal=RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low))
+        self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
+                            "generator": cfg.generation.backend, "reward_token": token,
+                            "chat_format": cfg.chat.format}
+
+    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable) -> list[dict]:
+        from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
+
+        out = []
+        chunk = self.cfg.generation.max_batch_size
+        for start in range(0, len(task_ids), chunk):
+            part = task_ids[start:start + chunk]
+            specs = [RolloutSpec(suite[t], start + i, self.reward_token) for i, t in enumerate(part)]
+            for t in self.engine.rollout(specs, seed=seed + start):
+                rec = _record(self.cfg, suite[t.task_id], sample, seed + start, t.reward_token, reward=t.reward,
+                              official_valid=t.official_valid, official_error=t.official_error,
+                              truncated=t.truncated, details=t.reward_details, num_turns=t.num_turns,
+                              tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
+                              observations=t.observations, extra={"text": t.texts})
+                on_done(rec)
+                out.append(rec)
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.generator, "close", None)
+        if close is not None:
+            close()
+
+
+def resolve_checkpoint(path: str, step: int | None = None):
+    """(HF folder of the architecture, weights to load on top or None, description) for checkpoint.path."""
+    from nemo_rcgrpo.models.hf import resolve_model_path
+    from nemo_rcgrpo.utils.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
+
+    p = Path(path).expanduser()
+    if (p / "config.json").is_file():
+        return p, None, str(p)
+    if (p / "hf" / "config.json").is_file() and step is None:
+        return p / "hf", None, str(p / "hf")
+    if (p / "checkpoints").is_dir() or (p / "trainer_state.json").is_file():
+        run_dir = p if (p / "checkpoints").is_dir() else p.parent.parent
+        ckpt = (checkpoint_dir(run_dir) / f"step_{step}") if step is not None else (
+            p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
+        if ckpt is None or not ckpt.is_dir():
+            raise FileNotFoundError(f"no checkpoint {'step_' + str(step) if step else ''} in {run_dir}/checkpoints")
+        state = load_checkpoint(ckpt)
+        base = state["trainer_state"].get("model_path")
+        tokenizer_dir = ckpt / "tokenizer"
+        if not base:
+            raise FileNotFoundError(f"{ckpt} does not say which model it was trained from")
+        base_path = resolve_model_path(base)
+        if tokenizer_dir.is_dir():  # the checkpoint's tokenizer (with reward tokens) over the base model's files
+            import shutil
+            import tempfile
+
+            merged = Path(tempfile.mkdtemp(prefix="rcgrpo-eval-model-"))
+            for f in base_path.iterdir():
+                if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+                    (merged / f.name).symlink_to(f.resolve())
+            for f in tokenizer_dir.iterdir():
+                shutil.copy(f, merged / f.name)
+            base_path = merged
+        return base_path, state["model"], str(ckpt)
+    return resolve_model_path(path), None, path
+
+
+def make_policy(cfg: EvalConfig, suite: BFCLSuite):
+    if cfg.policy == "oracle":
+        return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
+    if cfg.policy == "null":
+        return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
+    if cfg.policy == "endpoint":
+        from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
+
+        EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+        return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
+                                                        max_new_tokens=cfg.max_new_tokens),
+                             cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
+                                                        "model": cfg.endpoint.model})
+    return CheckpointPolicy(cfg, suite)
+
+
+# ---------------------------------------------------------------------- run
+def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
+    out_dir = Path(cfg.out_dir)
+    if (out_dir / "results.json").exists() and not cfg.overwrite:
+        raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir or set overwrite=true")
+    suite = suite or BFCLSuite(cfg.categories)
+    task_ids = select_tasks(cfg, suite)
+    random.seed(cfg.seed)
+    policy = make_policy(cfg, suite)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    started = time.perf_counter()
+    bar = tqdm(total=len(task_ids) * cfg.samples, desc=f"eval {cfg.policy}/{cfg.protocol}", unit="episode",
+               disable=not cfg.progress, file=sys.stderr)
+    error = None
+    try:
+        lock = threading.Lock()
+        with (out_dir / "trajectories.jsonl").open("w") as traj_file:
+            def on_done(rec: dict) -> None:
+                with lock:
+                    traj_file.write(json.dumps(rec, default=str) + "\n")
+                    traj_file.flush()
+                    bar.update(1)
+
+            for sample in range(cfg.samples):
+                records += policy.run(suite, task_ids, sample, cfg.seed + SAMPLE_SEED_STRIDE * sample, on_done)
+    except (RuntimeError, OSError) as e:  # a dead endpoint or server: keep what was scored, then report
+        error = f"{type(e).__name__}: {e}"
+        records = [json.loads(line) for line in (out_dir / "trajectories.jsonl").read_text().splitlines()]
+    finally:
+        bar.close()
+        policy.close()
+    seconds = time.perf_counter() - started
+    summary = summarize(records, cfg.samples)
+    result = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "protocol": cfg.protocol, "policy": policy.description, "config": cfg.to_dict(),
+        "complete": error is None, **({"error": error} if error else {}),
+        **summary,
+        "mean_accuracy": 100.0 * statistics.fmean(r["success"] for r in records) if records else 0.0,
+        "seconds": seconds, "episodes_per_minute": 60.0 * len(records) / seconds if seconds > 0 else None,
+        "per_task": _per_task(records),
+    }
+    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    title = f"{describe(result)} — {cfg.protocol} protocol"
+    (out_dir / "results.md").write_text(markdown_table(summary, title))
+    if error:
+        raise EvaluationIncomplete(f"{error} (scored {len(records)} of {len(task_ids) * cfg.samples} episodes; "
+                                   f"partial results in {out_dir})")
+    return result
+
+
+class EvaluationIncomplete(RuntimeError):
+    pass
+
+
+def describe(result: dict[str, Any]) -> str:
+    p = result["policy"]
+    if p["policy"] == "checkpoint":
+        return f"{p['source']} ({p['generator']}, token {p['reward_token']})"
+    if p["policy"] == "endpoint":
+        return f"{p['model']} @ {p['url']}"
+    return p["policy"]
+
+
+def _per_task(records: list[dict]) -> list[dict]:
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_task[r["task_id"]].append(r)
+    return [{"task_id": t, "category": rs[0]["category"], "successes": sum(r["success"] for r in rs),
+             "samples": len(rs),
+             "outcomes": [{"sample": r["sample"], "seed": r["seed"], "success": r["success"], "reward": r["reward"],
+                           "official_valid": r["official_valid"], "failure_reason": r["failure_reason"]}
+                          for r in sorted(rs, key=lambda r: r["sample"])]}
+            for t, rs in by_task.items()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
+    from nemo_rcgrpo.models.hf import ModelFilesError
+    from nemo_rcgrpo.utils.checkpoint import CheckpointError
+    from nemo_rcgrpo.utils.config import compose, split_argv
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        name, overrides = split_argv(argv, "eval")
+        cfg = EvalConfig.from_dict(compose(name, overrides))
+        result = evaluate(cfg)
+    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, FileExistsError,
+            ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EvaluationIncomplete as e:
+        print(f"error: evaluation stopped: {e}", file=sys.stderr)
+        return 3
+    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol"))
+    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Evaluation pieces with hand-computed values: pass@k, summaries, failure reasons, endpoint parsing, config."""
+
+import math
+
+import pytest
+
+from nemo_rcgrpo.evaluation.config import EvalConfig
+from nemo_rcgrpo.evaluation.endpoint import parse_tool_calls
+from nemo_rcgrpo.evaluation.run import failure_reason, pass_at_k, select_tasks, summarize
+from nemo_rcgrpo.types import ToolCall, ToolCallError
+from nemo_rcgrpo.utils.config import ConfigError, compose
+
+
+def test_pass_at_k_hand_values():
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 0, 3) == 0.0
+    assert pass_at_k(5, 5, 1) == 1.0
+    assert pass_at_k(4, 1, 4) == 1.0  # n - c < k
+
+
+def _rec(task, cat, success, sample=0):
+    return {"task_id": task, "category": cat, "success": success, "sample": sample}
+
+
+def test_summarize_accuracies_and_pass_at_k():
+    records = [_rec("a", "base", True, 0), _rec("a", "base", False, 1),
+               _rec("b", "base", False, 0), _rec("b", "base", False, 1),
+               _rec("c", "miss_func", True, 0), _rec("c", "miss_func", True, 1)]
+    s = summarize(records, samples=2)
+    # per task mean accuracy: a 0.5, b 0, c 1 -> overall over tasks 50%
+    assert s["overall"] == pytest.approx(50.0)
+    assert s["categories"]["base"] == {"accuracy": pytest.approx(25.0), "tasks": 2}
+    assert s["categories"]["miss_func"]["accuracy"] == pytest.approx(100.0)
+    assert s["category_mean"] == pytest.approx(62.5)
+    # pass@1 = mean over tasks of c/n = (0.5 + 0 + 1) / 3; pass@2 = (1 + 0 + 1) / 3
+    assert s["pass_at_k"]["1"] == pytest.approx(50.0)
+    assert s["pass_at_k"]["2"] == pytest.approx(200 / 3)
+    assert list(s["categories"]) == ["base", "miss_func"]  # BFCL's category order
+
+
+def test_failure_reasons():
+    assert failure_reason("paper", success=True, truncated=None, official_error=None, details={}) is None
+    assert failure_reason("paper", success=False, truncated="context budget", official_error=None,
+                          details={}) == "truncated: context budget"
+    r = failure_reason("paper", success=False, truncated=None, official_error=None,
+                       details={"state_differences": {"TwitterAPI": {}}, "missing_actions": ["post_tweet(x=1)"]})
+    assert "TwitterAPI" in r and "1 gold action(s) missing" in r and "post_tweet" in r
+    assert failure_reason("bfcl", success=False, truncated="x", official_error="multi_turn:force_terminated: y",
+                          details={}) == "multi_turn:force_terminated: y"
+
+
+def test_endpoint_tool_calls_parsing_never_raises():
+    calls = parse_tool_calls([
+        {"id": "1", "type": "function", "function": {"name": "ls", "arguments": "{\"a\": true}"}},
+        {"id": "2", "function": {"name": "cd", "arguments": "{not json"}},
+        {"id": "3", "function": {"name": "cd", "arguments": "[1, 2]"}},
+        {"id": "4", "function": {"arguments": "{}"}},
+        "garbage",
+        {"id": "6", "function": {"name": "pwd", "arguments": ""}},
+        {"id": "7", "function": {"name": "mv", "arguments": {"source": "a"}}},
+    ])
+    assert calls[0] == ToolCall("ls", {"a": True}, id="1")
+    assert [type(c) for c in calls] == [ToolCall, ToolCallError, ToolCallError, ToolCallError, ToolCallError,
+                                        ToolCall, ToolCall]
+    assert "not JSON" in calls[1].message and "not a JSON object" in calls[2].message
+    assert calls[5].kwargs == {} and calls[6].kwargs == {"source": "a"}
+    assert parse_tool_calls(None) == [] and isinstance(parse_tool_calls("x")[0], ToolCallError)
+
+
+def test_config_from_hydra_and_validation(tmp_path):
+    cfg = EvalConfig.from_dict(compose("eval", ["policy=null", f"out_dir={tmp_path}"]))
+    assert cfg.policy == "null" and cfg.mode == "merged"  # `policy=null` arrives as YAML null
+    assert EvalConfig.from_dict(compose("eval", ["protocol=bfcl", f"out_dir={tmp_path}"])).mode == "per_turn"
+    bad = {
+        "out_dir is required": [],
+        "temperature > 0": ["samples=4", f"out_dir={tmp_path}"],
+        "choose one of": ["policy=random", f"out_dir={tmp_path}"],
+        "checkpoint.path": ["policy=checkpoint", f"out_dir={tmp_path}"],
+        "endpoint.model": ["policy=endpoint", f"out_dir={tmp_path}"],
+        "categories": ["categories=[base,simple]", f"out_dir={tmp_path}"],
+        "unknown setting": ["+endpoint.api_key=abc", f"out_dir={tmp_path}"],
+    }
+    for message, overrides in bad.items():
+        with pytest.raises(ConfigError, match=message):
+            EvalConfig.from_dict(compose("eval", overrides))
+    cfg = EvalConfig.from_dict(compose("eval_smollm_cpu", [f"out_dir={tmp_path}"]))
+    assert cfg.policy == "checkpoint" and cfg.limit == 2
+
+
+def test_task_selection(suite, tmp_path):
+    from nemo_rcgrpo.data.splits import split_by_scenario
+
+    paper = select_tasks(EvalConfig(out_dir=str(tmp_path)), suite)
+    assert paper == split_by_scenario(suite, 1234, 0.1).to_json(suite)["test"] and len(paper) == 80
+    assert len(select_tasks(EvalConfig(out_dir=str(tmp_path), protocol="bfcl"), suite)) == 800
+    few = select_tasks(EvalConfig(out_dir=str(tmp_path), protocol="bfcl", limit=2, categories=("base", "miss_func")),
+                       suite)
+    assert [suite[t].category for t in few] == ["base", "base", "miss_func", "miss_func"]
+    (tmp_path / "split.json").write_text('{"test": ["multi_turn_base_3", "multi_turn_miss_param_7"]}')
+    assert select_tasks(EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path)), suite) == [
+        "multi_turn_base_3", "multi_turn_miss_param_7"]
+    with pytest.raises(ConfigError, match="not in BFCL"):
+        select_tasks(EvalConfig(out_dir=str(tmp_path), tasks=("multi_turn_base_9999",)), suite)
+    assert math.isclose(len(paper) / 800, 0.1)
