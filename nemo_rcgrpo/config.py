@@ -86,14 +86,54 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class MegatronConfig:
+    tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width
+    pp: int = 1  # pipeline-parallel size (1 only in this backend so far)
+    cp: int = 1  # context-parallel size
+    sequence_parallel: bool = False  # with tp > 1; needs the Transformer Engine spec (GPU)
+    recompute: str = "none"  # activation recomputation: none | selective | full
+    fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
+    distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
+    grad_reduce_in_fp32: bool = True
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
-    backend: str = "torch"  # torch (single process or torchrun DDP); megatron comes with its backend
+    backend: str = "torch"  # torch (single process or torchrun DDP) | megatron (Megatron-Core TP/DP)
+    megatron: MegatronConfig = MegatronConfig()
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """generation.backend=vllm (nemo_rcgrpo/generation/vllm_server.py)."""
+
+    url: str | None = None  # attach to a running server (`rcgrpo serve`), e.g. http://gen-node:8000; null: start one
+    host: str = "127.0.0.1"  # a started server's address
+    port: int = 0  # 0: a free port
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of a started server, e.g. "4,5,6,7"
+    python: str | None = None  # interpreter with vLLM for a started server (default: the trainer's)
+    tp: int = 1  # tensor-parallel size of a started server
+    dtype: str = "auto"  # auto (= model.dtype) | float32 | bfloat16 | float16
+    max_model_len: int | None = None  # null: the model's maximum
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 2  # CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    enforce_eager: bool = False  # skip graph compilation (faster start, slower decode)
+    seed: int = 0
+    startup_timeout: float = 900.0  # seconds to wait for /health
+    request_timeout: float = 600.0  # seconds per completion request
+    max_retries: int = 3  # per request, exponential backoff from 1 s
+    max_concurrency: int = 256  # requests in flight (connection pool size)
+    weight_sync: str = "auto"  # auto (nccl with CUDA, else folder) | nccl | folder
+    weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
+    nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at (default: this host)
+    extra_args: tuple[str, ...] = ()  # more vLLM server arguments
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    backend: str = "hf"  # hf: in-process, shares the policy's weights (the vLLM server plugs in here)
-    max_batch_size: int = 64  # rollouts decoded together per generator call
+    backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server (generation.vllm)
+    max_batch_size: int = 64  # rollouts decoded together per generator call (hf)
+    vllm: VLLMConfig = VLLMConfig()
 
 
 @dataclass(frozen=True)
@@ -181,12 +221,15 @@ class TrainConfig:
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
-        _choice("policy.backend", self.policy.backend, ("torch",))
+        _choice("policy.backend", self.policy.backend, ("torch", "megatron"))
+        self._validate_megatron()
         from nemo_rcgrpo.generation import GENERATORS
 
         _choice("generation.backend", self.generation.backend, tuple(GENERATORS))
         if self.generation.max_batch_size <= 0:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
+        if self.generation.backend == "vllm":
+            self._validate_vllm()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         if self.stage in RL_STAGES:
             self._validate_rl()
@@ -213,6 +256,34 @@ class TrainConfig:
             raise ConfigError("trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1 and trainer.grad_clip >= 0")
         if self.data.max_examples is not None and self.data.max_examples <= 0:
             raise ConfigError(f"data.max_examples={self.data.max_examples}: must be > 0 or null")
+
+    def _validate_megatron(self) -> None:
+        m = self.policy.megatron
+        _choice("policy.megatron.recompute", m.recompute, ("none", "selective", "full"))
+        _choice("policy.megatron.fp8", m.fp8, (None, "hybrid", "e4m3"))
+        for key, value in {"policy.megatron.tp": m.tp, "policy.megatron.pp": m.pp, "policy.megatron.cp": m.cp}.items():
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        if m.pp != 1:
+            raise ConfigError(f"policy.megatron.pp={m.pp}: pipeline parallelism is not implemented in this backend; "
+                              "use pp=1 (tensor and data parallel)")
+        if m.sequence_parallel and m.fp8 is None:
+            raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine layer spec "
+                              "(set policy.megatron.fp8, GPU container) or sequence_parallel=false")
+
+    def _validate_vllm(self) -> None:
+        v = self.generation.vllm
+        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "nccl", "folder"))
+        _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if v.url is not None and not str(v.url).startswith(("http://", "https://")):
+            raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
+        for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
+            if getattr(v, key) <= 0:
+                raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
+        if v.max_retries < 0 or not 0 <= v.port < 65536 or not 0 < v.gpu_memory_utilization <= 1:
+            raise ConfigError("generation.vllm: max_retries >= 0, 0 <= port < 65536, 0 < gpu_memory_utilization <= 1")
+        if v.max_model_len is not None and v.max_model_len <= 0:
+            raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
 
     def _validate_rl(self) -> None:
         from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS

@@ -1,0 +1,166 @@
+"""Megatron-Core GPTModel for the Llama and Qwen2 families, and its parallel groups.
+
+``build_gpt(hf_config, mcfg, ...)`` maps an HF config onto a TransformerConfig
+(RMSNorm, SwiGLU, RoPE with the model's theta and Llama-3 scaling, GQA,
+Qwen2's QKV bias, tied or untied embeddings) and builds the model with the
+local (pure megatron-core) layer spec, or with the Transformer Engine spec
+and an FP8 recipe when ``fp8`` is set. On CPU the compatibility layer
+(``cpu_compat``) is enabled first and all fusions are off.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size
+
+
+class MegatronSetupError(RuntimeError):
+    """The Megatron backend cannot start with these settings; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This process's place in the (TP, PP, CP, DP) grid."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+
+
+def transformer_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def require_fp8_support(fp8: str | None) -> None:
+    """FP8 needs Transformer Engine (and a GPU): stop at start with what to do otherwise."""
+    if fp8 is None:
+        return
+    if not transformer_engine_available() or not torch.cuda.is_available():
+        raise MegatronSetupError(f"policy.megatron.fp8={fp8} needs Transformer Engine on a GPU; run in the GPU "
+                                 f"container (containers/Dockerfile) or set policy.megatron.fp8=null")
+
+
+def layer_spec(mcfg) -> str:
+    """'te' (Transformer Engine, needed for FP8) when ``fp8`` is set, else 'local' (pure megatron-core)."""
+    return "local" if mcfg.fp8 is None else "te"
+
+
+def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
+    """Create megatron's parallel groups (joining torchrun's group, or a one-process gloo group)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    from nemo_rcgrpo.models.megatron import cpu_compat
+
+    on_cpu = cpu_compat.enable()
+    if not torch.distributed.is_initialized():
+        backend = "gloo" if on_cpu else "nccl"
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
+            torch.distributed.init_process_group(backend)
+        else:
+            store = tempfile.NamedTemporaryFile(prefix="rcgrpo-pg-", delete=False).name
+            torch.distributed.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+    world = torch.distributed.get_world_size()
+    if world % (tp * pp * cp):
+        raise MegatronSetupError(f"world size {world} is not a multiple of tp x pp x cp = {tp}x{pp}x{cp}; "
+                                 f"change policy.megatron.tp/pp/cp or the number of processes")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             context_parallel_size=cp, create_gloo_process_groups=on_cpu)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return Parallel(tp, pp, cp, parallel_state.get_data_parallel_world_size(),
+                    parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_data_parallel_rank())
+
+
+def rope_settings(hf_config) -> dict:
+    """RoPE theta and Llama-3 scaling from an HF config; other scaling types are refused."""
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type", "default")
+    src = scaling or params
+    if kind in (None, "default"):
+        return {"theta": float(theta), "llama3": None}
+    if kind == "llama3":
+        return {"theta": float(theta), "llama3": dict(factor=src["factor"], low_freq_factor=src["low_freq_factor"],
+                                                      high_freq_factor=src["high_freq_factor"],
+                                                      original_max_position_embeddings=src["original_max_position_embeddings"])}
+    raise MegatronSetupError(f"rope scaling {kind!r} is not supported by the Megatron backend (default, llama3)")
+
+
+def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.dtype):
+    from megatron.core.transformer import TransformerConfig
+
+    on_gpu = torch.cuda.is_available()
+    recompute = {} if mcfg.recompute == "none" else (
+        {"recompute_granularity": "selective"} if mcfg.recompute == "selective" else
+        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1})
+    fp8 = {} if mcfg.fp8 is None else {"fp8": mcfg.fp8, "fp8_recipe": "delayed"}
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn_hidden_size,
+        normalization="RMSNorm", layernorm_epsilon=float(hf_config.rms_norm_eps), gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
+        tensor_model_parallel_size=mcfg.tp, pipeline_model_parallel_size=mcfg.pp, context_parallel_size=mcfg.cp,
+        sequence_parallel=mcfg.sequence_parallel and mcfg.tp > 1,
+        params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16, pipeline_dtype=params_dtype,
+        use_cpu_initialization=not on_gpu, perform_initialization=False,
+        # fusions need CUDA kernels; on GPU megatron picks them itself
+        bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, persist_layer_norm=on_gpu,
+        bias_dropout_fusion=on_gpu, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        cross_entropy_loss_fusion=False, **recompute, **fp8)
+
+
+def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32):
+    """A GPTModel matching ``hf_config`` (weights uninitialised: load them with ``convert.hf_to_megatron``)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
+                                                          get_gpt_layer_with_transformer_engine_spec)
+
+    shape = ModelShape.from_hf_config(hf_config)
+    check_tp(shape, mcfg.tp)
+    require_fp8_support(mcfg.fp8)
+    config = transformer_config(shape, hf_config, mcfg, params_dtype)
+    spec = (get_gpt_layer_with_transformer_engine_spec() if layer_spec(mcfg) == "te"
+            else get_gpt_layer_local_spec(normalization="RMSNorm"))
+    rope = rope_settings(hf_config)
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=padded_vocab_size(shape.vocab_size, mcfg.tp),
+                     max_sequence_length=hf_config.max_position_embeddings, parallel_output=True,
+                     share_embeddings_and_output_weights=shape.tied_embeddings, position_embedding_type="rope",
+                     rotary_base=int(rope["theta"]) if float(rope["theta"]).is_integer() else rope["theta"])
+    if rope["llama3"] is not None:  # megatron's own flag fixes low/high/original; apply the model's values
+        emb = model.rotary_pos_emb
+        emb.inv_freq = emb._apply_scaling(emb.inv_freq, **rope["llama3"])
+    if params_dtype != torch.float32:
+        model = model.to(params_dtype)
+    if torch.cuda.is_available():
+        model = model.cuda(torch.cuda.current_device())
+    return model, shape, config
+
+
+def load_hf_state(model, hf_state: dict[str, torch.Tensor], shape: ModelShape, tp: int, tp_rank: int,
+                  spec: str = "local") -> None:
+    """Copy HF weights into this rank's model (conversion: ``convert.hf_to_megatron``)."""
+    from nemo_rcgrpo.models.megatron.convert import hf_to_megatron, is_weight
+
+    mine = hf_to_megatron(hf_state, shape, tp, spec)[tp_rank]
+    own = {k for k in model.state_dict() if is_weight(k)}
+    if own != set(mine):
+        raise MegatronSetupError(f"Megatron model and converted weights differ: missing {sorted(own - set(mine))[:4]}, "
+                                 f"unexpected {sorted(set(mine) - own)[:4]}")
+    with torch.no_grad():
+        params = dict(model.state_dict(keep_vars=True))
+        for name, value in mine.items():
+            params[name].copy_(value)
