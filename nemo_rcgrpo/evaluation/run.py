@@ -301,10 +301,12 @@ def resolve_checkpoint(path: str, step: int | None = None):
             raise FileNotFoundError(f"{ckpt} does not say which model it was trained from")
         base_path = resolve_model_path(base)
         if tokenizer_dir.is_dir():  # the checkpoint's tokenizer (with reward tokens) over the base model's files
+            import atexit
             import shutil
             import tempfile
 
             merged = Path(tempfile.mkdtemp(prefix="rcgrpo-eval-model-"))
+            atexit.register(shutil.rmtree, merged, ignore_errors=True)
             for f in base_path.iterdir():
                 if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
                     (merged / f.name).symlink_to(f.resolve())
