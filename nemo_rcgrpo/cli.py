@@ -7,6 +7,8 @@ Subcommands:
   plot           training-dynamics PNG from runs' metrics.jsonl
   eval           evaluate a policy on BFCL v4 multi-turn (policy=... protocol=paper|bfcl out_dir=...)
   compare        several eval results side by side: Markdown table and bar chart
+  serve          a vLLM server on a policy export, for runs with generation.vllm.url=http://HOST:PORT
+  layout         a recipe's GPU layout as shell variables (for the launchers)
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plot", help="plot training dynamics of runs: rcgrpo plot RUN [RUN ...] --out PNG")
     sub.add_parser("eval", help="evaluate: policy=oracle|null|checkpoint|endpoint protocol=paper|bfcl out_dir=PATH")
     sub.add_parser("compare", help="compare eval results: rcgrpo compare RESULT [RESULT ...] --out PATH")
+    sub.add_parser("serve", help="vLLM server for rollouts: rcgrpo serve MODEL [--port 8000 --tp 1 ...] (see --help)")
+    sub.add_parser("layout", help="GPU layout of a recipe as shell variables: --config-name NAME [overrides]")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -80,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
                   "plot": "nemo_rcgrpo.utils.plots", "eval": "nemo_rcgrpo.evaluation.run",
-                  "compare": "nemo_rcgrpo.evaluation.compare"}
+                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.layout"}
 
 
 def main(argv: list[str] | None = None) -> int:

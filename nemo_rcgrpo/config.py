@@ -186,6 +186,24 @@ class RLConfig:
 
 
 @dataclass(frozen=True)
+class LayoutConfig:
+    """Where the processes of a GPU job go; read by the launchers (`rcgrpo layout`, scripts/slurm/).
+
+    ``separate``: the vLLM server gets its own GPUs: ``generation_gpus`` of the
+    (first) node when ``generation_nodes`` is 0, else ``generation_nodes`` whole
+    nodes; training runs on the rest. ``colocated``: training uses every GPU and
+    the server shares them (vLLM sleeps while the trainer updates). CPU runs
+    ignore the layout.
+    """
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    generation: str = "separate"  # separate | colocated
+    generation_nodes: int = 0  # whole nodes for the server (multi-node jobs); 0: GPUs of a training node
+    generation_gpus: int = 0  # GPUs of the server (a multiple of generation.vllm.tp); 0: no server (hf generator)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     stage: str = "sft"
     seed: int = 1234
@@ -200,6 +218,7 @@ class TrainConfig:
     rl: RLConfig = RLConfig()
     env: BFCLEnvConfig = BFCLEnvConfig()
     generation: GenerationConfig = GenerationConfig()
+    layout: LayoutConfig = LayoutConfig()
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
@@ -231,6 +250,7 @@ class TrainConfig:
         if self.generation.backend == "vllm":
             self._validate_vllm()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
+        self.parallel_plan()  # the GPU layout adds up (validated for every run; used by the launchers)
         if self.stage in RL_STAGES:
             self._validate_rl()
         if self.stage in ("rctp", "rcgrpo") and self.model.reward_tokens == "none":
@@ -314,6 +334,51 @@ class TrainConfig:
             raise ConfigError("rl.loss.clip_low, clip_high and kl_beta must be >= 0")
         if self.trainer.max_steps is None:
             raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
+
+    def parallel_plan(self) -> dict[str, Any]:
+        """Training and generation process counts of the layout; refuses layouts that do not add up."""
+        lay, m = self.layout, self.policy.megatron
+        _choice("layout.generation", lay.generation, ("separate", "colocated"))
+        if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
+            raise ConfigError("layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and "
+                              "generation_gpus >= 0")
+        gen_tp = self.generation.vllm.tp
+        if self.generation.backend == "vllm" and lay.generation_gpus and lay.generation_gpus % gen_tp:
+            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} must be a multiple of "
+                              f"generation.vllm.tp={gen_tp}")
+        if lay.generation == "colocated":
+            if lay.generation_nodes:
+                raise ConfigError("layout.generation=colocated shares the training GPUs: set generation_nodes=0")
+            train_nodes, train_gpus = lay.nodes, lay.gpus_per_node
+            if lay.generation_gpus > lay.nodes * lay.gpus_per_node:
+                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} exceed the job's "
+                                  f"{lay.nodes * lay.gpus_per_node} GPUs")
+        elif lay.generation_nodes:
+            train_nodes, train_gpus = lay.nodes - lay.generation_nodes, lay.gpus_per_node
+            if train_nodes < 1:
+                raise ConfigError(f"layout.generation_nodes={lay.generation_nodes} leaves no training node "
+                                  f"of layout.nodes={lay.nodes}")
+            if lay.generation_gpus > lay.generation_nodes * lay.gpus_per_node:
+                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} do not fit on "
+                                  f"{lay.generation_nodes} node(s) of {lay.gpus_per_node} GPUs")
+        else:
+            if lay.nodes > 1 and lay.generation_gpus:
+                raise ConfigError("multi-node jobs with a separate server put it on its own nodes: set "
+                                  "layout.generation_nodes")
+            train_nodes, train_gpus = lay.nodes, lay.gpus_per_node - lay.generation_gpus
+            if train_gpus < 1:
+                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
+                                  f"{lay.gpus_per_node}-GPU node")
+        world = train_nodes * train_gpus
+        model_parallel = m.tp * m.pp * m.cp if self.policy.backend == "megatron" else 1
+        if world % model_parallel:
+            raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {m.tp} x {m.pp} x {m.cp}")
+        return {"nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node, "train_nodes": train_nodes,
+                "train_gpus_per_node": train_gpus, "world_size": world, "tp": m.tp if model_parallel > 1 else 1,
+                "pp": m.pp if model_parallel > 1 else 1, "cp": m.cp if model_parallel > 1 else 1,
+                "dp": world // model_parallel, "generation": lay.generation,
+                "generation_nodes": lay.generation_nodes, "generation_gpus": lay.generation_gpus,
+                "generation_tp": gen_tp}
 
     def to_dict(self) -> dict[str, Any]:
         return plain(dataclasses.asdict(self))

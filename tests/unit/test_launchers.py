@@ -1,0 +1,124 @@
+"""Launchers and containers: lint, and the commands the sbatch scripts would run for 1 and 4 nodes."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.utils.config import ConfigError, compose
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = [REPO / "scripts/slurm/rcgrpo_1node.sbatch", REPO / "scripts/slurm/rcgrpo_multinode.sbatch",
+           REPO / "scripts/slurm/common.sh", REPO / "scripts/launch_local.sh"]
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: `make install` installs it (dev extra)")
+    return path
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse_and_pass_shellcheck(script):
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    result = subprocess.run([_tool("shellcheck"), "-x", str(script)], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_dockerfiles_pass_hadolint_and_cpu_image_installs_like_make_test():
+    for name in ("Dockerfile", "Dockerfile.cpu"):
+        result = subprocess.run([_tool("hadolint"), str(REPO / "containers" / name)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
+    cpu = (REPO / "containers/Dockerfile.cpu").read_text()
+    assert "RUN make install" in cpu and "CMD [\"make\", \"test\"]" in cpu
+    gpu = (REPO / "containers/Dockerfile").read_text()
+    assert "nvcr.io/nvidia/pytorch" in gpu and "'.[megatron]'" in gpu and "['vllm']" in gpu
+
+
+def _render(tmp_path, script, nodes, **env):
+    """Run a launcher with DRY_RUN=1 and a fake scontrol; returns the printed commands."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "scontrol").write_text("#!/bin/bash\n[[ $1 == show && $2 == hostnames ]] && "
+                                   f"printf 'gpu%s\\n' $(seq 1 {nodes})\n")
+    (fake / "scontrol").chmod(0o755)
+    full = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "DRY_RUN": "1", "REPO": str(REPO),
+            "RUN_ROOT": str(tmp_path / "runs"), "PYTHON": sys.executable, "SLURM_JOB_ID": "77",
+            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURM_JOB_NUM_NODES": str(nodes), **env}
+    result = subprocess.run(["bash", str(REPO / script)], env=full, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+
+
+def test_one_node_commands(tmp_path):
+    lines = _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, MODEL_PATH="/models/llama",
+                    CONFIG="rcgrpo_llama8b")
+    plan = TrainConfig.from_dict(compose("rcgrpo_llama8b")).parallel_plan()
+    gen = plan["generation_gpus"]
+    assert gen > 0 and plan["train_gpus_per_node"] == 8 - gen
+    data, stage1, serve, wait, stage2, *evals = lines
+    assert "prepare-data" in data
+    assert "torchrun --standalone --nproc-per-node=8" in stage1 and "--config-name rctp_llama8b" in stage1
+    assert "model.path=/models/llama" in stage1
+    assert "serve " + str(tmp_path / "runs/rctp_llama8b/hf") in serve and serve.endswith("&")
+    assert "--devices " + "\\,".join(str(i) for i in range(8 - gen, 8)) in serve
+    assert wait == "wait_for_server http://gpu1:8000"
+    assert "CUDA_VISIBLE_DEVICES=" + "\\,".join(str(i) for i in range(8 - gen)) in stage2
+    assert f"--nproc-per-node={8 - gen}" in stage2 and "generation.vllm.url=http://gpu1:8000" in stage2
+    assert f"model.path={tmp_path}/runs/rctp_llama8b/hf" in stage2 and "/models/llama" not in stage2
+    assert [("protocol=paper" in e, "protocol=bfcl" in e) for e in evals] == [(True, False), (False, True)]
+    # once data and the stage-1 export exist (a requeued job), those steps are skipped
+    (tmp_path / "runs/data/bfcl_v4").mkdir(parents=True)
+    (tmp_path / "runs/data/bfcl_v4/split.json").write_text("{}")
+    (tmp_path / "runs/rctp_llama8b/hf").mkdir(parents=True)
+    (tmp_path / "runs/rctp_llama8b/hf/config.json").write_text("{}")
+    again = _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, CONFIG="rcgrpo_llama8b")
+    assert again[0].startswith("srun") and " serve " in again[0]
+
+
+def test_four_node_commands(tmp_path):
+    lines = _render(tmp_path, "scripts/slurm/rcgrpo_multinode.sbatch", 4, CONFIG="rcgrpo_qwen7b", GEN_NODES="1",
+                    IMAGE="/images/nemo-rcgrpo.sqsh")
+    data, stage1, serve, wait, stage2, *evals = lines
+    assert "--nodelist=gpu2" in data and "--container-image=/images/nemo-rcgrpo.sqsh" in data
+    for train in (stage1, stage2):
+        assert "--nodes=3" in train and "--nodelist=gpu2\\,gpu3\\,gpu4" in train
+        assert "--nnodes=3 --nproc-per-node=8" in train and "--rdzv-endpoint=gpu2:29500" in train
+        assert "--rdzv-backend=c10d" in train and "--rdzv-id=77" in train
+    assert "--config-name rctp_qwen7b" in stage1 and "--config-name rcgrpo_qwen7b" in stage2
+    assert "--nodelist=gpu1" in serve and "--weight-transfer nccl" in serve
+    assert wait == "wait_for_server http://gpu1:8000"
+    assert "generation.vllm.url=http://gpu1:8000" in stage2 and "layout.generation_nodes=1" in stage2
+    assert len(evals) == 2
+
+
+def test_inconsistent_layout_stops_the_job_before_anything_runs(tmp_path):
+    fake_env = {"CONFIG": "rcgrpo_llama8b", "OVERRIDES": "layout.generation_gpus=9"}
+    with pytest.raises(AssertionError):
+        _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, **fake_env)
+
+
+def test_local_launcher_uses_the_gpus_it_is_given(tmp_path):
+    lines = _render(tmp_path, "scripts/launch_local.sh", 1, GPUS="4", CONFIG="rcgrpo_qwen7b")
+    stage2 = next(l for l in lines if "--config-name rcgrpo_qwen7b" in l)
+    assert not stage2.startswith("srun") and "layout.gpus_per_node=4" in stage2
+    plan = TrainConfig.from_dict(compose("rcgrpo_qwen7b", ["layout.gpus_per_node=4"])).parallel_plan()
+    assert f"--nproc-per-node={plan['train_gpus_per_node']}" in stage2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["layout.generation_gpus=8"], "leave no training GPU"),
+    (["layout.nodes=4", "layout.generation_nodes=4"], "leaves no training node"),
+    (["layout.nodes=2", "layout.generation_nodes=0"], "set layout.generation_nodes"),
+    (["policy.megatron.tp=4"], "not a multiple of TP x PP x CP"),
+    (["generation.vllm.tp=4"], "multiple of generation.vllm.tp"),
+])
+def test_layout_that_does_not_add_up_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.from_dict(compose("rcgrpo_llama8b", overrides))
