@@ -30,9 +30,9 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
-from nemo_rcgrpo.models.torch_policy import TorchPolicy
+from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
-from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
+from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 
 
@@ -112,12 +112,13 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         raise ValueError(f"{len(examples)} usable examples (of {data_stats['records']}; {data_stats['dropped_too_long']} "
                          f"longer than chat.max_length={cfg.chat.max_length}) cannot fill one batch of "
                          f"trainer.global_batch_size={t.global_batch_size}")
-    if t.global_batch_size % (t.micro_batch_size * dist.world_size):
-        raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
-                         f"world size = {t.micro_batch_size * dist.world_size}")
     total_steps = steps_per_epoch * t.epochs if t.max_steps is None else min(t.max_steps, steps_per_epoch * t.epochs)
     fingerprint = model_fingerprint(model, cfg.model.path)
-    policy = TorchPolicy(model, t, dist, total_steps, cfg.model.gradient_checkpointing)
+    policy = make_policy(cfg, model, dist, total_steps)
+    data_dist, dp_sum = data_parallel(policy, dist)  # megatron: the TP ranks of a replica share micro-batches
+    if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
+        raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
+                         f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
 
     start_step, tokens_seen = 0, 0
     ckpt = latest_checkpoint(run_dir) if t.resume else None
@@ -147,13 +148,13 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         if epoch != batches_epoch:
             batches = epoch_batches([len(e) for e in examples], t.global_batch_size, cfg.seed, epoch, t.bucket_by_length)
             batches_epoch = epoch
-        mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, dist, pad_id)
+        mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id)
         num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
         started = time.perf_counter()
         metrics = policy.train_step(mine, sft_loss, num_valid)
         elapsed = time.perf_counter() - started
-        step_tokens = all_reduce_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)), dist)
-        nll = all_reduce_sum(metrics["nll_sum"], dist)
+        step_tokens = dp_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)))
+        nll = dp_sum(metrics["nll_sum"])
         tokens_seen += int(step_tokens)
         last = {"loss": nll / num_valid, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
                 "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
@@ -163,8 +164,8 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         bar.update(1)
         bar.set_postfix(loss=f"{last['loss']:.4f}")
         if (step + 1) % t.save_every == 0 or step + 1 == end_step:
+            sd = policy.state_dict()  # a collective with the megatron backend
             if dist.is_main:
-                sd = policy.state_dict()
                 save_checkpoint(run_dir, step + 1, model_state=sd["model"], optimizer_state=sd["optimizer"],
                                 scheduler_state=sd["scheduler"], keep_last=t.keep_last, tokenizer=tokenizer,
                                 trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
@@ -172,8 +173,10 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
             barrier(dist)
     bar.close()
     logger.close()
-    if t.export_hf and dist.is_main and end_step == total_steps:
-        export_hf(policy.module, tokenizer, run_dir / "hf")
+    if t.export_hf and end_step == total_steps:
+        hf = hf_module(policy)  # a collective with the megatron backend
+        if dist.is_main:
+            export_hf(hf, tokenizer, run_dir / "hf")
     barrier(dist)
     return {"steps": end_step, "total_steps": total_steps, "start_step": start_step, **last, **data_stats}
 

@@ -116,7 +116,10 @@ def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.d
         tensor_model_parallel_size=mcfg.tp, pipeline_model_parallel_size=mcfg.pp, context_parallel_size=mcfg.cp,
         sequence_parallel=mcfg.sequence_parallel and mcfg.tp > 1,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16, pipeline_dtype=params_dtype,
-        use_cpu_initialization=not on_gpu, perform_initialization=False,
+        use_cpu_initialization=not on_gpu,
+        # initialisation also marks the tensor-parallel parameters (megatron skips that without it), which the
+        # gradient norm needs; the HF weights are loaded over it
+        perform_initialization=True,
         # fusions need CUDA kernels; on GPU megatron picks them itself
         bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, persist_layer_norm=on_gpu,
         bias_dropout_fusion=on_gpu, apply_rope_fusion=False, gradient_accumulation_fusion=False,
