@@ -44,6 +44,7 @@ class EvalConfig:
     protocol: str = "paper"  # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
     out_dir: str | None = None
     overwrite: bool = False
+    resume: bool = False  # finish an incomplete evaluation in out_dir (episodes already scored are kept)
     seed: int = 1234
     # which tasks
     data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)

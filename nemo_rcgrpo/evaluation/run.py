@@ -169,7 +169,9 @@ class MessagePolicy:
     def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict):
         self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
 
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable) -> list[dict]:
+    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
+            only: set[str] | None = None) -> list[dict]:
+        """Episodes of ``task_ids`` (those in ``only``); episode seeds follow the position in ``task_ids``."""
         env_cfg = env_config(self.cfg)
         for t in task_ids:
             suite.gold(t)  # memoised before the threads start
@@ -194,10 +196,11 @@ class MessagePolicy:
             on_done(rec)
             return rec
 
+        jobs = [(i, t) for i, t in enumerate(task_ids) if only is None or t in only]
         if self.concurrency == 1:
-            return [one(i, t) for i, t in enumerate(task_ids)]
+            return [one(i, t) for i, t in jobs]
         with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(one, i, t) for i, t in enumerate(task_ids)]
+            futures = [pool.submit(one, i, t) for i, t in jobs]
             finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for f in pending:
                 f.cancel()
@@ -254,9 +257,11 @@ class CheckpointPolicy:
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}
 
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable) -> list[dict]:
+    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
+            only: set[str] | None = None) -> list[dict]:
         from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
 
+        task_ids = [t for t in task_ids if only is None or t in only]
         out = []
         chunk = self.cfg.generation.max_batch_size
         for start in range(0, len(task_ids), chunk):
@@ -334,23 +339,43 @@ def make_policy(cfg: EvalConfig, suite: BFCLSuite):
 
 
 # ---------------------------------------------------------------------- run
+def _load_done(path: Path) -> list[dict]:
+    """Episodes already in a trajectories.jsonl (a torn last line is dropped)."""
+    if not path.is_file():
+        return []
+    done = []
+    for line in path.read_text().splitlines():
+        try:
+            done.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return done
+
+
 def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir)
-    if (out_dir / "results.json").exists() and not cfg.overwrite:
-        raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir or set overwrite=true")
+    if (out_dir / "results.json").exists() and not (cfg.overwrite or cfg.resume):
+        raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
+                              f"or resume=true to finish an incomplete evaluation")
     suite = suite or BFCLSuite(cfg.categories)
     task_ids = select_tasks(cfg, suite)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traj_path = out_dir / "trajectories.jsonl"
+    records = _load_done(traj_path) if cfg.resume else []
+    wanted = set(task_ids)
+    records = [r for r in records if r["task_id"] in wanted and r["sample"] < cfg.samples]
+    done = {(r["task_id"], r["sample"]) for r in records}
+    if cfg.resume:  # rewrite the kept episodes (drops a torn line), then append
+        traj_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     random.seed(cfg.seed)
     policy = make_policy(cfg, suite)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records: list[dict] = []
     started = time.perf_counter()
-    bar = tqdm(total=len(task_ids) * cfg.samples, desc=f"eval {cfg.policy}/{cfg.protocol}", unit="episode",
-               disable=not cfg.progress, file=sys.stderr)
+    bar = tqdm(total=len(task_ids) * cfg.samples, initial=len(done), desc=f"eval {cfg.policy}/{cfg.protocol}",
+               unit="episode", disable=not cfg.progress, file=sys.stderr)
     error = None
     try:
         lock = threading.Lock()
-        with (out_dir / "trajectories.jsonl").open("w") as traj_file:
+        with traj_path.open("a" if cfg.resume else "w") as traj_file:
             def on_done(rec: dict) -> None:
                 with lock:
                     traj_file.write(json.dumps(rec, default=str) + "\n")
@@ -358,10 +383,13 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
                     bar.update(1)
 
             for sample in range(cfg.samples):
-                records += policy.run(suite, task_ids, sample, cfg.seed + SAMPLE_SEED_STRIDE * sample, on_done)
+                todo = [t for t in task_ids if (t, sample) not in done]
+                if todo:
+                    records += policy.run(suite, task_ids, sample, cfg.seed + SAMPLE_SEED_STRIDE * sample, on_done,
+                                          only=set(todo))
     except (RuntimeError, OSError) as e:  # a dead endpoint or server: keep what was scored, then report
         error = f"{type(e).__name__}: {e}"
-        records = [json.loads(line) for line in (out_dir / "trajectories.jsonl").read_text().splitlines()]
+        records = _load_done(traj_path)
     finally:
         bar.close()
         policy.close()

@@ -56,6 +56,7 @@ class _Server:
         self.prompts = {merged_prompt(t): t for t in suite}
         self.requests = 0
         self.fail_first = 0
+        self.die_after = None  # answer 503 to every request after this many
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -65,6 +66,8 @@ class _Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests += 1
+                if server.die_after is not None and server.requests > server.die_after:
+                    return self._send(503, {"error": "gone"})
                 if server.fail_first > 0:
                     server.fail_first -= 1
                     return self._send(503, {"error": "busy"})
@@ -176,13 +179,33 @@ def test_what_models_do_wrong_is_scored_not_crashed(tmp_path, server, behaviour,
         assert record["tool_errors"] == 9
 
 
-def test_dead_endpoint_is_retried_then_reported(tmp_path, server):
+def test_dead_endpoint_is_retried_then_reported_and_the_run_resumes(tmp_path, server):
     s = server("oracle")
     s.close()  # nothing listens there any more
     rc, out = _eval(tmp_path, "dead", *_endpoint_args(s.url, "limit=1", "endpoint.max_retries=2"))
     assert rc == 3
     r = _results(out)
     assert not r["complete"] and "did not answer after 3 attempts" in r["error"] and r["tasks"] == 0
+    # a server that dies in the middle: the episodes scored before are kept ...
+    s = server("oracle")
+    s.die_after = 10
+    args = _endpoint_args(s.url, "limit=2", "endpoint.max_retries=1", "endpoint.concurrency=1")
+    rc, out = _eval(tmp_path, "mid", *args)
+    assert rc == 3
+    partial = _results(out)
+    assert not partial["complete"] and 0 < partial["tasks"] < 8
+    kept = {t["task_id"] for t in partial["per_task"]}
+    # ... and resume=true against a live server scores only the rest
+    s2 = server("oracle")
+    rc, out = _eval(tmp_path, "mid", *_endpoint_args(s2.url, "limit=2", "endpoint.concurrency=1"), "resume=true")
+    assert rc == 0
+    r = _results(out)
+    assert r["complete"] and r["tasks"] == 8 and r["overall"] == 100.0
+    lines = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(l["task_id"] for l in lines) == sorted({l["task_id"] for l in lines}) and len(lines) == 8
+    first_user = [next(m["content"] for m in l["messages"] if m["role"] == "user") for l in lines]
+    assert len(first_user) == 8 and kept < {l["task_id"] for l in lines}
+    assert s2.requests < sum(l["num_turns"] for l in lines)  # the kept episodes were not played again
 
 
 def test_bad_settings_exit_with_a_message(tmp_path, capsys):
