@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # run as a script (torchrun nemo_rcgrpo/train.py)
 def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
+    from nemo_rcgrpo.generation.vllm_client import GeneratorError
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.config import ConfigError, compose, split_argv
@@ -36,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from nemo_rcgrpo.algorithms.sft import run_stage1
 
             result = run_stage1(cfg)
-    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
+            ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "

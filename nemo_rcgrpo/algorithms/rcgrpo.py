@@ -42,6 +42,7 @@ from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
+from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.torch_policy import TorchPolicy, token_logprobs
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
@@ -255,8 +256,23 @@ class RLTrainer:
         self.step, self.task_cursor = ts["step"], ts["task_cursor"]
 
     def run(self) -> dict[str, Any]:
+        """The loop. The generator (a vLLM server) is closed however the run ends; a generator that fails is a
+        one-line error that names the checkpoint to resume from."""
+        try:
+            return self._run()
+        except GeneratorError as e:
+            ckpt = latest_checkpoint(self.run_dir)
+            where = f"the last checkpoint {ckpt} resumes" if ckpt else "no checkpoint yet"
+            raise GeneratorError(f"{e} [in step {self.step + 1}; {where}: run the same command again]") from None
+        finally:
+            if hasattr(self.generator, "close"):
+                self.generator.close()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.resume()
+        if cfg.generation.backend != "hf":  # the server starts on (or an attached one receives) the current weights
+            self.generator.update_weights(self.policy.export_weights(), self.step)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         logger = MetricsLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb_cfg=cfg.logging.wandb,

@@ -11,8 +11,14 @@ def _hf(cfg: Any, model: Any, tokenizer: Any):
     return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size)
 
 
+def _vllm(cfg: Any, model: Any, tokenizer: Any):
+    from nemo_rcgrpo.generation.vllm_server import make_vllm_generator
+
+    return make_vllm_generator(cfg, model, tokenizer)
+
+
 # name -> factory(train config, policy model, tokenizer) -> Generator
-GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = {"hf": _hf}
+GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = {"hf": _hf, "vllm": _vllm}
 
 
 def make_generator(cfg: Any, model: Any, tokenizer: Any):

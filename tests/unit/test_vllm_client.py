@@ -1,0 +1,112 @@
+"""The vLLM HTTP client without vLLM: a stub server answers; errors are one clear exception, never a hang."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
+from nemo_rcgrpo.utils.config import ConfigError, compose
+
+
+class Stub(BaseHTTPRequestHandler):
+    """/v1/models and /v1/completions: echo the prompt's last id `max_tokens` times, logprob -0.5 each."""
+
+    answers: list = []  # per completion request: None = a good answer, else (status, body)
+    bodies: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, body):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "policy", "max_model_len": 64}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Stub.bodies.append(body)
+        answer = Stub.answers.pop(0) if Stub.answers else None
+        if answer is not None:
+            return self._send(*answer)
+        n = body["max_tokens"]
+        ids = [body["prompt"][-1]] * n
+        self._send(200, {"choices": [{"token_ids": ids, "finish_reason": "length",
+                                      "logprobs": {"token_logprobs": [-0.5] * n}}]})
+
+
+@pytest.fixture
+def stub():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    Stub.answers, Stub.bodies = [], []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_requests_carry_token_ids_seeds_and_stop_tokens(stub):
+    client = VLLMClient(stub, backoff=0.01)
+    out = client.generate([[1, 2, 3], [4] * 60], SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9,
+                                                                stop_token_ids=(7,), seed=5))
+    assert [c.token_ids for c in out] == [[3] * 8, [4] * 4]  # the second is capped by max_model_len 64
+    assert out[0].logprobs == [-0.5] * 8 and out[0].finish_reason == "length"
+    by_prompt = {len(b["prompt"]): b for b in Stub.bodies}
+    assert (by_prompt[3]["seed"], by_prompt[60]["seed"]) == (5, 6)
+    assert by_prompt[3]["stop_token_ids"] == [7] and by_prompt[3]["ignore_eos"] is True
+    assert by_prompt[3]["return_token_ids"] is True and by_prompt[3]["logprobs"] == 0
+    with pytest.raises(GeneratorError, match="no room to generate"):
+        client.generate([[1] * 64], SamplingParams(max_new_tokens=4))
+
+
+def test_5xx_is_retried_4xx_and_garbage_are_clear_errors(stub):
+    client = VLLMClient(stub, backoff=0.01, max_retries=2)
+    Stub.answers = [(503, {"error": {"message": "busy"}}), (500, b"oops")]
+    assert client.generate([[9]], SamplingParams(max_new_tokens=2))[0].token_ids == [9, 9]  # third try answers
+    Stub.answers = [(400, {"error": {"message": "prompt too long"}})]
+    with pytest.raises(GeneratorError, match=r"refused .*HTTP 400.*prompt too long"):
+        client.generate([[9]], SamplingParams(max_new_tokens=2))
+    Stub.answers = [(200, {"choices": [{"token_ids": ["x"], "finish_reason": "stop",
+                                        "logprobs": {"token_logprobs": [0.0]}}]})]
+    with pytest.raises(GeneratorError, match="not a list of integers"):
+        client.generate([[9]], SamplingParams(max_new_tokens=2))
+    Stub.answers = [(200, {"choices": [{"token_ids": [1, 2], "finish_reason": "stop",
+                                        "logprobs": {"token_logprobs": [0.3, -1]}}]})]
+    with pytest.raises(GeneratorError, match="one logprob <= 0 per generated token"):
+        client.generate([[9]], SamplingParams(max_new_tokens=2))
+    Stub.answers = [(500, b"")] * 3
+    with pytest.raises(GeneratorUnavailable, match="not answering after 3 tries"):
+        client.generate([[9]], SamplingParams(max_new_tokens=2))
+
+
+def test_gone_server_is_a_clear_error():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    client = VLLMClient(f"http://127.0.0.1:{port}", backoff=0.01, max_retries=1, model="policy")
+    client._max_model_len = 64
+    with pytest.raises(GeneratorUnavailable, match=r"not answering after 2 tries \(ConnectError"):
+        client.generate([[1, 2]], SamplingParams(max_new_tokens=2))
+    dead = VLLMClient(f"http://127.0.0.1:{port}", backoff=10.0, alive=lambda: "its process exited with code -9")
+    with pytest.raises(GeneratorUnavailable, match="is gone: its process exited with code -9"):
+        dead.pause()  # no 10 s backoff: the exited process ends the retries at once
+
+
+def test_generation_vllm_config_group_and_validation():
+    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=vllm", "generation.vllm.tp=3"]))
+    assert (cfg.generation.backend, cfg.generation.vllm.tp, cfg.generation.vllm.url) == ("vllm", 3, None)
+    assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu")).generation.backend == "hf"
+    for override, match in (("generation.vllm.weight_sync=gloo", "weight_sync"),
+                            ("generation.vllm.url=node1:8000", "http://HOST:PORT"),
+                            ("generation.vllm.max_retries=-1", "max_retries")):
+        with pytest.raises(ConfigError, match=match):
+            TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=vllm", override]))

@@ -1,0 +1,128 @@
+"""The vLLM server generator against the HF generator on SmolLM2 with reward tokens (one server per module).
+
+Greedy tokens equal; sampled logprobs are those of the processed distribution; a weight update makes the
+server's greedy output equal HF's with the new weights and advances the version; refused and failed updates
+leave the old weights serving.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from nemo_rcgrpo.config import VLLMConfig
+from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.hf_local import HFGenerator
+from nemo_rcgrpo.generation.vllm_client import WeightSyncError
+from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
+
+pytestmark = pytest.mark.vllm
+REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
+PROMPTS = [
+    "<|im_start|>user\nList the files in the current folder. [Reward Goal: <|high_reward|>]<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\nWhat is 2+2? [Reward Goal: <|low_reward|>]"
+    "<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    tok, model = load_tokenizer("smollm2"), load_model("smollm2").eval()
+    add_reward_tokens(tok, model, REWARD_TOKENS)
+    prompts = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    assert all(any(t in p for t in tok.convert_tokens_to_ids(list(REWARD_TOKENS))) for p in prompts[:2])
+    return tok, model, prompts
+
+
+@pytest.fixture(scope="module")
+def gen(smol, tmp_path_factory):
+    from nemo_rcgrpo.generation.vllm_server import VLLMGenerator
+
+    tok, model, _ = smol
+    g = VLLMGenerator(VLLMConfig(enforce_eager=True, kv_cache_gib=1, max_model_len=2048), model=model, tokenizer=tok,
+                      weight_dir=tmp_path_factory.mktemp("gen"), dtype="float32", reward_tokens=REWARD_TOKENS)
+    g.start()
+    yield g
+    g.close()
+    assert g.server is None
+
+
+def _greedy(tok, n=16):
+    return SamplingParams(max_new_tokens=n, temperature=0.0, stop_token_ids=(tok.convert_tokens_to_ids("<|im_end|>"),))
+
+
+def _assert_same(vllm_out, hf_out):
+    for v, h in zip(vllm_out, hf_out):
+        assert v.token_ids == h.token_ids and v.finish_reason == h.finish_reason
+        assert torch.allclose(torch.tensor(v.logprobs), torch.tensor(h.logprobs), atol=2e-3)
+
+
+def test_greedy_tokens_equal_hf_and_reward_tokens_are_served(gen, smol):
+    tok, model, prompts = smol
+    assert gen.client.tokenize("<|high_reward|> <|low_reward|>")[0::2] == tok.convert_tokens_to_ids(list(REWARD_TOKENS))
+    out = gen.generate(prompts, _greedy(tok))
+    _assert_same(out, HFGenerator(model, tok.pad_token_id or 0).generate(prompts, _greedy(tok)))
+    assert {c.finish_reason for c in out} <= {"stop", "length"} and all(len(c.token_ids) <= 16 for c in out)
+    assert gen.version == 0 and gen.client.weight_version() == "0"
+
+
+def test_sampled_logprobs_are_of_the_processed_distribution(gen, smol):
+    tok, model, prompts = smol
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, seed=11)
+    out = gen.generate(prompts[:2], params)
+    assert [c.token_ids for c in gen.generate(prompts[:2], params)] == [c.token_ids for c in out]  # seeded
+    for prompt, c in zip(prompts, out):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.7
+        probs = logits.softmax(-1)
+        sorted_p, order = probs.sort(-1)
+        remove = sorted_p.cumsum(-1) <= 1 - 0.9  # top-p: drop the low tail holding <= 10% of the mass
+        remove[..., -1:] = False
+        logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+        expected = logits.log_softmax(-1).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(c.logprobs), expected, atol=2e-3)
+
+
+@pytest.fixture(scope="module")
+def updated(gen, smol):
+    """Version 1: every weight perturbed (seeded); the server serves it."""
+    tok, model, prompts = smol
+    new = copy.deepcopy(model)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    before = gen.generate(prompts, _greedy(tok))
+    gen.update_weights(new.state_dict().items(), 1)
+    return new, before
+
+
+def test_weight_update_serves_the_new_weights(gen, smol, updated):
+    tok, _, prompts = smol
+    new, before = updated
+    out = gen.generate(prompts, _greedy(tok))
+    _assert_same(out, HFGenerator(new, tok.pad_token_id or 0).generate(prompts, _greedy(tok)))
+    assert [c.token_ids for c in out] != [c.token_ids for c in before]
+    assert gen.version == 1 and gen.client.weight_version() == "1"
+    assert sorted(p.name for p in gen.weight_dir.glob("v*")) == ["v1"]  # only the folder being served is kept
+
+
+def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, monkeypatch):
+    from nemo_rcgrpo.generation import vllm_server
+
+    tok, model, prompts = smol
+    serving = [c.token_ids for c in gen.generate(prompts, _greedy(tok))]
+    bad = dict(model.state_dict())
+    bad["model.layers.3.mlp.down_proj.weight"] = torch.zeros(5, 7)
+    with pytest.raises(WeightSyncError, match=r"wrong shape .*down_proj.*nothing was sent"):
+        gen.update_weights(bad.items(), 2)
+    missing = {k: v for k, v in model.state_dict().items() if "layers.0." not in k}
+    with pytest.raises(WeightSyncError, match=r"missing \['model.layers.0"):
+        gen.update_weights(missing.items(), 2)
+    # a reload that fails on the server (here: a folder without weights) is rolled back
+    monkeypatch.setattr(vllm_server, "_save", lambda tensors, folder, dtypes=None: None)
+    with pytest.raises(WeightSyncError, match=r"failed on the server .*still serving"):
+        gen.update_weights(model.state_dict().items(), 2)
+    assert [c.token_ids for c in gen.generate(prompts, _greedy(tok))] == serving
+    assert gen.version == 1 and gen.client.weight_version() == "1"

@@ -1,0 +1,64 @@
+"""RC-GRPO with generation=vllm (a server started by the run): killing the server mid-step is a clear
+error and the run resumes from its last checkpoint with a fresh server; the server goes with the run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
+from nemo_rcgrpo.train import main
+from nemo_rcgrpo.utils.logging import read_metrics
+
+pytestmark = pytest.mark.vllm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_kill_server_mid_step_then_resume(tmp_path):
+    data = tmp_path / "data"
+    run(PrepareDataConfig(out_dir=str(data), categories=("base",), tokenizer=None, progress=False))
+    run_dir = tmp_path / "run"
+    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data}",
+            f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=2", "rl.max_turns=2",
+            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=3",
+            "trainer.save_every=1", "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false",
+            "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
+            "generation.vllm.max_retries=2"]
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, str(repo / "nemo_rcgrpo" / "train.py"), *args], cwd=repo,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
+    deadline = time.time() + 400
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    server_pid = int((run_dir / "generator" / "server.pid").read_text())
+    os.killpg(server_pid, signal.SIGKILL)  # the server and its engine, somewhere in step 2
+    try:
+        _, err = proc.communicate(timeout=120)  # a clear error, not a hang
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the trainer did not stop after its vLLM server was killed")
+    assert proc.returncode == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: vLLM server http://127.0.0.1:") and "step_1 resumes" in last, last
+    assert [m["step"] for m in read_metrics(run_dir)] == [1]
+    # resume: a fresh server on the step-1 weights; two more steps end to end; the server goes with the run
+    assert main(args) == 0
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["weight_sync_seconds"] > 0 and m["generation_seconds"] > 0 and m["rollouts"] == 4 for m in metrics)
+    new_pid = int((run_dir / "generator" / "server.pid").read_text())
+    assert new_pid != server_pid and not _alive(new_pid)
+    assert sorted(p.name for p in (run_dir / "generator").glob("v*")) == ["v3"]
