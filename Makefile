@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench/prepare_data.py --out docs/benchmarks.md
 	$(PY) scripts/bench/train_throughput.py --out docs/benchmarks.md
 	$(PY) scripts/bench/rollout_overhead.py --out docs/benchmarks.md
+	$(PY) scripts/bench/vllm_rollout.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)
