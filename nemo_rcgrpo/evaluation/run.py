@@ -248,6 +248,8 @@ class CheckpointPolicy:
         if torch.cuda.is_available():
             model = model.cuda()
         self.generator = make_generator(tcfg, model, self.tokenizer)
+        if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
+            self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
             self.generator, make_renderer(tcfg, self.tokenizer), suite, env_config(cfg),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
