@@ -287,6 +287,12 @@ class TrainConfig:
         if m.pp != 1:
             raise ConfigError(f"policy.megatron.pp={m.pp}: pipeline parallelism is not implemented in this backend; "
                               "use pp=1 (tensor and data parallel)")
+        if self.policy.backend == "megatron" and m.fp8 is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("transformer_engine") is None:
+                raise ConfigError(f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
+                                  "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null")
         if m.sequence_parallel and m.fp8 is None:
             raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine layer spec "
                               "(set policy.megatron.fp8, GPU container) or sequence_parallel=false")

@@ -17,7 +17,6 @@ export) x the stage name.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import statistics
@@ -43,7 +42,7 @@ from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
-from nemo_rcgrpo.models.torch_policy import TorchPolicy, token_logprobs
+from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, make_reference, sync_generator
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
@@ -65,17 +64,19 @@ def _batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
 
 class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo):
-        if dist.world_size > 1:
-            raise ValueError("the torch RL loop runs in one process; multi-GPU RL comes with the Megatron backend")
+        if dist.world_size > 1 and cfg.policy.backend != "megatron":
+            raise ValueError("the torch RL loop runs in one process; for several processes use policy.backend=megatron")
         self.cfg, self.dist = cfg, dist
         self.run_dir = Path(cfg.run_dir)
         seed_everything(cfg.seed)
         ensure_data(cfg, dist)
         self.tokenizer, model = load_tokenizer_and_model(cfg)
         self.renderer = make_renderer(cfg, self.tokenizer)
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
-        self.policy = TorchPolicy(model, cfg.trainer, dist, cfg.trainer.max_steps, cfg.model.gradient_checkpointing)
+        # megatron under torchrun: every rank trains (TP x DP); rank 0 also holds the HF model that generates
+        self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps)
+        self.reference = make_reference(self.policy, model)  # frozen initial weights: [B, T] reference logprobs
+        self.data_dist, self.dp_sum = data_parallel(self.policy, dist)
         self.suite = BFCLSuite(cfg.env.categories)
         pointers = Path(cfg.data.dir) / f"rl_{cfg.rl.split}.jsonl"
         self.task_ids = [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
@@ -83,7 +84,7 @@ class RLTrainer:
         if not self.task_ids:
             raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
         rl = cfg.rl
-        self.generator = make_generator(cfg, self.policy.module, self.tokenizer)
+        self.generator = make_generator(cfg, self.policy.module, self.tokenizer) if dist.is_main else None
         goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low)
         self.engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
@@ -158,8 +159,7 @@ class RLTrainer:
             part = trajs[s:s + micro]
             b = _batch(part, pad)
             old, ent = self.policy.logprobs(b, with_entropy=True)
-            with torch.no_grad():
-                ref = token_logprobs(self.reference, b["input_ids"], b["attention_mask"], b["loss_mask"])
+            ref = self.reference(b)
             b.update(old_logprobs=old, ref_logprobs=ref, advantages=flat_adv[s:s + micro].float(),
                      num_sequences=torch.tensor(float(len(trajs))))
             batches.append(b)
@@ -171,12 +171,15 @@ class RLTrainer:
         loss_fn = lambda lp, b, n: grpo_loss(lp, b, n, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high,  # noqa: E731
                                              kl_beta=rl.loss.kl_beta, kl_estimator=rl.loss.kl_estimator,
                                              aggregation=rl.loss.aggregation)
-        out = self.policy.train_step(batches, loss_fn, num_valid)
+        # each data-parallel replica trains on its share of the micro-batches (all replicas computed the logprobs)
+        out = self.policy.train_step(batches[self.data_dist.rank::self.data_dist.world_size], loss_fn, num_valid)
+        out.update({k: self.dp_sum(out[k]) for k in ("loss_local", "kl_sum", "clipped_tokens")})
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if self.cfg.generation.backend != "hf":  # the in-process generator shares the policy's weights
-            self.generator.update_weights(self.policy.export_weights(), self.step + 1)
-        self.generator.version = self.step + 1
+        # the in-process generator shares the torch policy's weights; megatron's are copied into rank 0's HF model
+        sync_generator(self.policy, self.generator, self.cfg.generation.backend, self.step + 1)
+        if self.generator is not None:
+            self.generator.version = self.step + 1
         sync_seconds = time.perf_counter() - t0
         metrics = self._metrics(groups, trajs, rewards, adv, entropies, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
@@ -272,24 +275,28 @@ class RLTrainer:
         cfg = self.cfg
         self.resume()
         if cfg.generation.backend != "hf":  # the server starts on (or an attached one receives) the current weights
-            self.generator.update_weights(self.policy.export_weights(), self.step)
+            sync_generator(self.policy, self.generator, cfg.generation.backend, self.step)
+        main = self.dist.is_main
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        logger = MetricsLogger(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb_cfg=cfg.logging.wandb,
-                               config=cfg.to_dict(), resume_step=self.step)
+        if main:
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        logger = MetricsLogger(self.run_dir, rank=self.dist.rank, tensorboard=cfg.logging.tensorboard,
+                               wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=self.step)
         total = cfg.trainer.max_steps
         end = total if cfg.trainer.stop_after is None else min(total, self.step + cfg.trainer.stop_after)
-        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step", disable=not cfg.logging.progress,
+        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step", disable=not (cfg.logging.progress and main),
                    file=sys.stderr)
         metrics: dict[str, float] = {}
         while self.step < end:
             started = time.perf_counter()
             rng = random.Random(cfg.seed * 1_000_003 + self.step)
-            groups, stats = self.collect(rng)
+            groups, stats = self.collect(rng) if main else (None, None)
+            groups, stats = self._share(groups, stats)  # rank 0 rolls out; every rank trains on the same groups
             metrics, adv = self.train_step(groups, stats)
-            self.dump(groups, adv)
+            if main:
+                self.dump(groups, adv)
             self.step += 1
-            if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids:
+            if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
                 t0 = time.perf_counter()
                 metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
             metrics["step_seconds"] = time.perf_counter() - started
@@ -298,17 +305,31 @@ class RLTrainer:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
             if self.step % cfg.trainer.save_every == 0 or self.step == end:
-                sd = self.policy.state_dict()
-                save_checkpoint(self.run_dir, self.step, model_state=sd["model"], optimizer_state=sd["optimizer"],
-                                scheduler_state=sd["scheduler"], keep_last=cfg.trainer.keep_last,
-                                tokenizer=self.tokenizer,
-                                trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
-                                               "task_cursor": self.task_cursor, "stage": cfg.stage})
+                sd = self.policy.state_dict()  # a collective with the megatron backend
+                if main:
+                    save_checkpoint(self.run_dir, self.step, model_state=sd["model"], optimizer_state=sd["optimizer"],
+                                    scheduler_state=sd["scheduler"], keep_last=cfg.trainer.keep_last,
+                                    tokenizer=self.tokenizer,
+                                    trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
+                                                   "task_cursor": self.task_cursor, "stage": cfg.stage})
         bar.close()
         logger.close()
         if cfg.trainer.export_hf and self.step == total:
-            export_hf(self.policy.module, self.tokenizer, self.run_dir / "hf")
+            hf = hf_module(self.policy)  # a collective with the megatron backend
+            if main:
+                export_hf(hf, self.tokenizer, self.run_dir / "hf")
         return {"steps": self.step, **metrics}
+
+    def _share(self, groups, stats):
+        """Broadcast rank 0's rollouts (and task cursor) to every rank; a no-op in one process."""
+        if self.dist.world_size == 1:
+            return groups, stats
+        import torch.distributed as tdist
+
+        box = [groups, stats, self.task_cursor]
+        tdist.broadcast_object_list(box, src=0)
+        groups, stats, self.task_cursor = box
+        return groups, stats
 
 
 def maybe_run_stage1(cfg: TrainConfig) -> None:

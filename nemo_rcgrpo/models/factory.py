@@ -35,3 +35,42 @@ def hf_module(policy) -> torch.nn.Module | None:
     if hasattr(policy, "sync_hf_model"):
         return policy.sync_hf_model()
     return policy.module
+
+
+def make_reference(policy, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """Reference logprobs [B, T] of the frozen initial weights (call before the first optimizer step).
+
+    Torch: a frozen copy of the HF model. Megatron: a frozen second GPTModel sharded like the policy, so the
+    reference costs 1/tp of a model per rank and its logprobs are vocab-parallel too.
+    """
+    if hasattr(policy, "frozen_reference"):
+        return policy.frozen_reference()
+    import copy
+
+    from nemo_rcgrpo.models.torch_policy import token_logprobs
+
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return token_logprobs(reference, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+
+    return logprobs
+
+
+def sync_generator(policy, generator, backend: str, version: int) -> None:
+    """Push the policy's weights to the generator (a collective with the megatron backend: every rank calls it).
+
+    backend 'hf' with the torch policy shares the weights (nothing to do); with megatron, rank 0's HF copy
+    receives ``export_weights()``; other backends get the HF-named tensors through ``update_weights``.
+    """
+    if backend == "hf":
+        if hasattr(policy, "sync_hf_model"):
+            policy.sync_hf_model()
+        return
+    weights = policy.export_weights()
+    if generator is not None:
+        generator.update_weights(weights, version)
+    else:  # ranks without a generator still take part in the all-gathers of the export
+        for _ in weights:
+            pass

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size
 
 
-class MegatronSetupError(RuntimeError):
+class MegatronSetupError(ValueError):
     """The Megatron backend cannot start with these settings; the message says what to change."""
 
 

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as tdist
 
 from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, layer_spec, load_hf_state
-from nemo_rcgrpo.models.megatron.convert import ModelShape, hf_to_megatron, megatron_param_to_hf
+from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, hf_to_megatron,
+                                                 megatron_param_to_hf)
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo
@@ -46,14 +47,18 @@ class MegatronPolicy:
 
         m, t = cfg.policy.megatron, cfg.trainer
         self.dist, self.mcfg = dist, m
+        hf_model.config.vocab_size = hf_model.get_input_embeddings().weight.shape[0]  # reward tokens included
+        try:  # refuse a TP size that does not divide the heads before any process group exists
+            check_tp(ModelShape.from_hf_config(hf_model.config), m.tp)
+        except ConversionError as e:
+            raise MegatronSetupError(f"policy.megatron.tp={m.tp}: {e}") from None
         self.spec = layer_spec(m)
         self.parallel = init_parallel(m.tp, m.pp, m.cp, cfg.seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
-        hf_model.config.vocab_size = hf_model.get_input_embeddings().weight.shape[0]  # reward tokens included
-        self.hf_config = hf_model.config
+        self.hf_config, self.params_dtype = hf_model.config, dtype
         self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype)
         load_hf_state(self.model, hf_model.state_dict(), self.shape, m.tp, self.parallel.tp_rank, self.spec)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=m.grad_reduce_in_fp32, overlap_grad_reduce=False,
@@ -143,6 +148,30 @@ class MegatronPolicy:
             raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
         self.optimizer_step += 1
         return {"loss_local": loss_sum, "grad_norm": float(grad_norm or 0.0), "lr": lr, **totals}
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """Rank 0's HF model (the in-process generator's model; current after ``sync_hf_model``), None elsewhere."""
+        return self.hf_model
+
+    def frozen_reference(self) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+        """Logprobs of a frozen copy of the current weights: a second GPTModel sharded like the policy."""
+        reference, _, _ = build_gpt(self.hf_config, self.mcfg, params_dtype=self.params_dtype)
+        with torch.no_grad():
+            target = reference.state_dict(keep_vars=True)
+            for name, value in self.model.state_dict().items():
+                if target[name] is not None and torch.is_tensor(value):
+                    target[name].copy_(value)
+        reference.eval().requires_grad_(False)
+
+        @torch.no_grad()
+        def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            ids = batch["input_ids"].to(self.device)
+            logits = self._forward_logits(reference, ids)[:, :-1]
+            lp = vocab_parallel_logprobs(logits, ids[:, 1:], self.parallel.tp_rank, self.tp_group)
+            return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1).float().cpu()
+
+        return logprobs
 
     # ------------------------------------------------------------------ weights out
     @torch.no_grad()
