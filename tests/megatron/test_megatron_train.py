@@ -28,7 +28,7 @@ def data_dir(tmp_path_factory):
 
 def _stage1_args(data_dir, run_dir, *extra):
     """rctp_smollm_cpu with its data order and seed, cut to 3 short steps of 2 sequences (CPU test budget)."""
-    return ["--config-name=rctp_smollm_cpu", f"run_dir={run_dir}", f"data.dir={data_dir}", "chat.max_length=600",
+    return ["--config-name=rctp_smollm_cpu", f"run_dir={run_dir}", f"data.dir={data_dir}", "chat.max_length=900",
             "data.max_examples=16", "trainer.global_batch_size=2", "trainer.micro_batch_size=1",
             "trainer.max_steps=3", "trainer.lr=1e-4", "logging.progress=false", "logging.tensorboard=false", *extra]
 
@@ -61,3 +61,68 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3) and a["lr"] == pytest.approx(b["lr"])
     # the losses move (the run trains), so equality is not that of three untouched models
     assert runs["torch"][0]["loss"] != runs["torch"][2]["loss"]
+
+
+def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path):
+    """One GRPO step at TP=2 (tied Llama and untied Qwen2): same loss, gradient norm and new weights as TorchPolicy;
+    the generator's HF copy receives them through export_weights(); a reloaded checkpoint continues identically."""
+    out = tmp_path / "policy.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29681",
+                           str(REPO / "tests" / "megatron" / "policy_worker.py"), str(out), "tiny-llama", "tiny-qwen2"],
+                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
+    _ok(proc)
+    results = json.loads(out.read_text())
+    assert [r["model"] for r in results] == ["tiny-llama", "tiny-qwen2"]
+    for r in results:
+        assert r["old_logprob_diff"] <= 1e-5 and r["entropy_diff"] <= 1e-4, r
+        assert r["loss"] == pytest.approx(r["torch_loss"], abs=1e-6) and r["loss"] != 0, r
+        assert r["grad_norm"] == pytest.approx(r["torch_grad_norm"], rel=1e-5), r
+        # lr 1e-3: Adam moves every weight by about 1e-3; both backends land on the same weights
+        assert r["weights_changed"] >= 5e-4 and r["weights_vs_torch"] <= 1e-4, r
+        assert r["new_logprob_diff"] <= 1e-4, r
+        assert r["reloaded_logprob_diff"] == 0 and r["resumed_step_loss_diff"] == 0, r
+        assert r["resumed_logprob_diff"] <= 1e-6, r
+
+
+def test_two_rcgrpo_steps_tp2_with_weight_sync(data_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from nemo_rcgrpo.models.hf import load_model
+
+    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
+            f"run_dir={tmp_path / 'rl'}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=2",
+            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=2",
+            "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron", "policy.megatron.tp=2",
+            "layout.gpus_per_node=2"]
+    _ok(_train(args, nproc=2, port=29691))
+    run_dir = tmp_path / "rl"
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert math.isfinite(m["loss"]) and m["rollouts"] == 8 and m["tokens"] > 0 and math.isfinite(m["entropy"])
+    # step 1 trains from the reference weights (KL 0); step 2's logprobs come from the updated policy (KL > 0)
+    assert metrics[0]["kl"] == pytest.approx(0.0, abs=1e-7) and metrics[1]["kl"] > 0
+    dumps = sorted(p.name for p in (run_dir / "rollouts").iterdir())
+    assert dumps == ["step_0.jsonl", "step_1.jsonl"]
+    assert all(len(p.read_text().splitlines()) == 8 for p in (run_dir / "rollouts").iterdir())
+    assert (run_dir / "checkpoints" / "step_2" / "trainer_state.json").is_file()
+    # the export (rank 0's HF copy after the last weight sync) is the trained policy, not the initial model
+    exported = load_file(run_dir / "hf" / "model.safetensors")
+    initial = load_model("tiny-llama").state_dict()
+    moved = max(float((exported[k][: initial[k].shape[0]] - initial[k]).abs().max()) for k in exported)
+    assert moved > 1e-4
+    saved = torch.load(run_dir / "checkpoints" / "step_2" / "model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], exported[k]) for k in exported)
+
+
+def test_start_up_errors_are_one_line(data_dir, tmp_path):
+    cases = [
+        (["policy.backend=megatron", "policy.megatron.tp=2", "layout.gpus_per_node=2"],
+         "policy.megatron.tp=2: tensor-parallel size 2 does not divide the model's attention heads (9), KV heads (3)"),
+        (["policy.backend=megatron", "policy.megatron.fp8=hybrid"], "needs Transformer Engine"),
+        (["policy.backend=megatron", "policy.megatron.pp=2"], "pipeline parallelism is not implemented"),
+    ]
+    for extra, message in cases:
+        proc = _train(_stage1_args(data_dir, tmp_path / "x", *extra))
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and err and err[-1].startswith("error: ") and message in err[-1], proc.stderr[-1500:]

@@ -243,6 +243,11 @@ class MegatronPolicy:
                 for o, shards in zip(self._optimizers(), state["shards"]):
                     for p, tensors in zip(o.model_param_group_index_map, shards):
                         o._set_main_param_and_optimizer_states(p, tensors)
+                    # megatron's placeholder states share one 'step' tensor between parameters; Adam increments it
+                    # per parameter, so each needs its own
+                    for st in o.optimizer.state.values():
+                        if torch.is_tensor(st.get("step")):
+                            st["step"] = st["step"].clone()
         self.optimizer_step = scheduler["optimizer_step"]
         if self.hf_model is not None:
             self.hf_model.load_state_dict(model, strict=False)
