@@ -64,28 +64,32 @@ def main() -> int:
     suite = BFCLSuite(["base"])
     specs = [RolloutSpec(suite[t], g, j % 2 == 0) for g, t in enumerate(args.tasks) for j in range(args.group_size)]
     hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
+
+    def engine(gen):
+        return RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
+                             SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
+                             max_turns=args.max_turns, max_total_tokens=4096)
+
+    prompts = [engine(hf)._start(i, s).seq.ids for i, s in enumerate(specs)]
+    never = tok.convert_tokens_to_ids("<|endoftext|>")  # SmolLM2's document separator: not sampled mid-chat
+    fixed = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=(never,), seed=3)
+    rows_fixed, rows_step = {}, {}
+
+    def measure(name, gen):
+        gen.generate(prompts[:2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=1))  # warm-up
+        out, secs = _timed(lambda: gen.generate(prompts, fixed))
+        rows_fixed[name] = (sum(len(c.token_ids) for c in out), secs, all(len(c.token_ids) == args.new_tokens for c in out))
+        e = engine(gen)
+        trajs, secs = _timed(lambda: e.rollout(specs, seed=1))
+        rows_step[name] = (sum(t.generated_tokens for t in trajs), e.timings["generation"], secs)
+
+    measure("hf", hf)  # before the server starts: its processes would share the cores
     workdir = Path(tempfile.mkdtemp(prefix="vllm_bench_"))
     vllm = VLLMGenerator(VLLMConfig(kv_cache_gib=2, enforce_eager=args.enforce_eager), model=model, tokenizer=tok,
                          weight_dir=workdir, dtype="float32", reward_tokens=REWARD_TOKENS)
     _, start_s = _timed(vllm.start)
     try:
-        def engine(gen):
-            return RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
-                                 SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
-                                 max_turns=args.max_turns, max_total_tokens=4096)
-
-        prompts = [engine(hf)._start(i, s).seq.ids for i, s in enumerate(specs)]
-        never = tok.convert_tokens_to_ids("<|endoftext|>")  # SmolLM2's document separator: not sampled mid-chat
-        fixed = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, stop_token_ids=(never,), seed=3)
-        rows_fixed, rows_step = {}, {}
-        for name, gen in (("hf", hf), ("vllm", vllm)):
-            gen.generate(prompts[:2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=1))  # warm-up
-            out, secs = _timed(lambda: gen.generate(prompts, fixed))
-            rows_fixed[name] = (sum(len(c.token_ids) for c in out), secs,
-                                all(len(c.token_ids) == args.new_tokens for c in out))
-            e = engine(gen)
-            trajs, secs = _timed(lambda: e.rollout(specs, seed=1))
-            rows_step[name] = (sum(t.generated_tokens for t in trajs), e.timings["generation"], secs)
+        measure("vllm", vllm)
         syncs = []
         for v in range(1, args.updates + 1):
             with torch.no_grad():
