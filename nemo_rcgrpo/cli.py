@@ -9,6 +9,7 @@ Subcommands:
   compare        several eval results side by side: Markdown table and bar chart
   serve          a vLLM server on a policy export, for runs with generation.vllm.url=http://HOST:PORT
   layout         a recipe's GPU layout as shell variables (for the launchers)
+  convert        weights: HF folder <-> Megatron-Core state dicts (hf-to-megatron IN OUT --tp N | megatron-to-hf IN OUT)
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="print the per-category table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_score)
+
+    from nemo_rcgrpo.models.megatron.cli_convert import add_parser as add_convert
+
+    add_convert(sub)
     return parser
 
 

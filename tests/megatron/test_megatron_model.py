@@ -100,3 +100,26 @@ def test_logits_match_hf(tmp_path, nproc, pairs):
             # SmolLM2's hidden states reach ~3e4, so splitting the row-parallel sums over 3 ranks moves fp32 logits
             # (|logits| ~ 30) by a few 1e-4: the same size as HF's own SDPA-vs-eager difference on this input
             assert r["logits_max_abs_diff"] <= max(1e-3, 2 * r["hf_sdpa_vs_eager"]), r
+
+
+def test_convert_command_round_trip(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rcgrpo.cli import main
+
+    assert main(["convert", "hf-to-megatron", "tiny-qwen2", str(tmp_path / "meg"), "--tp", "2"]) == 0
+    meta = json.loads((tmp_path / "meg" / "megatron.json").read_text())
+    assert meta["tp"] == 2 and meta["padded_vocab_size"] == 49152  # 49152 is already a multiple of 256
+    assert sorted(p.name for p in (tmp_path / "meg").glob("tp_rank_*.pt")) == ["tp_rank_00.pt", "tp_rank_01.pt"]
+    assert main(["convert", "megatron-to-hf", str(tmp_path / "meg"), str(tmp_path / "hf")]) == 0
+    original, back = _folder_tensors("tiny-qwen2"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.model_type == "qwen2"
+    capsys.readouterr()
+    # errors are one line, exit status 2
+    assert main(["convert", "hf-to-megatron", "smollm2", str(tmp_path / "bad"), "--tp", "2"]) == 2
+    assert main(["convert", "megatron-to-hf", str(tmp_path / "hf"), str(tmp_path / "x")]) == 2
+    assert main(["convert", "hf-to-megatron", "tiny-qwen2", str(tmp_path / "meg"), "--tp", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+    assert "does not divide" in err[0] and "no megatron.json" in err[1] and "not empty" in err[2]
