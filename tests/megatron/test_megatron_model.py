@@ -123,3 +123,18 @@ def test_convert_command_round_trip(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("error: ") for line in err)
     assert "does not divide" in err[0] and "no megatron.json" in err[1] and "not empty" in err[2]
+
+
+def test_gpu_benchmark_script_flops_and_tiny_run():
+    sys.path.insert(0, str(REPO / "scripts" / "bench"))
+    import megatron_gpu
+
+    # Llama-3.1-8B: per layer 4096*(4096+2*8*128) + 4096*4096 + 3*4096*14336 = 218,103,808; x32 = 6,979,321,856;
+    # + output layer 128256*4096 = 525,336,576 -> N = 7,504,658,432; 6N + 12*32*4096*4096 = 51,470,401,536
+    assert megatron_gpu.flops_per_token(megatron_gpu.LLAMA31_8B, 4096) == 51_470_401_536
+    # 45% of 989 TFLOP/s is about 8.6k tokens/s/GPU at this shape
+    assert megatron_gpu.mfu(8646.7, megatron_gpu.LLAMA31_8B, 4096) == pytest.approx(0.45, rel=1e-4)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "megatron_gpu.py"), "--tiny"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0 and "tiny check: 2 steps" in proc.stdout, proc.stderr[-2000:]

@@ -126,8 +126,11 @@ def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.d
         cross_entropy_loss_fusion=False, **recompute, **fp8)
 
 
-def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32):
-    """A GPTModel matching ``hf_config`` (weights uninitialised: load them with ``convert.hf_to_megatron``)."""
+def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: str | None = None):
+    """A GPTModel matching ``hf_config`` (randomly initialised: load weights with ``convert.hf_to_megatron``).
+
+    ``spec``: 'local' or 'te'; default ``layer_spec(mcfg)`` (TE exactly when FP8 is on).
+    """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
                                                           get_gpt_layer_with_transformer_engine_spec)
@@ -136,7 +139,10 @@ def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32):
     check_tp(shape, mcfg.tp)
     require_fp8_support(mcfg.fp8)
     config = transformer_config(shape, hf_config, mcfg, params_dtype)
-    spec = (get_gpt_layer_with_transformer_engine_spec() if layer_spec(mcfg) == "te"
+    spec = spec or layer_spec(mcfg)
+    if spec == "te" and not transformer_engine_available():
+        raise MegatronSetupError("the Transformer Engine layer spec needs transformer_engine (GPU container)")
+    spec = (get_gpt_layer_with_transformer_engine_spec() if spec == "te"
             else get_gpt_layer_local_spec(normalization="RMSNorm"))
     rope = rope_settings(hf_config)
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=padded_vocab_size(shape.vocab_size, mcfg.tp),

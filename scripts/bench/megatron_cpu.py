@@ -1,0 +1,86 @@
+"""Benchmark: stage-1 step time of the Megatron-Core backend vs the torch backend on the same run (CPU).
+
+Runs the stage-1 recipe ``rctp_smollm_cpu`` (SmolLM2-135M, fp32, same data
+order and seed) three times, one after another: ``policy.backend=torch`` (the
+baseline), ``policy.backend=megatron`` at TP=1, and at TP=3 under torchrun
+(3 processes, gloo). Reports the mean step seconds after the first step, the
+ratio to the torch run, and the loss difference at every step.
+
+Usage: python scripts/bench/megatron_cpu.py [--steps 3] [--data data/bfcl_v4] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env_replay import cpu_name, emit  # noqa: E402
+
+from nemo_rcgrpo.utils.logging import read_metrics  # noqa: E402
+
+START, END = "<!-- bench:megatron_cpu:start -->", "<!-- bench:megatron_cpu:end -->"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train(run_dir: Path, common: list[str], extra: list[str], nproc: int) -> list[dict]:
+    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                   f"--nproc-per-node={nproc}", "--master-port=29741"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *common, f"run_dir={run_dir}", *extra],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"run {run_dir.name} failed:\n{proc.stderr[-3000:]}")
+    return read_metrics(run_dir)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--data", type=Path, default=Path("data/bfcl_v4"))
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    common = ["--config-name=rctp_smollm_cpu", f"data.dir={args.data.resolve()}", f"trainer.max_steps={args.steps}",
+              "trainer.save_every=1000", "trainer.export_hf=false", "logging.progress=false",
+              "logging.tensorboard=false"]
+    runs = {"torch": ([], 1), "megatron TP=1": (["policy.backend=megatron"], 1),
+            "megatron TP=3 (3 processes)": (["policy.backend=megatron", "policy.megatron.tp=3",
+                                             "layout.gpus_per_node=3"], 3)}
+    metrics = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, (extra, nproc)) in enumerate(runs.items()):
+            metrics[name] = train(Path(tmp) / f"run{i}", common, extra, nproc)
+            print(f"{name}: {[round(m['step_seconds'], 1) for m in metrics[name]]} s", file=sys.stderr)
+    base = metrics["torch"]
+    base_s = statistics.fmean(m["step_seconds"] for m in base[1:])
+    rows = [START, "## Megatron-Core backend vs torch backend, stage 1 on CPU (`scripts/bench/megatron_cpu.py`)", "",
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores (shared); "
+            f"Python {platform.python_version()}, torch {torch.__version__}, megatron-core 0.16.1 (local spec, "
+            "CPU compatibility layer, gloo).",
+            f"- Run: `rctp_smollm_cpu` (SmolLM2-135M fp32, 4 sequences of <= 1536 tokens per step, 2 micro-batches), "
+            f"{args.steps} steps per backend, same data order and seed; the three runs one after another; mean over "
+            "the steps after the first. TP=3 runs 3 processes (1 thread each) on the 2 cores.", "",
+            "| backend | step seconds | ratio to torch | max loss diff to torch |", "|---|---:|---:|---:|"]
+    for name, ms in metrics.items():
+        sec = statistics.fmean(m["step_seconds"] for m in ms[1:])
+        diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(base, ms))
+        rows.append(f"| {name} | {sec:.1f} | {sec / base_s:.2f} | {diff:.1e} |")
+    rows += ["", "On CPU the Megatron path pays for the compatibility layer (a TorchFunctionMode on every torch call) "
+             "and unfused kernels; it exists for tests. Its speed matters on GPU (`scripts/bench/megatron_gpu.py`).",
+             END]
+    return emit(rows, args.out, START, END)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
