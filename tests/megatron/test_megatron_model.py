@@ -14,6 +14,8 @@ from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer,
 from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, hf_to_megatron,
                                                  megatron_to_hf, padded_vocab_size)
 
+from tests.megatron.helpers import free_port
+
 pytestmark = pytest.mark.megatron
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,10 +76,10 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
     check_tp(shape, 3)
 
 
-def _torchrun(nproc: int, port: int, *args: str) -> subprocess.CompletedProcess:
+def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                           f"--master-port={port}", *args], capture_output=True, text=True, env=env, cwd=REPO,
+                           f"--master-port={free_port()}", *args], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=600)
 
 
@@ -85,7 +87,7 @@ def _torchrun(nproc: int, port: int, *args: str) -> subprocess.CompletedProcess:
                          ids=["smollm2", "tiny-qwen2"])
 def test_logits_match_hf(tmp_path, nproc, pairs):
     out = tmp_path / "parity.json"
-    proc = _torchrun(nproc, 29621 + nproc, str(REPO / "tests" / "megatron" / "parity_worker.py"), str(out), *pairs)
+    proc = _torchrun(nproc, str(REPO / "tests" / "megatron" / "parity_worker.py"), str(out), *pairs)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {r["tp"]: r for r in json.loads(out.read_text())}
     assert sorted(results) == sorted(int(p.split(":")[1]) for p in pairs)

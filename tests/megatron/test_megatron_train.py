@@ -14,6 +14,8 @@ import torch
 from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 from nemo_rcgrpo.utils.logging import read_metrics
 
+from tests.megatron.helpers import free_port
+
 pytestmark = pytest.mark.megatron
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -33,9 +35,9 @@ def _stage1_args(data_dir, run_dir, *extra):
             "trainer.max_steps=3", "trainer.lr=1e-4", "logging.progress=false", "logging.tensorboard=false", *extra]
 
 
-def _train(args, nproc=1, port=29650):
+def _train(args, nproc=1):
     launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                   f"--nproc-per-node={nproc}", f"--master-port={port}"]
+                                                   f"--nproc-per-node={nproc}", f"--master-port={free_port()}"]
     return subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True, text=True,
                           env={**os.environ, **ENV}, cwd=REPO, timeout=900)
 
@@ -50,7 +52,7 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
     _ok(_train(_stage1_args(data_dir, tmp_path / "tp1", *common, "policy.backend=megatron")))
     _ok(_train(_stage1_args(data_dir, tmp_path / "tp3", *common, "policy.backend=megatron", "policy.megatron.tp=3",
                       "layout.gpus_per_node=3"),
-               nproc=3, port=29653))
+               nproc=3))
     runs = {name: read_metrics(tmp_path / name) for name in ("torch", "tp1", "tp3")}
     assert [m["step"] for m in runs["torch"]] == [1, 2, 3]
     for name in ("tp1", "tp3"):
@@ -67,8 +69,9 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path):
     """One GRPO step at TP=2 (tied Llama and untied Qwen2): same loss, gradient norm and new weights as TorchPolicy;
     the generator's HF copy receives them through export_weights(); a reloaded checkpoint continues identically."""
     out = tmp_path / "policy.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29681",
-                           str(REPO / "tests" / "megatron" / "policy_worker.py"), str(out), "tiny-llama", "tiny-qwen2"],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
+                           str(out), "tiny-llama", "tiny-qwen2"],
                           capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
     _ok(proc)
     results = json.loads(out.read_text())
@@ -94,7 +97,7 @@ def test_two_rcgrpo_steps_tp2_with_weight_sync(data_dir, tmp_path):
             "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=2",
             "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron", "policy.megatron.tp=2",
             "layout.gpus_per_node=2"]
-    _ok(_train(args, nproc=2, port=29691))
+    _ok(_train(args, nproc=2))
     run_dir = tmp_path / "rl"
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
