@@ -284,8 +284,8 @@ class RLTrainer:
                                wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=self.step)
         total = cfg.trainer.max_steps
         end = total if cfg.trainer.stop_after is None else min(total, self.step + cfg.trainer.stop_after)
-        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step", disable=not (cfg.logging.progress and main),
-                   file=sys.stderr)
+        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step",
+                   disable=not (cfg.logging.progress and main), file=sys.stderr)
         metrics: dict[str, float] = {}
         while self.step < end:
             started = time.perf_counter()

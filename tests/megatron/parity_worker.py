@@ -53,7 +53,8 @@ def check(name: str, tp: int, dtype: torch.dtype) -> dict:
         ref_lp_all = ref.log_softmax(-1)
         ref_lp = ref_lp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         ref_ent = -(ref_lp_all.exp() * ref_lp_all).sum(-1)
-    return {"model": name, "tp": tp, "dtype": str(dtype).removeprefix("torch."), "dp": par.dp, "padded_vocab": local.shape[-1] * tp, "vocab": shape.vocab_size,
+    return {"model": name, "tp": tp, "dtype": str(dtype).removeprefix("torch."), "dp": par.dp,
+            "padded_vocab": local.shape[-1] * tp, "vocab": shape.vocab_size,
             "hf_sdpa_vs_eager": sdpa_floor, "logits_max_abs_diff": float((full - ref).abs().max()),
             "logprob_max_abs_diff": float((lp - ref_lp).abs().max()),
             "entropy_max_abs_diff": float((ent - ref_ent).abs().max()),

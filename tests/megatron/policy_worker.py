@@ -70,7 +70,8 @@ def check(name: str, world: int, dist) -> dict:
             "kl_sum": out["kl_sum"], "torch_kl_sum": t_out["kl_sum"],
             "weights_vs_torch": moved,
             "weights_changed": max(float((synced[k][: start[k].shape[0]] - start[k]).abs().max()) for k in start),
-            "new_logprob_diff": max(float(((a - t) * b["loss_mask"]).abs().max()) for a, t, b in zip(after, t_after, batches)),
+            "new_logprob_diff": max(float(((a - t) * b["loss_mask"]).abs().max())
+                                    for a, t, b in zip(after, t_after, batches)),
         }
     # checkpoint round trip: a fresh policy loaded from the state dict gives the same logprobs
     sd = policy.state_dict()

@@ -140,3 +140,24 @@ def test_gpu_benchmark_script_flops_and_tiny_run():
                           capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0 and "tiny check: 2 steps" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_llama3_rope_scaling_matches_hf():
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from nemo_rcgrpo.models.megatron.builder import apply_rope_scaling, rope_settings
+
+    # factors away from megatron's defaults (1, 4, 8192) so that a fixed-default implementation would differ
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=500000.0, max_position_embeddings=4096,
+                         rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0,
+                                       "high_freq_factor": 8.0, "original_max_position_embeddings": 1024})
+    rope = rope_settings(config)
+    rotary = RotaryEmbedding(kv_channels=64, rotary_percent=1.0, rotary_base=int(rope["theta"]),
+                             use_cpu_initialization=True)
+    plain = rotary.inv_freq.clone()
+    apply_rope_scaling(rotary, rope)
+    hf = LlamaRotaryEmbedding(config).inv_freq
+    assert not torch.allclose(plain, hf)  # the scaling matters at these factors
+    torch.testing.assert_close(rotary.inv_freq, hf.float(), rtol=1e-6, atol=0)

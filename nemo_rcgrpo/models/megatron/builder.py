@@ -93,10 +93,16 @@ def rope_settings(hf_config) -> dict:
     if kind in (None, "default"):
         return {"theta": float(theta), "llama3": None}
     if kind == "llama3":
-        return {"theta": float(theta), "llama3": dict(factor=src["factor"], low_freq_factor=src["low_freq_factor"],
-                                                      high_freq_factor=src["high_freq_factor"],
-                                                      original_max_position_embeddings=src["original_max_position_embeddings"])}
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        return {"theta": float(theta), "llama3": {k: src[k] for k in keys}}
     raise MegatronSetupError(f"rope scaling {kind!r} is not supported by the Megatron backend (default, llama3)")
+
+
+def apply_rope_scaling(rotary, rope: dict) -> None:
+    """Llama-3 scaling on megatron's RotaryEmbedding with the model's factors (megatron's own flag fixes
+    low/high frequency factors and the original length)."""
+    if rope["llama3"] is not None:
+        rotary.inv_freq = rotary._apply_scaling(rotary.inv_freq, **rope["llama3"])
 
 
 def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.dtype):
@@ -149,9 +155,7 @@ def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: 
                      max_sequence_length=hf_config.max_position_embeddings, parallel_output=True,
                      share_embeddings_and_output_weights=shape.tied_embeddings, position_embedding_type="rope",
                      rotary_base=int(rope["theta"]) if float(rope["theta"]).is_integer() else rope["theta"])
-    if rope["llama3"] is not None:  # megatron's own flag fixes low/high/original; apply the model's values
-        emb = model.rotary_pos_emb
-        emb.inv_freq = emb._apply_scaling(emb.inv_freq, **rope["llama3"])
+    apply_rope_scaling(model.rotary_pos_emb, rope)
     if params_dtype != torch.float32:
         model = model.to(params_dtype)
     if torch.cuda.is_available():

@@ -113,7 +113,8 @@ def _vocab_shards(weight: torch.Tensor, tp: int) -> list[torch.Tensor]:
     return [c.clone() for c in padded.chunk(tp, dim=0)]
 
 
-def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int, spec: str = "local") -> list[dict[str, torch.Tensor]]:
+def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int,
+                   spec: str = "local") -> list[dict[str, torch.Tensor]]:
     """One Megatron state dict per TP rank from an HF state dict (``model.*`` and ``lm_head.weight`` names)."""
     check_tp(shape, tp)
     names = _layer_names(spec)
