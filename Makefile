@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench/train_throughput.py --out docs/benchmarks.md
 	$(PY) scripts/bench/rollout_overhead.py --out docs/benchmarks.md
 	$(PY) scripts/bench/vllm_rollout.py --out docs/benchmarks.md
+	$(PY) scripts/bench/eval_throughput.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)
