@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench/rollout_overhead.py --out docs/benchmarks.md
 	$(PY) scripts/bench/vllm_rollout.py --out docs/benchmarks.md
 	$(PY) scripts/bench/eval_throughput.py --out docs/benchmarks.md
+	$(PY) scripts/bench/megatron_cpu.py --out docs/benchmarks.md
 
 clean-venv:
 	rm -rf $(VENV)
