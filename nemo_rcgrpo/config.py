@@ -250,7 +250,7 @@ class TrainConfig:
         if self.generation.backend == "vllm":
             self._validate_vllm()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
-        self.parallel_plan()  # the GPU layout adds up (validated for every run; used by the launchers)
+        self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         if self.stage in RL_STAGES:
             self._validate_rl()
         if self.stage in ("rctp", "rcgrpo") and self.model.reward_tokens == "none":
@@ -341,8 +341,12 @@ class TrainConfig:
         if self.trainer.max_steps is None:
             raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
 
-    def parallel_plan(self) -> dict[str, Any]:
-        """Training and generation process counts of the layout; refuses layouts that do not add up."""
+    def parallel_plan(self, model_parallel: bool = True) -> dict[str, Any]:
+        """Training and generation process counts of the layout; refuses layouts that do not add up.
+
+        ``model_parallel``: also require TP x PP x CP to divide the layout's training GPUs (what the launchers
+        use; a run started by hand, e.g. TP=3 on a CPU, only needs its own world size to fit, which Megatron
+        checks at start)."""
         lay, m = self.layout, self.policy.megatron
         _choice("layout.generation", lay.generation, ("separate", "colocated"))
         if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
@@ -376,13 +380,14 @@ class TrainConfig:
                 raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
                                   f"{lay.gpus_per_node}-GPU node")
         world = train_nodes * train_gpus
+        check_mp = model_parallel
         model_parallel = m.tp * m.pp * m.cp if self.policy.backend == "megatron" else 1
-        if world % model_parallel:
+        if check_mp and world % model_parallel:
             raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {m.tp} x {m.pp} x {m.cp}")
         return {"nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node, "train_nodes": train_nodes,
                 "train_gpus_per_node": train_gpus, "world_size": world, "tp": m.tp if model_parallel > 1 else 1,
                 "pp": m.pp if model_parallel > 1 else 1, "cp": m.cp if model_parallel > 1 else 1,
-                "dp": world // model_parallel, "generation": lay.generation,
+                "dp": world // model_parallel if world % model_parallel == 0 else None, "generation": lay.generation,
                 "generation_nodes": lay.generation_nodes, "generation_gpus": lay.generation_gpus,
                 "generation_tp": gen_tp}
 

@@ -83,20 +83,22 @@ def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-@pytest.mark.parametrize("nproc,pairs", [(3, ["smollm2:3", "smollm2:1"]), (2, ["tiny-qwen2:2", "tiny-qwen2:1"])],
+@pytest.mark.parametrize("nproc,pairs", [(3, ["smollm2:3", "smollm2:1", "smollm2:3:float64"]),
+                                         (2, ["tiny-qwen2:2", "tiny-qwen2:1"])],
                          ids=["smollm2", "tiny-qwen2"])
 def test_logits_match_hf(tmp_path, nproc, pairs):
     out = tmp_path / "parity.json"
     proc = _torchrun(nproc, str(REPO / "tests" / "megatron" / "parity_worker.py"), str(out), *pairs)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = {r["tp"]: r for r in json.loads(out.read_text())}
-    assert sorted(results) == sorted(int(p.split(":")[1]) for p in pairs)
-    for tp, r in results.items():
+    results = {(r["tp"], r["dtype"]): r for r in json.loads(out.read_text())}
+    assert len(results) == len(pairs)
+    for (tp, dtype), r in results.items():
         assert r["padded_vocab"] % (128 * tp) == 0 and r["padded_vocab"] > r["vocab"]
         # logprobs and entropies computed vocab-parallel (and the training path's cross entropy)
         assert r["logprob_max_abs_diff"] <= 1e-4 and r["cross_entropy_max_abs_diff"] <= 1e-4, r
         assert r["entropy_max_abs_diff"] <= 5e-4, r
-        if tp == 1 or r["model"] != "smollm2":
+        if tp == 1 or r["model"] != "smollm2" or dtype == "float64":
+            # float64 at TP=3: the conversion and the parallel layers are exact up to rounding (measured 6e-5)
             assert r["logits_max_abs_diff"] <= 1e-4, r
         else:
             # SmolLM2's hidden states reach ~3e4, so splitting the row-parallel sums over 3 ranks moves fp32 logits

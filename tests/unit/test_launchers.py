@@ -121,4 +121,12 @@ def test_local_launcher_uses_the_gpus_it_is_given(tmp_path):
 ])
 def test_layout_that_does_not_add_up_is_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        TrainConfig.from_dict(compose("rcgrpo_llama8b", overrides))
+        TrainConfig.from_dict(compose("rcgrpo_llama8b", overrides)).parallel_plan()
+
+
+def test_model_parallel_is_checked_by_the_launchers_not_by_hand_runs():
+    # a CPU run at TP=3 (torchrun --nproc-per-node 3) does not need a layout section that matches
+    cfg = TrainConfig.from_dict(compose("rctp_smollm_cpu", ["policy.backend=megatron", "policy.megatron.tp=3"]))
+    with pytest.raises(ConfigError, match="not a multiple of TP x PP x CP"):
+        cfg.parallel_plan()
+    assert cfg.parallel_plan(model_parallel=False)["world_size"] == 8
