@@ -478,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reward-tokens", nargs="*", default=["<|high_reward|>", "<|low_reward|>"],
                    help="tokens the served tokenizer must have (empty: no check)")
     p.add_argument("--log", default=None, help="server log file (default: stderr of this command)")
+    p.add_argument("--python", default=os.environ.get("RCGRPO_VLLM_PYTHON"),
+                   help="interpreter with vLLM installed (default: $RCGRPO_VLLM_PYTHON, else this one; the GPU "
+                   "container sets it to its vLLM venv)")
     args = p.parse_args(argv)
     from nemo_rcgrpo.models.hf import ModelFilesError, load_tokenizer, resolve_model_path
 
@@ -495,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = ServerSpec(model=str(folder), host=args.host, port=args.port, tp=args.tp, dtype=args.dtype,
                       max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                       seed=args.seed, kv_cache_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager,
-                      devices=args.devices, weight_transfer=None if args.weight_transfer == "none" else "nccl")
+                      devices=args.devices, python=args.python,
+                      weight_transfer=None if args.weight_transfer == "none" else "nccl")
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
     stop = []
