@@ -40,6 +40,16 @@ def suite() -> BFCLSuite:
     return BFCLSuite()
 
 
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """Prepared data of the base category (no token statistics), shared read-only by the training tests."""
+    from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
+
+    out = tmp_path_factory.mktemp("d") / "data"
+    run(PrepareDataConfig(out_dir=str(out), categories=("base",), tokenizer=None, progress=False))
+    return out
+
+
 def run_turns(env, task, turns):
     """Play ``turns`` (lists of calls, one step each) through a fresh per-turn episode."""
     env.reset(task)

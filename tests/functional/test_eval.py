@@ -218,14 +218,12 @@ def test_bad_settings_exit_with_a_message(tmp_path, capsys):
 
 # ---------------------------------------------------------------------- a checkpoint of the CPU pipeline
 @pytest.fixture(scope="module")
-def stage1_run(tmp_path_factory):
+def stage1_run(tmp_path_factory, data_dir):
     """A stage-1 (RCTP-FT) run of the tiny model: its hf/ export and a checkpoint."""
-    from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
     from nemo_rcgrpo.train import main
 
     root = tmp_path_factory.mktemp("stage1")
-    run(PrepareDataConfig(out_dir=str(root / "data"), categories=("base",), tokenizer=None, progress=False))
-    assert main(["--config-name=rctp_smollm_cpu", "model.path=tiny-llama", f"data.dir={root / 'data'}",
+    assert main(["--config-name=rctp_smollm_cpu", "model.path=tiny-llama", f"data.dir={data_dir}",
                  f"run_dir={root / 'run'}", "trainer.max_steps=1", "trainer.global_batch_size=2",
                  "data.max_examples=4", "chat.max_length=1536", "logging.progress=false",
                  "logging.tensorboard=false"]) == 0

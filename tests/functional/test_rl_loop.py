@@ -8,16 +8,8 @@ import pytest
 import torch
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
-from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 from nemo_rcgrpo.train import main
 from nemo_rcgrpo.utils.logging import read_metrics
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("d") / "data"
-    run(PrepareDataConfig(out_dir=str(out), categories=("base",), tokenizer=None, progress=False))
-    return out
 
 
 def _args(data_dir, run_dir, *extra):

@@ -10,17 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 from nemo_rcgrpo.utils.logging import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("d") / "data"
-    run(PrepareDataConfig(out_dir=str(out), categories=("base",), tokenizer=None, progress=False))
-    return out
 
 
 def _args(data_dir, run_dir, *extra, stage="sft"):

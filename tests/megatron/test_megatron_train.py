@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 from nemo_rcgrpo.utils.logging import read_metrics
 
 from tests.megatron.helpers import free_port
@@ -19,13 +18,6 @@ from tests.megatron.helpers import free_port
 pytestmark = pytest.mark.megatron
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("d") / "data"
-    run(PrepareDataConfig(out_dir=str(out), categories=("base",), tokenizer=None, progress=False))
-    return out
 
 
 def _stage1_args(data_dir, run_dir, *extra):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 from nemo_rcgrpo.train import main
 from nemo_rcgrpo.utils.logging import read_metrics
 
@@ -25,9 +24,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_kill_server_mid_step_then_resume(tmp_path):
-    data = tmp_path / "data"
-    run(PrepareDataConfig(out_dir=str(data), categories=("base",), tokenizer=None, progress=False))
+def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
+    data = data_dir
     run_dir = tmp_path / "run"
     args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data}",
             f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=2", "rl.max_turns=2",
