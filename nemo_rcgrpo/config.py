@@ -88,8 +88,8 @@ class LoggingConfig:
 @dataclass(frozen=True)
 class MegatronConfig:
     tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width
-    pp: int = 1  # pipeline-parallel size (1 only in this backend so far)
-    cp: int = 1  # context-parallel size
+    pp: int = 1  # pipeline-parallel size: must divide the number of layers (1F1B schedule)
+    cp: int = 1  # context-parallel size (1 only in this backend so far)
     sequence_parallel: bool = False  # with tp > 1; needs the Transformer Engine spec (GPU)
     recompute: str = "none"  # activation recomputation: none | selective | full
     fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
@@ -284,9 +284,9 @@ class TrainConfig:
         for key, value in {"policy.megatron.tp": m.tp, "policy.megatron.pp": m.pp, "policy.megatron.cp": m.cp}.items():
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
-        if m.pp != 1:
-            raise ConfigError(f"policy.megatron.pp={m.pp}: pipeline parallelism is not implemented in this backend; "
-                              "use pp=1 (tensor and data parallel)")
+        if m.cp != 1:
+            raise ConfigError(f"policy.megatron.cp={m.cp}: context parallelism is not implemented in this backend; "
+                              "use cp=1 (tensor, pipeline and data parallel)")
         if self.policy.backend == "megatron" and m.fp8 is not None:
             import importlib.util
 

@@ -31,7 +31,7 @@ def check(name: str, tp: int, dtype: torch.dtype) -> dict:
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     hf.config.vocab_size = hf.get_input_embeddings().weight.shape[0]
     model, shape, _ = build_gpt(hf.config, MegatronConfig(tp=tp), params_dtype=dtype)
-    load_hf_state(model, hf.state_dict(), shape, tp, par.tp_rank)
+    load_hf_state(model, hf.state_dict(), shape, par)
     model.eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, shape.vocab_size, (2, 40), generator=g)

@@ -1,6 +1,8 @@
-"""torchrun worker: one GRPO optimizer step with MegatronPolicy (TP = world size) vs TorchPolicy (rank 0).
+"""torchrun worker: one GRPO optimizer step with MegatronPolicy vs TorchPolicy (rank 0).
 
-    torchrun --nproc-per-node N tests/megatron/policy_worker.py OUT.json MODEL [MODEL ...]
+    torchrun --nproc-per-node N tests/megatron/policy_worker.py OUT.json TP PP MODEL [MODEL ...]
+
+(data-parallel size N / (TP x PP): each replica trains on its share of the micro-batches.)
 
 Both backends start from the same HF weights (reward tokens added, so the
 vocabulary is padded), compute old / reference logprobs, take one step of the
@@ -25,9 +27,9 @@ from nemo_rcgrpo.models.torch_policy import TorchPolicy
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed
 
 
-def check(name: str, world: int, dist) -> dict:
+def check(name: str, tp: int, pp: int, dist) -> dict:
     cfg = TrainConfig.from_dict({"trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
-                                 "policy": {"backend": "megatron", "megatron": {"tp": world}}})
+                                 "policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}}})
     tok, hf = load_tokenizer(name), load_model(name)
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     torch_model = copy.deepcopy(hf)
@@ -48,20 +50,23 @@ def check(name: str, world: int, dist) -> dict:
         batches.append(b)
     n = float(loss_mask.sum())
     loss_fn = lambda lp, b, k: grpo_loss(lp, b, k, kl_beta=0.1)  # noqa: E731
-    out = policy.train_step(batches, loss_fn, n)
+    replica, dp_sum = policy.data_parallel()
+    mine = batches[replica.rank::replica.world_size]
+    out = policy.train_step(mine, loss_fn, n)
+    out = {**out, "loss_local": dp_sum(out["loss_local"]), "kl_sum": dp_sum(out["kl_sum"])}
     policy.sync_hf_model()  # the generator's weight sync: rank 0's HF copy receives export_weights()
     after = [policy.logprobs(b) for b in batches]
     result = {}
     if dist.rank == 0:
-        tp = TorchPolicy(torch_model, cfg.trainer, DistInfo(), total_steps=4)
-        t_old = [tp.logprobs(b, with_entropy=True) for b in batches]
-        t_out = tp.train_step(batches, loss_fn, n)
-        t_after = [tp.logprobs(b) for b in batches]
+        tpol = TorchPolicy(torch_model, cfg.trainer, DistInfo(), total_steps=4)
+        t_old = [tpol.logprobs(b, with_entropy=True) for b in batches]
+        t_out = tpol.train_step(batches, loss_fn, n)
+        t_after = [tpol.logprobs(b) for b in batches]
         synced = policy.module.state_dict()
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
         result = {
-            "model": name, "tp": world,
+            "model": name, "tp": tp, "pp": pp, "dp": replica.world_size,
             "old_logprob_diff": max(float(((b["old_logprobs"] - o[0]) * b["loss_mask"]).abs().max())
                                     for b, o in zip(batches, t_old)),
             "entropy_diff": max(float(((b["entropy"] - o[1]) * b["loss_mask"]).abs().max()) for b, o in zip(batches, t_old)),
@@ -83,8 +88,8 @@ def check(name: str, world: int, dist) -> dict:
     fresh.load_state_dict(box[0]["model"], box[0]["optimizer"], box[0]["scheduler"])
     reloaded = max(float((fresh.logprobs(b) - a).abs().max()) for b, a in zip(batches, after))
     # the next step from the reloaded optimizer state equals the next step of the original
-    o1 = policy.train_step(batches, loss_fn, n)
-    o2 = fresh.train_step(batches, loss_fn, n)
+    o1 = policy.train_step(mine, loss_fn, n)
+    o2 = fresh.train_step(mine, loss_fn, n)
     result.update(reloaded_logprob_diff=reloaded, resumed_step_loss_diff=abs(o1["loss_local"] - o2["loss_local"]),
                   resumed_logprob_diff=max(float((policy.logprobs(b) - fresh.logprobs(b)).abs().max()) for b in batches))
     return result
@@ -92,8 +97,8 @@ def check(name: str, world: int, dist) -> dict:
 
 def main() -> None:
     dist = init_distributed()
-    out, names = sys.argv[1], sys.argv[2:]
-    results = [check(name, dist.world_size, dist) for name in names]
+    out, tp, pp, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    results = [check(name, tp, pp, dist) for name in names]
     if dist.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)

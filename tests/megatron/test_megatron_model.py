@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resolve_model_path
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, hf_to_megatron,
-                                                 megatron_to_hf, padded_vocab_size)
+from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name,
+                                                 hf_to_megatron, megatron_to_hf, padded_vocab_size, pipeline_stage,
+                                                 stage_layers)
 
 from tests.megatron.helpers import free_port
 
@@ -65,6 +66,32 @@ def test_tiny_qwen2_round_trip_tp2_with_reward_tokens_and_padding():
     assert back.keys() == hf.keys()
     for k, v in hf.items():
         assert torch.equal(back[k], v), k
+
+
+def test_pipeline_stages_split_the_layers_and_round_trip():
+    """SmolLM2 at TP=3 x PP=3: 10 layers per stage numbered from 0; embedding first, norm last, the tied
+    output layer a copy of the embedding on the last stage; stages renamed back give the original folder."""
+    from transformers import AutoConfig
+
+    original = _folder_tensors("smollm2")
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_path("smollm2")))
+    assert list(stage_layers(30, 3, 1)) == list(range(10, 20))
+    ranks = hf_to_megatron(original, shape, tp=3)
+    stages = [[pipeline_stage(r, shape, 3, s) for s in range(3)] for r in ranks]  # [tp][pp]
+    first, middle, last = stages[1]
+    layer_keys = lambda sd: {int(k.split(".")[2]) for k in sd if k.startswith("decoder.layers.")}  # noqa: E731
+    assert layer_keys(first) == layer_keys(middle) == layer_keys(last) == set(range(10))
+    assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
+    assert not any(k.startswith(("embedding", "output", "decoder.final")) for k in middle)
+    assert torch.equal(last["output_layer.weight"], ranks[1]["embedding.word_embeddings.weight"])
+    assert torch.equal(middle["decoder.layers.3.mlp.linear_fc2.weight"], ranks[1]["decoder.layers.13.mlp.linear_fc2.weight"])
+    merged = [{global_layer_name(k, 10 * s): v for s, sd in enumerate(per_tp) for k, v in sd.items()
+               if k != "output_layer.weight"} for per_tp in stages]  # the tied copy is not a parameter of its own
+    back = megatron_to_hf(merged, shape)
+    assert back.keys() == original.keys() and all(torch.equal(back[k], v) for k, v in original.items())
+    with pytest.raises(ConversionError, match=r"pipeline-parallel size 4 does not divide the model's 30 layers; "
+                                              r"possible sizes: \[1, 2, 3, 5, 6, 10, 15, 30\]"):
+        stage_layers(30, 4, 0)
 
 
 def test_tp_that_does_not_divide_the_heads_is_refused():

@@ -1,5 +1,6 @@
-"""Megatron-Core backend in the trainers: stage-1 losses equal the torch backend's (TP=1, TP=3), resume, export,
-RC-GRPO at TP=2 with weight sync to the generator, and start-up errors. CPU, torchrun with gloo."""
+"""Megatron-Core backend in the trainers: stage-1 losses equal the torch backend's (TP=1, TP=3), a GRPO step with
+TP x PP and PP x DP equal to the torch backend's, RC-GRPO at TP=2 with weight sync to the generator, and start-up
+errors. CPU, torchrun with gloo."""
 
 import json
 import math
@@ -57,20 +58,25 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
     assert runs["torch"][0]["loss"] != runs["torch"][2]["loss"]
 
 
-def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path):
-    """One GRPO step at TP=2 (tied Llama and untied Qwen2): same loss, gradient norm and new weights as TorchPolicy;
-    the generator's HF copy receives them through export_weights(); a reloaded checkpoint continues identically."""
+@pytest.mark.parametrize("tp,pp,world,models", [(2, 2, 4, ["tiny-llama"]), (1, 2, 4, ["tiny-llama", "tiny-qwen2"])],
+                         ids=["tp2-pp2", "pp2-dp2"])
+def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, tp, pp, world, models):
+    """One GRPO step with tensor, pipeline and data parallelism (tied Llama, untied Qwen2): same loss, gradient norm
+    and new weights as TorchPolicy on the whole batch; the generator's HF copy receives them through
+    export_weights(); a reloaded checkpoint continues identically."""
     out = tmp_path / "policy.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
                            f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
-                           str(out), "tiny-llama", "tiny-qwen2"],
+                           str(out), str(tp), str(pp), *models],
                           capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
     _ok(proc)
     results = json.loads(out.read_text())
-    assert [r["model"] for r in results] == ["tiny-llama", "tiny-qwen2"]
+    assert [r["model"] for r in results] == models
     for r in results:
+        assert (r["tp"], r["pp"], r["dp"]) == (tp, pp, world // (tp * pp))
         assert r["old_logprob_diff"] <= 1e-5 and r["entropy_diff"] <= 1e-4, r
         assert r["loss"] == pytest.approx(r["torch_loss"], abs=1e-6) and r["loss"] != 0, r
+        # the gradient norm covers the tied embedding once, although first and last stage both hold it
         assert r["grad_norm"] == pytest.approx(r["torch_grad_norm"], rel=1e-5), r
         # lr 1e-3: Adam moves every weight by about 1e-3; both backends land on the same weights
         assert r["weights_changed"] >= 5e-4 and r["weights_vs_torch"] <= 1e-4, r
@@ -79,15 +85,21 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path):
         assert r["resumed_logprob_diff"] <= 1e-6, r
 
 
-def test_two_rcgrpo_steps_tp2_with_weight_sync(data_dir, tmp_path):
+def test_two_rcgrpo_steps_pp2_with_weight_sync(data_dir, tmp_path):
+    """RC-GRPO end to end with two pipeline stages: rank 0 (first stage) generates, the last computes the loss.
+
+    A random tiny model scores 0 on every rollout (zero-variance groups: no policy gradient, and no KL gradient
+    while the policy equals the reference), so weight decay is what moves the weights here: it makes the update,
+    the weight sync and the export visible."""
     from safetensors.torch import load_file
 
     from nemo_rcgrpo.models.hf import load_model
 
     args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
             f"run_dir={tmp_path / 'rl'}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=2",
-            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=2",
-            "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron", "policy.megatron.tp=2",
+            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=0.05", "trainer.weight_decay=0.1",
+            "trainer.max_steps=2", "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron",
+            "policy.megatron.pp=2",
             "layout.gpus_per_node=2"]
     _ok(_train(args, nproc=2))
     run_dir = tmp_path / "rl"
@@ -95,8 +107,9 @@ def test_two_rcgrpo_steps_tp2_with_weight_sync(data_dir, tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert math.isfinite(m["loss"]) and m["rollouts"] == 8 and m["tokens"] > 0 and math.isfinite(m["entropy"])
-    # step 1 trains from the reference weights (KL 0); step 2's logprobs come from the updated policy (KL > 0)
-    assert metrics[0]["kl"] == pytest.approx(0.0, abs=1e-7) and metrics[1]["kl"] > 0
+    # step 1 trains from the reference weights (exactly: ratio 1, KL 0, no gradient); step 2's logprobs come from the
+    # decayed policy (KL > 0)
+    assert metrics[0]["kl"] == 0 and metrics[0]["grad_norm"] == 0 and metrics[1]["kl"] > 0
     dumps = sorted(p.name for p in (run_dir / "rollouts").iterdir())
     assert dumps == ["step_0.jsonl", "step_1.jsonl"]
     assert all(len(p.read_text().splitlines()) == 8 for p in (run_dir / "rollouts").iterdir())
@@ -115,7 +128,9 @@ def test_start_up_errors_are_one_line(data_dir, tmp_path):
         (["policy.backend=megatron", "policy.megatron.tp=2", "layout.gpus_per_node=2"],
          "policy.megatron.tp=2: tensor-parallel size 2 does not divide the model's attention heads (9), KV heads (3)"),
         (["policy.backend=megatron", "policy.megatron.fp8=hybrid"], "needs Transformer Engine"),
-        (["policy.backend=megatron", "policy.megatron.pp=2"], "pipeline parallelism is not implemented"),
+        (["policy.backend=megatron", "policy.megatron.pp=4"],
+         "policy.megatron.pp=4: pipeline-parallel size 4 does not divide the model's 30 layers"),
+        (["policy.backend=megatron", "policy.megatron.cp=2"], "context parallelism is not implemented"),
     ]
     for extra, message in cases:
         proc = _train(_stage1_args(data_dir, tmp_path / "x", *extra))

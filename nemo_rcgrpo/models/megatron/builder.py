@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size
+from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size, stage_layers
 
 
 class MegatronSetupError(ValueError):
@@ -34,6 +34,15 @@ class Parallel:
     dp: int
     tp_rank: int
     dp_rank: int
+    pp_rank: int = 0
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
 
 
 def transformer_engine_available() -> bool:
@@ -80,7 +89,8 @@ def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
                                              context_parallel_size=cp, create_gloo_process_groups=on_cpu)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Parallel(tp, pp, cp, parallel_state.get_data_parallel_world_size(),
-                    parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_data_parallel_rank())
+                    parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_data_parallel_rank(),
+                    parallel_state.get_pipeline_model_parallel_rank())
 
 
 def rope_settings(hf_config) -> dict:
@@ -135,14 +145,17 @@ def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.d
 def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: str | None = None):
     """A GPTModel matching ``hf_config`` (randomly initialised: load weights with ``convert.hf_to_megatron``).
 
-    ``spec``: 'local' or 'te'; default ``layer_spec(mcfg)`` (TE exactly when FP8 is on).
+    ``spec``: 'local' or 'te'; default ``layer_spec(mcfg)`` (TE exactly when FP8 is on). With pipeline
+    parallelism (groups from ``init_parallel``) the model is this rank's stage.
     """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,
                                                           get_gpt_layer_with_transformer_engine_spec)
 
     shape = ModelShape.from_hf_config(hf_config)
     check_tp(shape, mcfg.tp)
+    stage_layers(shape.num_layers, mcfg.pp, 0)
     require_fp8_support(mcfg.fp8)
     config = transformer_config(shape, hf_config, mcfg, params_dtype)
     spec = spec or layer_spec(mcfg)
@@ -154,6 +167,8 @@ def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: 
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=padded_vocab_size(shape.vocab_size, mcfg.tp),
                      max_sequence_length=hf_config.max_position_embeddings, parallel_output=True,
                      share_embeddings_and_output_weights=shape.tied_embeddings, position_embedding_type="rope",
+                     pre_process=parallel_state.is_pipeline_first_stage(),
+                     post_process=parallel_state.is_pipeline_last_stage(),
                      rotary_base=int(rope["theta"]) if float(rope["theta"]).is_integer() else rope["theta"])
     apply_rope_scaling(model.rotary_pos_emb, rope)
     if params_dtype != torch.float32:
@@ -163,12 +178,13 @@ def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: 
     return model, shape, config
 
 
-def load_hf_state(model, hf_state: dict[str, torch.Tensor], shape: ModelShape, tp: int, tp_rank: int,
+def load_hf_state(model, hf_state: dict[str, torch.Tensor], shape: ModelShape, parallel: Parallel,
                   spec: str = "local") -> None:
-    """Copy HF weights into this rank's model (conversion: ``convert.hf_to_megatron``)."""
-    from nemo_rcgrpo.models.megatron.convert import hf_to_megatron, is_weight
+    """Copy HF weights into this rank's model (conversion: ``convert.hf_to_megatron``, ``convert.pipeline_stage``)."""
+    from nemo_rcgrpo.models.megatron.convert import hf_to_megatron, is_weight, pipeline_stage
 
-    mine = hf_to_megatron(hf_state, shape, tp, spec)[tp_rank]
+    mine = pipeline_stage(hf_to_megatron(hf_state, shape, parallel.tp, spec)[parallel.tp_rank], shape, parallel.pp,
+                          parallel.pp_rank)
     own = {k for k in model.state_dict() if is_weight(k)}
     if own != set(mine):
         raise MegatronSetupError(f"Megatron model and converted weights differ: missing {sorted(own - set(mine))[:4]}, "

@@ -22,6 +22,14 @@ model before conversion); logits of padded rows are masked out by the policy.
 ``megatron_param_to_hf(name, shards)`` converts one Megatron parameter given
 its shards from every TP rank; it is used both for whole checkpoints and to
 stream HF-named tensors out of a running TP model (``export_weights``).
+
+Pipeline parallelism splits the layers evenly over ``pp`` stages; a stage's
+state dict numbers its layers from 0 (megatron's local numbering). The first
+stage holds the embedding, the last the final norm and the output layer; with
+tied embeddings and ``pp > 1`` the last stage holds a copy of the embedding as
+its output layer (megatron keeps the two in sync by summing their gradients).
+``pipeline_stage`` cuts a full-model state dict into a stage's part and
+``global_layer_name`` maps a stage's names back.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Iterator
 import torch
 
 VOCAB_MULTIPLE = 128
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 class ConversionError(ValueError):
@@ -86,6 +95,41 @@ def check_tp(shape: ModelShape, tp: int) -> None:
         what = ", ".join(f"{k} ({v})" for k, v in bad.items())
         raise ConversionError(f"tensor-parallel size {tp} does not divide the model's {what}; "
                               f"possible sizes for this model: {sizes}")
+
+
+def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
+    """Global indices of the layers of pipeline stage ``pp_rank`` (megatron's even split)."""
+    if pp < 1 or num_layers % pp:
+        raise ConversionError(f"pipeline-parallel size {pp} does not divide the model's {num_layers} layers; "
+                              f"possible sizes: {[p for p in range(1, num_layers + 1) if num_layers % p == 0]}")
+    per = num_layers // pp
+    return range(pp_rank * per, (pp_rank + 1) * per)
+
+
+def pipeline_stage(state: dict[str, torch.Tensor], shape: ModelShape, pp: int, pp_rank: int) -> dict[str, torch.Tensor]:
+    """Stage ``pp_rank``'s part of one TP rank's full-model state dict, layers renumbered from 0."""
+    layers = stage_layers(shape.num_layers, pp, pp_rank)
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        m = _LAYER.match(name)
+        if m is not None:
+            if int(m.group(1)) in layers:
+                out[f"decoder.layers.{int(m.group(1)) - layers.start}.{m.group(2)}"] = value
+        elif name.startswith("embedding."):
+            if first:
+                out[name] = value
+        elif last:  # final norm, output layer
+            out[name] = value
+    if last and not first and shape.tied_embeddings:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"].clone()
+    return out
+
+
+def global_layer_name(name: str, layer_offset: int) -> str:
+    """A stage-local Megatron name with its layer index made global."""
+    m = _LAYER.match(name)
+    return name if m is None or layer_offset == 0 else f"decoder.layers.{int(m.group(1)) + layer_offset}.{m.group(2)}"
 
 
 def _layer_names(spec: str) -> dict[str, str]:
@@ -157,7 +201,6 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int,
 
 
 # ---------------------------------------------------------------------- Megatron -> HF
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
 def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShape,

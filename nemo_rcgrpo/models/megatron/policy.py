@@ -8,9 +8,11 @@ stage-2 loops and the pure losses do not know which backend runs:
   the HF model by ``convert.hf_to_megatron``, wrapped in megatron's DDP, and
   trained by megatron's optimizer (distributed optimizer optional; bf16 with
   fp32 master weights when ``model.dtype=bfloat16``);
-- per-token logprobs are computed vocab-parallel (``vocab_parallel_cross_entropy``
-  for training, ``logprobs.vocab_parallel_logprobs`` for evaluation and
-  entropies): the full vocabulary never sits on one rank. The loss function
+- per-token logprobs are computed vocab-parallel (megatron's
+  ``vocab_parallel_cross_entropy``, in training and for old / reference
+  logprobs alike, so the first update's ratio is exactly 1;
+  ``logprobs.vocab_parallel_logprobs`` for entropies): the full vocabulary
+  never sits on one rank. The loss function
   receives the gathered [B, T] values, exactly as with the torch backend;
 - TP ranks of one data-parallel replica see the same micro-batches
   (``data_parallel`` gives the trainer the DP rank and size to split by);
@@ -29,13 +31,36 @@ import torch
 import torch.distributed as tdist
 
 from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, layer_spec, load_hf_state
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, hf_to_megatron,
-                                                 megatron_param_to_hf)
+from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name,
+                                                 hf_to_megatron, megatron_param_to_hf, pipeline_stage, stage_layers)
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo
 
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+def pad_micro_batches(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches padded to one [B, T] shape (pipeline stages exchange fixed-shape activations).
+
+    Added rows and positions are zeros: no loss-mask tokens, so they add nothing to losses or gradients.
+    Tensors whose first two dimensions are the batch's [B, T] are padded in both, [B, ...] tensors in rows.
+    """
+    rows = max(b["input_ids"].shape[0] for b in batches)
+    length = max(b["input_ids"].shape[1] for b in batches)
+    out = []
+    for b in batches:
+        r, t = b["input_ids"].shape
+        padded = {}
+        for k, v in b.items():
+            if v.dim() >= 1 and v.shape[0] == r:
+                pad = [0, 0] * (v.dim() - 1) + [0, rows - r]  # F.pad lists the last dimension first
+                if v.dim() >= 2 and v.shape[1] == t:
+                    pad[2 * (v.dim() - 2) + 1] = length - t
+                v = torch.nn.functional.pad(v, pad)
+            padded[k] = v
+        out.append(padded)
+    return out
 
 
 class MegatronPolicy:
@@ -48,10 +73,14 @@ class MegatronPolicy:
         m, t = cfg.policy.megatron, cfg.trainer
         self.dist, self.mcfg = dist, m
         hf_model.config.vocab_size = hf_model.get_input_embeddings().weight.shape[0]  # reward tokens included
-        try:  # refuse a TP size that does not divide the heads before any process group exists
+        try:  # refuse TP / PP sizes that do not divide the heads / layers before any process group exists
             check_tp(ModelShape.from_hf_config(hf_model.config), m.tp)
         except ConversionError as e:
             raise MegatronSetupError(f"policy.megatron.tp={m.tp}: {e}") from None
+        try:
+            stage_layers(hf_model.config.num_hidden_layers, m.pp, 0)
+        except ConversionError as e:
+            raise MegatronSetupError(f"policy.megatron.pp={m.pp}: {e}") from None
         self.spec = layer_spec(m)
         self.parallel = init_parallel(m.tp, m.pp, m.cp, cfg.seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -60,7 +89,7 @@ class MegatronPolicy:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
         self.hf_config, self.params_dtype = hf_model.config, dtype
         self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype)
-        load_hf_state(self.model, hf_model.state_dict(), self.shape, m.tp, self.parallel.tp_rank, self.spec)
+        load_hf_state(self.model, hf_model.state_dict(), self.shape, self.parallel, self.spec)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=m.grad_reduce_in_fp32, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=m.distributed_optimizer,
                                                    check_for_nan_in_grad=False)
@@ -93,61 +122,124 @@ class MegatronPolicy:
         return info, reduce_sum
 
     # ------------------------------------------------------------------ forward
-    def _forward_logits(self, model, input_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T, V_pad/tp] fp32 logits with the padded vocabulary at -inf."""
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
-        logits = model(input_ids, pos, None)  # causal; right padding never affects earlier positions
-        return mask_padded_vocab(logits, self.shape.vocab_size, self.parallel.tp_rank)
+    def _schedule(self, model, batches: list[dict[str, torch.Tensor]],
+                  on_logits: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor],
+                  forward_only: bool) -> None:
+        """Run micro-batches through megatron's schedule (1F1B across pipeline stages; a plain loop at PP=1).
 
-    def _token_logprobs(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, T] log p(ids[:, t] | ids[:, <t]) with gradient (position 0 is 0), vocab-parallel."""
+        ``on_logits(logits, batch)`` runs on the last stage with this rank's [B, T, V_pad/tp] fp32 logits (padded
+        vocabulary at -inf) and returns the micro-batch's loss; megatron's schedule divides it by the number of
+        micro-batches, so it is handed back multiplied by that number.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batches = [{k: v.to(self.device) for k, v in b.items()} for b in batches]
+        if self.parallel.pp > 1:  # stages exchange activations of one fixed shape
+            batches = pad_micro_batches(batches)
+        n = len(batches)
+
+        def forward_step(data_iterator, module):
+            b = next(data_iterator)
+            ids = b["input_ids"]
+            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+            output = module(ids, pos, None)  # causal; right padding never affects earlier positions
+
+            def loss_func(logits: torch.Tensor):
+                masked = mask_padded_vocab(logits, self.shape.vocab_size, self.parallel.tp_rank)
+                return on_logits(masked, b) * n, {}
+
+            return output, loss_func
+
+        ids = batches[0]["input_ids"]
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
+                                    num_microbatches=n, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
+                                    forward_only=forward_only)
+
+    def _from_last_stage(self, value):
+        """A picklable value computed on the last pipeline stage, on every stage."""
+        if self.parallel.pp == 1:
+            return value
+        from megatron.core import parallel_state as ps
+
+        box = [value]
+        tdist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
+                                    group=ps.get_pipeline_model_parallel_group())
+        return box[0]
+
+    @torch.no_grad()
+    def _evaluate(self, model, batch: dict[str, torch.Tensor], with_entropy: bool):
+        """[B, T] logprobs (and entropies) of ``model``, vocab-parallel, on every rank; position 0 is 0."""
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
         ids = batch["input_ids"]
-        logits = self._forward_logits(model, ids)[:, :-1]  # [B, T-1, V/tp]
-        lp = -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())  # [B, T-1]
-        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
+        found: list[torch.Tensor] = []
 
-    @torch.no_grad()
+        def on_logits(logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
+            rows, length = ids.shape  # pipeline padding may add rows and positions; they are dropped here
+            logits, targets = logits[:rows, : length - 1], b["input_ids"][:rows, 1:length]
+            # the training path's function, so that old logprobs equal the first update's exactly (ratio 1, KL 0)
+            lp = -vocab_parallel_cross_entropy(logits.contiguous(), targets.contiguous())
+            if with_entropy:
+                ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1]
+                found.append(torch.stack([lp, ent]))
+            else:
+                found.append(lp.unsqueeze(0))
+            return logits.new_zeros(())
+
+        was_training = model.training
+        model.eval()
+        try:
+            self._schedule(model, [batch], on_logits, forward_only=True)
+        finally:
+            model.train(was_training)
+        values = found[0].float() if found else torch.empty(2 if with_entropy else 1, ids.shape[0], ids.shape[1] - 1)
+        if self.parallel.pp > 1:
+            from megatron.core import parallel_state as ps
+
+            values = values.to(self.device)
+            tdist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
+                            group=ps.get_pipeline_model_parallel_group())
+        values = torch.cat([torch.zeros_like(values[..., :1]), values], dim=-1).cpu()
+        return (values[0], values[1]) if with_entropy else values[0]
+
     def logprobs(self, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         """[B, T] logprobs (and entropies with ``with_entropy``) of the current weights, no gradient."""
-        self.model.eval()
-        try:
-            ids = batch["input_ids"].to(self.device)
-            logits = self._forward_logits(self.model, ids)[:, :-1]
-            out = vocab_parallel_logprobs(logits, ids[:, 1:], self.parallel.tp_rank, self.tp_group, with_entropy)
-            pad = lambda x: torch.cat([torch.zeros_like(x[:, :1]), x], dim=1).float().cpu()  # noqa: E731
-            return (pad(out[0]), pad(out[1])) if with_entropy else pad(out)
-        finally:
-            self.model.train()
+        return self._evaluate(self.model, batch, with_entropy)
 
     # ------------------------------------------------------------------ training
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
                    num_valid_tokens: float) -> dict[str, float]:
         """One optimizer step over this replica's micro-batches; the loss is normalised globally by the caller."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.base_lr * self.lr_at(self.optimizer_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
-        for mb in micro_batches:
-            b = {k: v.to(self.device) for k, v in mb.items()}
-            lp = self._token_logprobs(self.ddp, b)
+        totals: dict[str, float] = {"loss_local": 0.0}
+
+        def on_logits(logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
+            ids = b["input_ids"]
+            lp = -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())  # [B, T-1]
+            lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
             loss, metrics = loss_fn(lp, b, num_valid_tokens)
-            # megatron DDP averages gradients over DP replicas; the loss is already normalised over all of them
-            (loss * self.parallel.dp).backward()
-            loss_sum += loss.item()
+            totals["loss_local"] += loss.item()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
-        self.ddp.finish_grad_sync()
+            # megatron DDP averages gradients over DP replicas; the loss is already normalised over all of them
+            return loss * self.parallel.dp
+
+        self._schedule(self.ddp, micro_batches, on_logits, forward_only=False)
+        # DP gradient reduction, and the sum of the tied embedding's gradients across first and last stages
+        finalize_model_grads([self.ddp])
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
         self.optimizer_step += 1
-        return {"loss_local": loss_sum, "grad_norm": float(grad_norm or 0.0), "lr": lr, **totals}
+        return {**self._from_last_stage(totals), "grad_norm": float(grad_norm or 0.0), "lr": lr}
 
     @property
     def module(self) -> torch.nn.Module | None:
@@ -164,31 +256,57 @@ class MegatronPolicy:
                     target[name].copy_(value)
         reference.eval().requires_grad_(False)
 
-        @torch.no_grad()
         def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            ids = batch["input_ids"].to(self.device)
-            logits = self._forward_logits(reference, ids)[:, :-1]
-            lp = vocab_parallel_logprobs(logits, ids[:, 1:], self.parallel.tp_rank, self.tp_group)
-            return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1).float().cpu()
+            return self._evaluate(reference, batch, with_entropy=False)
 
         return logprobs
 
     # ------------------------------------------------------------------ weights out
     @torch.no_grad()
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors, one Megatron parameter at a time (a collective: every rank iterates)."""
-        tp = self.parallel.tp
+        """HF-named full tensors, one Megatron parameter at a time (a collective: every rank iterates).
+
+        Each stage's parameters are all-gathered over TP and converted; with PP > 1 the stage then broadcasts
+        them to the other stages, so every rank yields the whole model, stage by stage.
+        """
+        for stage in range(self.parallel.pp):
+            mine = self._stage_tensors() if stage == self.parallel.pp_rank else iter(())
+            if self.parallel.pp == 1:
+                yield from mine
+            else:
+                yield from self._broadcast_stage(stage, mine)
+
+    def _stage_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        tp, offset = self.parallel.tp, stage_layers(self.shape.num_layers, self.parallel.pp, self.parallel.pp_rank).start
         for name, param in self.model.state_dict().items():
             if name.endswith("_extra_state") or name.endswith("inv_freq"):
                 continue
+            if name == "output_layer.weight" and self.shape.tied_embeddings:
+                continue  # the last stage's copy of the embedding (PP > 1)
             shard = param.detach().contiguous()
-            shards = [torch.empty_like(shard) for _ in range(tp)]
+            shards = [shard]
             if tp > 1:
+                shards = [torch.empty_like(shard) for _ in range(tp)]
                 tdist.all_gather(shards, shard, group=self.tp_group)
-            else:
-                shards = [shard]
-            for hf_name, tensor in megatron_param_to_hf(name, [s.cpu() for s in shards], self.shape, self.spec):
-                yield hf_name, tensor
+            yield from megatron_param_to_hf(global_layer_name(name, offset), [s.cpu() for s in shards], self.shape,
+                                            self.spec)
+
+    def _broadcast_stage(self, stage: int, tensors: Iterator[tuple[str, torch.Tensor]]):
+        """Stage ``stage``'s HF tensors from its rank in this rank's pipeline group, one parameter at a time."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_pipeline_model_parallel_group()
+        src = tdist.get_global_rank(group, stage)
+        while True:
+            item = next(tensors, None)
+            meta = [None if item is None else (item[0], tuple(item[1].shape), item[1].dtype)]
+            tdist.broadcast_object_list(meta, src=src, group=group)
+            if meta[0] is None:
+                return
+            name, shape, dtype = meta[0]
+            value = item[1].to(self.device) if item is not None else torch.empty(shape, dtype=dtype, device=self.device)
+            tdist.broadcast(value, src=src, group=group)
+            yield name, value.cpu()
 
     def sync_hf_model(self) -> torch.nn.Module | None:
         """Copy the current weights into rank 0's HF model (a collective); returns it on rank 0, None elsewhere."""
@@ -204,7 +322,7 @@ class MegatronPolicy:
     def state_dict(self) -> dict[str, Any]:
         """A collective. model: HF names, full tensors (as the torch backend); optimizer: every rank's state."""
         model = {k: v.clone() for k, v in self.export_weights()}
-        mine = {"layout": [self.parallel.tp, self.parallel.dp], "state": self._optimizer_state()}
+        mine = {"layout": [self.parallel.tp, self.parallel.pp, self.parallel.dp], "state": self._optimizer_state()}
         world = tdist.get_world_size()
         gathered = [None] * world if self.dist.is_main else None
         tdist.gather_object(mine, gathered, dst=0)
@@ -222,7 +340,8 @@ class MegatronPolicy:
         return state
 
     def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None:
-        mine = hf_to_megatron(model, self.shape, self.parallel.tp, self.spec)[self.parallel.tp_rank]
+        mine = pipeline_stage(hf_to_megatron(model, self.shape, self.parallel.tp, self.spec)[self.parallel.tp_rank],
+                              self.shape, self.parallel.pp, self.parallel.pp_rank)
         with torch.no_grad():
             params = dict(self.model.state_dict(keep_vars=True))
             for name, value in mine.items():
@@ -232,9 +351,9 @@ class MegatronPolicy:
                                      "policy.backend=torch, or start a new run_dir (trainer.resume=false)")
         ranks = optimizer["ranks"]
         rank = tdist.get_rank()
-        layout = [self.parallel.tp, self.parallel.dp]
+        layout = [self.parallel.tp, self.parallel.pp, self.parallel.dp]
         if len(ranks) != tdist.get_world_size() or ranks[rank]["layout"] != layout:
-            raise MegatronSetupError(f"checkpoint written with tp x dp = {ranks[0]['layout']} on {len(ranks)} ranks; "
+            raise MegatronSetupError(f"checkpoint written with tp x pp x dp = {ranks[0]['layout']} on {len(ranks)} ranks; "
                                      f"resume with the same layout (now {layout})")
         state = ranks[rank]["state"]
         self.optimizer.load_state_dict(state["optimizer"])
