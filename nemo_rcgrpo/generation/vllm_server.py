@@ -269,6 +269,16 @@ class FolderSync:
                               f"the previous weights ({previous.name}) are still serving") from None
 
 
+def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> dict[str, torch.Tensor]:
+    """The tensors as a dict; a tied model gets ``lm_head.weight`` (a copy of the embedding) where the source
+    omits it, as Megatron's export does: the served model is untied, so its output layer must be sent too."""
+    tensors = dict(weights)
+    embed = tensors.get("model.embed_tokens.weight")
+    if tied and embed is not None and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = embed.detach().clone()
+    return tensors
+
+
 def _weight_source(current):
     """A vLLM ``WeightSource`` over ``current()`` (name -> tensor), re-read every round (NCCL path)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -278,7 +288,11 @@ def _weight_source(current):
             return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in current().items()]
 
         def __iter__(self):
-            return iter(list(current().items()))
+            # NCCL sends from GPU memory; the exports (Megatron's included) arrive on the CPU. One tensor at a
+            # time, so the trainer's GPU never holds a whole second copy of the model
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            for name, tensor in list(current().items()):
+                yield name, tensor if device is None else tensor.to(device)
 
     return ExportSource()
 
@@ -341,6 +355,7 @@ class VLLMGenerator:
         self.server: VLLMServer | None = None
         self.client: VLLMClient | None = None
         self.sync: FolderSync | NCCLSync | None = None
+        self._tied: bool | None = None
 
     @property
     def weight_sync(self) -> str:
@@ -390,18 +405,8 @@ class VLLMGenerator:
     def _write_initial(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
         """The served folder: config, tokenizer, weights. Tied embeddings are served untied (lm_head written as
         its own tensor): vLLM's in-place reload on CPU refreshes the embedding but not a tied output layer."""
-        import copy
-
-        tensors = dict(weights)
-        config = getattr(self.model, "config", None)
-        if hasattr(config, "save_pretrained"):
-            config = copy.deepcopy(config)
-        else:  # not an HF module (e.g. a Megatron policy): the HF config of the model it was built from
-            from transformers import AutoConfig
-
-            from nemo_rcgrpo.models.hf import resolve_model_path
-
-            config = AutoConfig.from_pretrained(str(resolve_model_path(self.model_path)), local_files_only=True)
+        config = self._hf_config()
+        tensors = _with_lm_head(weights, bool(getattr(config, "tie_word_embeddings", False)))
         embed = tensors.get("model.embed_tokens.weight")
         if embed is not None:
             config.vocab_size = int(embed.shape[0])  # reward tokens (and any vocabulary padding) included
@@ -416,6 +421,26 @@ class VLLMGenerator:
             _save(tensors, tmp, {n: DTYPES[self.dtype] for n, t in tensors.items() if t.is_floating_point()})
 
         return _atomic_write(self.weight_dir / f"v{version}", write)
+
+    def _hf_config(self):
+        """A copy of the policy's HF config (from the model, else from ``model_path``)."""
+        import copy
+
+        config = getattr(self.model, "config", None)
+        if hasattr(config, "save_pretrained"):
+            return copy.deepcopy(config)
+        from transformers import AutoConfig  # not an HF module: the config of the model it was built from
+
+        from nemo_rcgrpo.models.hf import resolve_model_path
+
+        return AutoConfig.from_pretrained(str(resolve_model_path(self.model_path)), local_files_only=True)
+
+    @property
+    def tied(self) -> bool:
+        """Whether the policy ties its output layer to the embedding (then it is served untied)."""
+        if self._tied is None:
+            self._tied = bool(getattr(self._hf_config(), "tie_word_embeddings", False))
+        return self._tied
 
     def _check_reward_tokens(self, client: VLLMClient) -> None:
         """The served tokenizer must map each reward token to the trainer's single id (the stage-1 export as is)."""
@@ -433,9 +458,11 @@ class VLLMGenerator:
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
         """Push new weights as ``version``. Before the first use this starts the server on them instead."""
-        if self.client is None and not self.vcfg.url and not isinstance(weights, (str, Path)):
-            self.start(weights, version)
-            return
+        if not isinstance(weights, (str, Path)):
+            weights = _with_lm_head(weights, self.tied).items()
+            if self.client is None and not self.vcfg.url:
+                self.start(weights, version)
+                return
         self.start()
         self.sync.push(weights, version)
         self.client.set_weight_version(version)

@@ -69,8 +69,10 @@ def sync_generator(policy, generator, backend: str, version: int) -> None:
             policy.sync_hf_model()
         return
     weights = policy.export_weights()
-    if generator is not None:
-        generator.update_weights(weights, version)
-    else:  # ranks without a generator still take part in the all-gathers of the export
+    if generator is None:  # ranks without a generator still take part in the all-gathers, keeping nothing
         for _ in weights:
             pass
+        return
+    # rank 0 finishes the export before the generator sees it (every consumer holds it all anyway), so a
+    # generator that fails cannot leave the other ranks waiting inside the collective
+    generator.update_weights(list(weights), version)
