@@ -42,9 +42,10 @@ from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
-from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, make_reference, sync_generator
+from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
+                                        sync_generator)
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
-from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 
@@ -305,13 +306,10 @@ class RLTrainer:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
             if self.step % cfg.trainer.save_every == 0 or self.step == end:
-                sd = self.policy.state_dict()  # a collective with the megatron backend
-                if main:
-                    save_checkpoint(self.run_dir, self.step, model_state=sd["model"], optimizer_state=sd["optimizer"],
-                                    scheduler_state=sd["scheduler"], keep_last=cfg.trainer.keep_last,
-                                    tokenizer=self.tokenizer,
-                                    trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
-                                                   "task_cursor": self.task_cursor, "stage": cfg.stage})
+                save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
+                                       tokenizer=self.tokenizer,
+                                       trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
+                                                      "task_cursor": self.task_cursor, "stage": cfg.stage})
         bar.close()
         logger.close()
         if cfg.trainer.export_hf and self.step == total:

@@ -30,8 +30,8 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
-from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy
-from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, set_rng_state
+from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 
@@ -164,13 +164,9 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         bar.update(1)
         bar.set_postfix(loss=f"{last['loss']:.4f}")
         if (step + 1) % t.save_every == 0 or step + 1 == end_step:
-            sd = policy.state_dict()  # a collective with the megatron backend
-            if dist.is_main:
-                save_checkpoint(run_dir, step + 1, model_state=sd["model"], optimizer_state=sd["optimizer"],
-                                scheduler_state=sd["scheduler"], keep_last=t.keep_last, tokenizer=tokenizer,
-                                trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
-                                               "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
-            barrier(dist)
+            save_policy_checkpoint(policy, dist, run_dir, step + 1, keep_last=t.keep_last, tokenizer=tokenizer,
+                                   trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
+                                                  "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
     bar.close()
     logger.close()
     if t.export_hf and end_step == total_steps:

@@ -6,7 +6,8 @@ from typing import Callable
 
 import torch
 
-from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
+from nemo_rcgrpo.utils.checkpoint import checkpoint_tmp_dir, prepare_checkpoint, save_checkpoint
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier
 
 
 def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int):
@@ -76,3 +77,21 @@ def sync_generator(policy, generator, backend: str, version: int) -> None:
     # rank 0 finishes the export before the generator sees it (every consumer holds it all anyway), so a
     # generator that fails cannot leave the other ranks waiting inside the collective
     generator.update_weights(list(weights), version)
+
+
+def save_policy_checkpoint(policy, dist: DistInfo, run_dir, step: int, **kwargs) -> None:
+    """Checkpoint ``step`` (every rank calls it). A backend with ``save_sharded`` (Megatron) first writes its
+    shards from every rank into the checkpoint's temporary folder; rank 0 then adds the rest (``kwargs``: see
+    ``save_checkpoint``) and moves the folder into place."""
+    sd = policy.state_dict()  # a collective with the megatron backend
+    sharded = hasattr(policy, "save_sharded")
+    if sharded:
+        if dist.is_main:
+            prepare_checkpoint(run_dir, step)
+        barrier(dist)
+        policy.save_sharded(checkpoint_tmp_dir(run_dir, step) / sd["optimizer"]["dir"])
+        barrier(dist)
+    if dist.is_main:
+        save_checkpoint(run_dir, step, model_state=sd["model"], optimizer_state=sd["optimizer"],
+                        scheduler_state=sd["scheduler"], prepared=sharded, **kwargs)
+    barrier(dist)

@@ -5,6 +5,11 @@ complete (``trainer_state.json`` is its last file), so a kill mid-save never
 leaves a checkpoint that looks valid, and older ones are removed only after a
 newer one is complete. It holds the model and optimizer state, the scheduler,
 the RNG states and the data position, so a resumed run continues exactly.
+
+Backends that shard their state (Megatron) write their shards from every rank
+into the temporary folder first (``prepare_checkpoint``), then rank 0 adds the
+rest and moves the whole folder into place; a relative ``dir`` in the saved
+optimizer state is resolved against the checkpoint on load (``path``).
 """
 
 from __future__ import annotations
@@ -49,15 +54,32 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
+def checkpoint_tmp_dir(run_dir: str | Path, step: int) -> Path:
+    """Where checkpoint ``step`` is written before it is moved into place."""
+    return checkpoint_dir(run_dir) / f".tmp-step_{step}"
+
+
+def prepare_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """An empty temporary folder for checkpoint ``step`` (rank 0 calls it; then all ranks may write into it)."""
+    tmp = checkpoint_tmp_dir(run_dir, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
                     scheduler_state: dict, trainer_state: dict[str, Any], keep_last: int,
-                    tokenizer=None) -> Path:
+                    tokenizer=None, prepared: bool = False) -> Path:
+    """Write checkpoint ``step`` and move it into place. ``prepared``: the temporary folder from
+    ``prepare_checkpoint`` already holds shards written by every rank; keep them."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp-step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = checkpoint_tmp_dir(run_dir, step)
+    if not prepared:
+        prepare_checkpoint(run_dir, step)
+    elif not tmp.is_dir():
+        raise CheckpointError(f"{tmp} was not prepared")
     torch.save(model_state, tmp / "model.pt")
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save({"scheduler": scheduler_state, "rng": rng_state()}, tmp / "extra.pt")
@@ -80,8 +102,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     try:
         trainer_state = json.loads(state_file.read_text())
-        model = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+        # memory-mapped: ranks that do not need the full model (sharded backends) never read it
+        model = torch.load(path / "model.pt", map_location="cpu", weights_only=True, mmap=True)
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        if isinstance(optimizer, dict) and isinstance(optimizer.get("dir"), str):
+            optimizer = {**optimizer, "path": str(path / optimizer["dir"])}
         extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None

@@ -9,12 +9,15 @@ vocabulary is padded), compute old / reference logprobs, take one step of the
 same pure ``grpo_loss`` on the same micro-batches, and then: rank 0's HF copy
 receives ``export_weights()`` (the generator's weight sync) and is compared with
 the torch policy's weights; logprobs of both backends are compared before and
-after the step; a checkpoint state dict is reloaded into a fresh policy.
+after the step; a sharded checkpoint is loaded into a fresh policy.
 """
 
 import copy
 import json
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -78,14 +81,21 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
             "new_logprob_diff": max(float(((a - t) * b["loss_mask"]).abs().max())
                                     for a, t, b in zip(after, t_after, batches)),
         }
-    # checkpoint round trip: a fresh policy loaded from the state dict gives the same logprobs
-    sd = policy.state_dict()
-    box = [sd if dist.rank == 0 else None]
+    # checkpoint round trip: a fresh policy loaded from the sharded checkpoint gives the same logprobs
+    box = [tempfile.mkdtemp(prefix="rcgrpo-ckpt-") if dist.rank == 0 else None]
     torch.distributed.broadcast_object_list(box, src=0)
+    sd = policy.state_dict()
+    policy.save_sharded(Path(box[0]) / sd["optimizer"]["dir"])
     fresh_hf = load_model(name)
     add_reward_tokens(tok, fresh_hf, ("<|high_reward|>", "<|low_reward|>"))
     fresh = MegatronPolicy(fresh_hf, cfg, dist, total_steps=4)
-    fresh.load_state_dict(box[0]["model"], box[0]["optimizer"], box[0]["scheduler"])
+    fresh.load_state_dict({}, {**sd["optimizer"], "path": str(Path(box[0]) / sd["optimizer"]["dir"])}, sd["scheduler"])
+    if dist.rank == 0:  # rank 0's HF copy (the generator's model) follows the loaded weights
+        result["reloaded_hf_diff"] = max(float((fresh.module.state_dict()[k] - v).abs().max())
+                                         for k, v in policy.module.state_dict().items())
+    torch.distributed.barrier()
+    if dist.rank == 0:
+        shutil.rmtree(box[0])
     reloaded = max(float((fresh.logprobs(b) - a).abs().max()) for b, a in zip(batches, after))
     # the next step from the reloaded optimizer state equals the next step of the original
     o1 = policy.train_step(mine, loss_fn, n)

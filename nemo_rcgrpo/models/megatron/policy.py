@@ -18,25 +18,32 @@ stage-2 loops and the pure losses do not know which backend runs:
   (``data_parallel`` gives the trainer the DP rank and size to split by);
 - ``export_weights()`` streams HF-named full tensors (all-gathered over TP,
   one parameter at a time) for the generator's weight sync and for exports;
+- pipeline parallelism runs megatron's 1F1B schedule (``_schedule``); stage
+  outputs are exchanged point to point, the last stage computes the loss, and
+  metrics and logprobs are broadcast back over the pipeline group;
 - checkpoints hold the model in HF names (the same ``model.pt`` as the torch
-  backend) and each rank's optimizer state; resuming needs the same TP x DP
-  layout (the model alone can be resumed at any layout).
+  backend, for evaluation and exports) and a megatron ``dist_checkpointing``
+  folder (``checkpointing.py``) with the model and optimizer state, which
+  resumes at any TP x PP x DP layout.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as tdist
 
 from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, layer_spec, load_hf_state
+from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded
 from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name,
-                                                 hf_to_megatron, megatron_param_to_hf, pipeline_stage, stage_layers)
+                                                 megatron_param_to_hf, stage_layers)
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo
 
+SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint step_N/
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
@@ -320,53 +327,28 @@ class MegatronPolicy:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """A collective. model: HF names, full tensors (as the torch backend); optimizer: every rank's state."""
+        """A collective. model: HF names, full tensors (as the torch backend: evaluation and exports read it at
+        any layout); optimizer: a pointer to the sharded checkpoint ``save_sharded`` writes beside it."""
         model = {k: v.clone() for k, v in self.export_weights()}
-        mine = {"layout": [self.parallel.tp, self.parallel.pp, self.parallel.dp], "state": self._optimizer_state()}
-        world = tdist.get_world_size()
-        gathered = [None] * world if self.dist.is_main else None
-        tdist.gather_object(mine, gathered, dst=0)
-        return {"model": model, "optimizer": {"backend": "megatron", "ranks": gathered},
+        return {"model": model, "optimizer": {"backend": "megatron", "format": "dist_checkpointing", "dir": SHARDED_DIR},
                 "scheduler": {"optimizer_step": self.optimizer_step}}
 
-    def _optimizers(self) -> list:
-        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
-
-    def _optimizer_state(self) -> dict[str, Any]:
-        state = {"optimizer": self.optimizer.state_dict()}
-        if self.mcfg.distributed_optimizer:  # this rank's shard of main params and Adam moments (not in state_dict())
-            state["shards"] = [[{k: v.detach().clone().cpu() for k, v in o._get_main_param_and_optimizer_states(p).items()}
-                                for p in o.model_param_group_index_map] for o in self._optimizers()]
-        return state
+    def save_sharded(self, directory: Path) -> None:
+        """A collective: megatron ``dist_checkpointing`` of the model and optimizer state (any layout on load)."""
+        save_sharded(self.ddp, self.optimizer, directory, {"optimizer_step": self.optimizer_step})
 
     def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None:
-        mine = pipeline_stage(hf_to_megatron(model, self.shape, self.parallel.tp, self.spec)[self.parallel.tp_rank],
-                              self.shape, self.parallel.pp, self.parallel.pp_rank)
-        with torch.no_grad():
-            params = dict(self.model.state_dict(keep_vars=True))
-            for name, value in mine.items():
-                params[name].copy_(value)
+        """A collective. Weights and optimizer state come from the sharded checkpoint (``optimizer['path']``),
+        which reshards to this run's TP x PP x DP; ``model`` (the HF-named copy) is not needed."""
         if optimizer.get("backend") != "megatron":
             raise MegatronSetupError("this checkpoint's optimizer state comes from the torch backend; resume with "
                                      "policy.backend=torch, or start a new run_dir (trainer.resume=false)")
-        ranks = optimizer["ranks"]
-        rank = tdist.get_rank()
-        layout = [self.parallel.tp, self.parallel.pp, self.parallel.dp]
-        if len(ranks) != tdist.get_world_size() or ranks[rank]["layout"] != layout:
-            raise MegatronSetupError(f"checkpoint written with tp x pp x dp = {ranks[0]['layout']} on {len(ranks)} ranks; "
-                                     f"resume with the same layout (now {layout})")
-        state = ranks[rank]["state"]
-        self.optimizer.load_state_dict(state["optimizer"])
-        if "shards" in state:
-            with torch.no_grad():  # fp32 main params are views of the model's own (leaf) parameters
-                for o, shards in zip(self._optimizers(), state["shards"]):
-                    for p, tensors in zip(o.model_param_group_index_map, shards):
-                        o._set_main_param_and_optimizer_states(p, tensors)
-                    # megatron's placeholder states share one 'step' tensor between parameters; Adam increments it
-                    # per parameter, so each needs its own
-                    for st in o.optimizer.state.values():
-                        if torch.is_tensor(st.get("step")):
-                            st["step"] = st["step"].clone()
+        if optimizer.get("format") != "dist_checkpointing" or "path" not in optimizer:
+            raise MegatronSetupError("this checkpoint has no sharded Megatron state (written by an older version); "
+                                     "start a new run_dir (trainer.resume=false) from its model")
+        try:
+            load_sharded(self.ddp, self.optimizer, Path(optimizer["path"]))
+        except CheckpointLayoutError as e:
+            raise MegatronSetupError(str(e)) from None
         self.optimizer_step = scheduler["optimizer_step"]
-        if self.hf_model is not None:
-            self.hf_model.load_state_dict(model, strict=False)
+        self.sync_hf_model()  # rank 0's HF copy (the in-process generator's model) follows the loaded weights
