@@ -1,9 +1,9 @@
 """Benchmark: stage-1 step time of the Megatron-Core backend vs the torch backend on the same run (CPU).
 
 Runs the stage-1 recipe ``rctp_smollm_cpu`` (SmolLM2-135M, fp32, same data
-order and seed) three times, one after another: ``policy.backend=torch`` (the
-baseline), ``policy.backend=megatron`` at TP=1, and at TP=3 under torchrun
-(3 processes, gloo). Reports the mean step seconds after the first step, the
+order and seed) four times, one after another: ``policy.backend=torch`` (the
+baseline), ``policy.backend=megatron`` at TP=1, at TP=3 under torchrun
+(3 processes, gloo) and at PP=2 (2 processes, 1F1B schedule). Reports the mean step seconds after the first step, the
 ratio to the torch run, and the loss difference at every step.
 
 Usage: python scripts/bench/megatron_cpu.py [--steps 3] [--data data/bfcl_v4] [--out docs/benchmarks.md]
@@ -57,7 +57,9 @@ def main() -> int:
               "logging.tensorboard=false"]
     runs = {"torch": ([], 1), "megatron TP=1": (["policy.backend=megatron"], 1),
             "megatron TP=3 (3 processes)": (["policy.backend=megatron", "policy.megatron.tp=3",
-                                             "layout.gpus_per_node=3"], 3)}
+                                             "layout.gpus_per_node=3"], 3),
+            "megatron PP=2 (2 processes)": (["policy.backend=megatron", "policy.megatron.pp=2",
+                                             "layout.gpus_per_node=2"], 2)}
     metrics = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, (extra, nproc)) in enumerate(runs.items()):
@@ -70,8 +72,8 @@ def main() -> int:
             f"Python {platform.python_version()}, torch {torch.__version__}, megatron-core 0.16.1 (local spec, "
             "CPU compatibility layer, gloo).",
             f"- Run: `rctp_smollm_cpu` (SmolLM2-135M fp32, 4 sequences of <= 1536 tokens per step, micro-batches of 1), "
-            f"{args.steps} steps per backend, same data order and seed; the three runs one after another; mean over "
-            "the steps after the first. TP=3 runs 3 processes (1 thread each) on the 2 cores.", "",
+            f"{args.steps} steps per backend, same data order and seed; the runs one after another; mean over "
+            "the steps after the first. TP=3 runs 3 processes and PP=2 two (1 thread each) on the 2 cores.", "",
             "| backend | step seconds | ratio to torch | max loss diff to torch |", "|---|---:|---:|---:|"]
     for name, ms in metrics.items():
         sec = statistics.fmean(m["step_seconds"] for m in ms[1:])
