@@ -83,7 +83,8 @@ def main() -> int:
              "and the local spec's unfused attention (scores and probabilities of every layer kept for the backward: "
              "about 14 GB peak at TP=1 with 2 x 1536-token micro-batches, against 6 GB for the torch backend's SDPA); "
              "it exists for tests. Its speed matters on GPU (`scripts/bench/megatron_gpu.py`, Transformer Engine "
-             "spec).", END]
+             "spec). PP=2 adds the 1F1B bubble (4 micro-batches over 2 stages: each stage idles for 1 of 5 slots) "
+             "and the point-to-point exchange of activations, on top of two processes sharing two cores.", END]
     return emit(rows, args.out, START, END)
 
 
