@@ -155,25 +155,28 @@ class RLTrainer:
         pad = self.tokenizer.pad_token_id
         t0 = time.perf_counter()
         micro = cfg.trainer.micro_batch_size
-        batches, entropies = [], []
-        for s in range(0, len(trajs), micro):
+        replica, replicas = self.data_dist.rank, self.data_dist.world_size
+        batches, entropy = [], torch.zeros(len(trajs), dtype=torch.float64)
+        for index, s in enumerate(range(0, len(trajs), micro)):
             part = trajs[s:s + micro]
             b = _batch(part, pad)
-            old, ent = self.policy.logprobs(b, with_entropy=True)
-            ref = self.reference(b)
-            b.update(old_logprobs=old, ref_logprobs=ref, advantages=flat_adv[s:s + micro].float(),
-                     num_sequences=torch.tensor(float(len(trajs))))
+            b.update(advantages=flat_adv[s:s + micro].float(), num_sequences=torch.tensor(float(len(trajs))))
             batches.append(b)
+            if index % replicas != replica:  # another data-parallel replica scores and trains on this one
+                continue
+            old, ent = self.policy.logprobs(b, with_entropy=True)
+            b.update(old_logprobs=old, ref_logprobs=self.reference(b))
             m = b["loss_mask"].float()
-            entropies += ((ent * m).sum(1) / m.sum(1).clamp(min=1)).tolist()
+            entropy[s:s + len(part)] = (ent * m).sum(1) / m.sum(1).clamp(min=1)
+        entropies = self.dp_sum(entropy).tolist()  # every trajectory's mean entropy, from the replica that scored it
         logprob_seconds = time.perf_counter() - t0
         num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
         t0 = time.perf_counter()
         loss_fn = lambda lp, b, n: grpo_loss(lp, b, n, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high,  # noqa: E731
                                              kl_beta=rl.loss.kl_beta, kl_estimator=rl.loss.kl_estimator,
                                              aggregation=rl.loss.aggregation)
-        # each data-parallel replica trains on its share of the micro-batches (all replicas computed the logprobs)
-        out = self.policy.train_step(batches[self.data_dist.rank::self.data_dist.world_size], loss_fn, num_valid)
+        # each data-parallel replica trains on its share of the micro-batches (the ones it scored)
+        out = self.policy.train_step(batches[replica::replicas], loss_fn, num_valid)
         out.update({k: self.dp_sum(out[k]) for k in ("loss_local", "kl_sum", "clipped_tokens")})
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()

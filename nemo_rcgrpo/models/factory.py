@@ -21,7 +21,7 @@ def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int):
     return TorchPolicy(model, cfg.trainer, dist, total_steps, cfg.model.gradient_checkpointing)
 
 
-def data_parallel(policy, dist: DistInfo) -> tuple[DistInfo, Callable[[float], float]]:
+def data_parallel(policy, dist: DistInfo) -> tuple[DistInfo, Callable]:
     """The data-parallel view the trainer splits batches by, and a sum over data-parallel replicas.
 
     Torch backend: every rank is a replica. Megatron: the ranks of one tensor-parallel group share micro-batches.

@@ -34,11 +34,17 @@ def init_distributed() -> DistInfo:
     return DistInfo(rank, world, local, device)
 
 
-def all_reduce_sum(value: float, info: DistInfo) -> float:
+def all_reduce_sum(value, info: DistInfo, group=None):
+    """The sum over ranks of a float, or elementwise of a tensor (returned on the CPU, in float64)."""
     if info.world_size == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=info.device if info.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
+    device = info.device if info.device.type == "cuda" else "cpu"
+    if torch.is_tensor(value):
+        t = value.to(device=device, dtype=torch.float64)
+        dist.all_reduce(t, group=group)
+        return t.cpu()
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
     return float(t.item())
 
 

@@ -51,6 +51,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
                  torch.tensor([0.25, -1.0]), num_sequences=torch.tensor(4.0))
         b["entropy"] = ent
         batches.append(b)
+    policy_one = policy.logprobs({k: v[:1] for k, v in batches[0].items() if k == "input_ids"}, with_entropy=True)
     n = float(loss_mask.sum())
     loss_fn = lambda lp, b, k: grpo_loss(lp, b, k, kl_beta=0.1)  # noqa: E731
     replica, dp_sum = policy.data_parallel()
@@ -63,12 +64,16 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     if dist.rank == 0:
         tpol = TorchPolicy(torch_model, cfg.trainer, DistInfo(), total_steps=4)
         t_old = [tpol.logprobs(b, with_entropy=True) for b in batches]
+        # one row: the logits slice is contiguous (megatron's cross entropy works in place on it)
+        one = {k: v[:1] if v.dim() else v for k, v in batches[0].items()}
+        result["one_row_entropy_diff"] = float(((policy_one[1] - tpol.logprobs(one, with_entropy=True)[1])
+                                                * one["loss_mask"]).abs().max())
         t_out = tpol.train_step(batches, loss_fn, n)
         t_after = [tpol.logprobs(b) for b in batches]
         synced = policy.module.state_dict()
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
-        result = {
+        result.update({
             "model": name, "tp": tp, "pp": pp, "dp": replica.world_size,
             "old_logprob_diff": max(float(((b["old_logprobs"] - o[0]) * b["loss_mask"]).abs().max())
                                     for b, o in zip(batches, t_old)),
@@ -80,7 +85,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
             "weights_changed": max(float((synced[k][: start[k].shape[0]] - start[k]).abs().max()) for k in start),
             "new_logprob_diff": max(float(((a - t) * b["loss_mask"]).abs().max())
                                     for a, t, b in zip(after, t_after, batches)),
-        }
+        })
     # checkpoint round trip: a fresh policy loaded from the sharded checkpoint gives the same logprobs
     box = [tempfile.mkdtemp(prefix="rcgrpo-ckpt-") if dist.rank == 0 else None]
     torch.distributed.broadcast_object_list(box, src=0)

@@ -41,7 +41,7 @@ from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, ch
                                                  megatron_param_to_hf, stage_layers)
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
-from nemo_rcgrpo.utils.dist import DistInfo
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint step_N/
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
@@ -115,18 +115,11 @@ class MegatronPolicy:
             del hf_model
 
     # ------------------------------------------------------------------ parallel layout
-    def data_parallel(self) -> tuple[DistInfo, Callable[[float], float]]:
-        """(this rank's place among data-parallel replicas, a sum over them): TP ranks share micro-batches."""
+    def data_parallel(self) -> tuple[DistInfo, Callable]:
+        """(this rank's place among data-parallel replicas, a sum over them of a float or, elementwise, of a
+        tensor): the TP and PP ranks of a replica share micro-batches."""
         info = DistInfo(self.parallel.dp_rank, self.parallel.dp, self.dist.local_rank, self.dist.device)
-
-        def reduce_sum(value: float) -> float:
-            if self.parallel.dp == 1:
-                return value
-            x = torch.tensor([value], dtype=torch.float64, device=self.device)
-            tdist.all_reduce(x, group=self.dp_group)
-            return float(x.item())
-
-        return info, reduce_sum
+        return info, lambda value: all_reduce_sum(value, info, group=self.dp_group)
 
     # ------------------------------------------------------------------ forward
     def _schedule(self, model, batches: list[dict[str, torch.Tensor]],
@@ -184,13 +177,12 @@ class MegatronPolicy:
         def on_logits(logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
             rows, length = ids.shape  # pipeline padding may add rows and positions; they are dropped here
             logits, targets = logits[:rows, : length - 1], b["input_ids"][:rows, 1:length]
-            # the training path's function, so that old logprobs equal the first update's exactly (ratio 1, KL 0)
+            ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1] \
+                if with_entropy else None
+            # the training path's function, so that old logprobs equal the first update's exactly (ratio 1, KL 0);
+            # it works in place on the logits (a contiguous slice is the logits themselves), so it comes last
             lp = -vocab_parallel_cross_entropy(logits.contiguous(), targets.contiguous())
-            if with_entropy:
-                ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1]
-                found.append(torch.stack([lp, ent]))
-            else:
-                found.append(lp.unsqueeze(0))
+            found.append(torch.stack([lp, ent]) if with_entropy else lp.unsqueeze(0))
             return logits.new_zeros(())
 
         was_training = model.training
