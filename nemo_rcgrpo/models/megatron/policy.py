@@ -321,7 +321,10 @@ class MegatronPolicy:
     def state_dict(self) -> dict[str, Any]:
         """A collective. model: HF names, full tensors (as the torch backend: evaluation and exports read it at
         any layout); optimizer: a pointer to the sharded checkpoint ``save_sharded`` writes beside it."""
-        model = {k: v.clone() for k, v in self.export_weights()}
+        model = {}
+        for name, tensor in self.export_weights():  # every rank takes part; only rank 0 keeps the full model
+            if self.dist.is_main:
+                model[name] = tensor.clone()
         return {"model": model, "optimizer": {"backend": "megatron", "format": "dist_checkpointing", "dir": SHARDED_DIR},
                 "scheduler": {"optimizer_step": self.optimizer_step}}
 
