@@ -74,7 +74,7 @@ class RLTrainer:
         self.tokenizer, model = load_tokenizer_and_model(cfg)
         self.renderer = make_renderer(cfg, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
-        # megatron under torchrun: every rank trains (TP x DP); rank 0 also holds the HF model that generates
+        # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps)
         self.reference = make_reference(self.policy, model)  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = data_parallel(self.policy, dist)
@@ -177,7 +177,7 @@ class RLTrainer:
                                              aggregation=rl.loss.aggregation)
         # each data-parallel replica trains on its share of the micro-batches (the ones it scored)
         out = self.policy.train_step(batches[replica::replicas], loss_fn, num_valid)
-        out.update({k: self.dp_sum(out[k]) for k in ("loss_local", "kl_sum", "clipped_tokens")})
+        out.update({k: self.dp_sum(out.get(k, 0.0)) for k in ("loss_local", "kl_sum", "clipped_tokens")})
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         # the in-process generator shares the torch policy's weights; megatron's are copied into rank 0's HF model

@@ -115,7 +115,7 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
     total_steps = steps_per_epoch * t.epochs if t.max_steps is None else min(t.max_steps, steps_per_epoch * t.epochs)
     fingerprint = model_fingerprint(model, cfg.model.path)
     policy = make_policy(cfg, model, dist, total_steps)
-    data_dist, dp_sum = data_parallel(policy, dist)  # megatron: the TP ranks of a replica share micro-batches
+    data_dist, dp_sum = data_parallel(policy, dist)  # megatron: the TP x PP ranks of a replica share micro-batches
     if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
         raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
                          f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")

@@ -24,7 +24,7 @@ def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int):
 def data_parallel(policy, dist: DistInfo) -> tuple[DistInfo, Callable]:
     """The data-parallel view the trainer splits batches by, and a sum over data-parallel replicas.
 
-    Torch backend: every rank is a replica. Megatron: the ranks of one tensor-parallel group share micro-batches.
+    Torch backend: every rank is a replica. Megatron: the TP x PP ranks of one replica share micro-batches.
     """
     if hasattr(policy, "data_parallel"):
         return policy.data_parallel()

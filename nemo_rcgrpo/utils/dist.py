@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,12 @@ class DistInfo:
         return self.rank == 0
 
 
+def collective_timeout() -> timedelta:
+    """How long a rank waits in a collective: rank 0 alone runs rollouts and evaluations while the others wait
+    (NCCL's default of 10 minutes is too short for a step's rollouts); ``RCGRPO_DIST_TIMEOUT_MIN``, default 180."""
+    return timedelta(minutes=float(os.environ.get("RCGRPO_DIST_TIMEOUT_MIN", "180")))
+
+
 def init_distributed() -> DistInfo:
     """Join the torchrun group if launched by torchrun (WORLD_SIZE > 1), else run alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -30,17 +37,19 @@ def init_distributed() -> DistInfo:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=collective_timeout())
     return DistInfo(rank, world, local, device)
 
 
 def all_reduce_sum(value, info: DistInfo, group=None):
-    """The sum over ranks of a float, or elementwise of a tensor (returned on the CPU, in float64)."""
+    """The sum over ranks of a float, or elementwise of a tensor (a new float64 CPU tensor; the input is kept)."""
+    if torch.is_tensor(value) and info.world_size == 1:
+        return value.detach().to(device="cpu", dtype=torch.float64).clone()
     if info.world_size == 1:
         return value
     device = info.device if info.device.type == "cuda" else "cpu"
     if torch.is_tensor(value):
-        t = value.to(device=device, dtype=torch.float64)
+        t = value.detach().to(device=device, dtype=torch.float64).clone()
         dist.all_reduce(t, group=group)
         return t.cpu()
     t = torch.tensor([value], dtype=torch.float64, device=device)

@@ -107,6 +107,9 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     o2 = fresh.train_step(mine, loss_fn, n)
     result.update(reloaded_logprob_diff=reloaded, resumed_step_loss_diff=abs(o1["loss_local"] - o2["loss_local"]),
                   resumed_logprob_diff=max(float((policy.logprobs(b) - fresh.logprobs(b)).abs().max()) for b in batches))
+    # a step in which only replica 0 has a micro-batch (RL groups can be dropped): the others still take part
+    lonely = policy.train_step(mine[:1] if replica.rank == 0 else [], loss_fn, n)
+    result["lonely_step_grad_norm"] = lonely["grad_norm"]
     return result
 
 

@@ -84,6 +84,7 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, 
         assert r["reloaded_logprob_diff"] == 0 and r["resumed_step_loss_diff"] == 0, r
         assert r["resumed_logprob_diff"] <= 1e-6, r
         assert r["reloaded_hf_diff"] == 0, r
+        assert math.isfinite(r["lonely_step_grad_norm"]) and r["lonely_step_grad_norm"] > 0, r
 
 
 def test_two_rcgrpo_steps_pp2_dp2_with_weight_sync(data_dir, tmp_path):

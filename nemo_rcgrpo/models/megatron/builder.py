@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size, stage_layers
+from nemo_rcgrpo.utils.dist import collective_timeout
 
 
 class MegatronSetupError(ValueError):
@@ -75,7 +76,7 @@ def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
     if not torch.distributed.is_initialized():
         backend = "gloo" if on_cpu else "nccl"
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun
-            torch.distributed.init_process_group(backend)
+            torch.distributed.init_process_group(backend, timeout=collective_timeout())
         else:
             store = tempfile.NamedTemporaryFile(prefix="rcgrpo-pg-", delete=False).name
             torch.distributed.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
@@ -86,7 +87,8 @@ def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             context_parallel_size=cp, create_gloo_process_groups=on_cpu)
+                                             context_parallel_size=cp, create_gloo_process_groups=on_cpu,
+                                             distributed_timeout_minutes=int(collective_timeout().total_seconds() // 60))
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Parallel(tp, pp, cp, parallel_state.get_data_parallel_world_size(),
                     parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_data_parallel_rank(),

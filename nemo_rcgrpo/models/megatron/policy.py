@@ -24,7 +24,8 @@ stage-2 loops and the pure losses do not know which backend runs:
 - checkpoints hold the model in HF names (the same ``model.pt`` as the torch
   backend, for evaluation and exports) and a megatron ``dist_checkpointing``
   folder (``checkpointing.py``) with the model and optimizer state, which
-  resumes at any TP x PP x DP layout.
+  resumes at any TP x PP x DP layout (with the same optimizer kind:
+  distributed or not).
 """
 
 from __future__ import annotations
@@ -179,7 +180,8 @@ class MegatronPolicy:
             logits, targets = logits[:rows, : length - 1], b["input_ids"][:rows, 1:length]
             ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1] \
                 if with_entropy else None
-            # the training path's function, so that old logprobs equal the first update's exactly (ratio 1, KL 0);
+            # the training path's function, so that old logprobs equal the first update's (ratio 1, KL 0; exactly
+            # where the shapes match: at PP > 1 training pads micro-batches, which on a GPU may change rounding);
             # it works in place on the logits (a contiguous slice is the logits themselves), so it comes last
             lp = -vocab_parallel_cross_entropy(logits.contiguous(), targets.contiguous())
             found.append(torch.stack([lp, ent]) if with_entropy else lp.unsqueeze(0))
@@ -231,7 +233,8 @@ class MegatronPolicy:
             # megatron DDP averages gradients over DP replicas; the loss is already normalised over all of them
             return loss * self.parallel.dp
 
-        self._schedule(self.ddp, micro_batches, on_logits, forward_only=False)
+        if micro_batches:  # a replica left without micro-batches (e.g. groups dropped) still joins the reductions
+            self._schedule(self.ddp, micro_batches, on_logits, forward_only=False)
         # DP gradient reduction, and the sum of the tied embedding's gradients across first and last stages
         finalize_model_grads([self.ddp])
         ok, grad_norm, _ = self.optimizer.step()
@@ -319,8 +322,9 @@ class MegatronPolicy:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """A collective. model: HF names, full tensors (as the torch backend: evaluation and exports read it at
-        any layout); optimizer: a pointer to the sharded checkpoint ``save_sharded`` writes beside it."""
+        """A collective. model: HF names, full tensors, on rank 0 only (as the torch backend: evaluation and
+        exports read it at any layout); optimizer: a pointer to the folder inside the checkpoint that
+        ``save_sharded`` writes."""
         model = {}
         for name, tensor in self.export_weights():  # every rank takes part; only rank 0 keeps the full model
             if self.dist.is_main:
