@@ -380,14 +380,13 @@ class TrainConfig:
                 raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
                                   f"{lay.gpus_per_node}-GPU node")
         world = train_nodes * train_gpus
-        check_mp = model_parallel
-        model_parallel = m.tp * m.pp * m.cp if self.policy.backend == "megatron" else 1
-        if check_mp and world % model_parallel:
+        mp = m.tp * m.pp * m.cp if self.policy.backend == "megatron" else 1
+        if model_parallel and world % mp:
             raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {m.tp} x {m.pp} x {m.cp}")
         return {"nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node, "train_nodes": train_nodes,
-                "train_gpus_per_node": train_gpus, "world_size": world, "tp": m.tp if model_parallel > 1 else 1,
-                "pp": m.pp if model_parallel > 1 else 1, "cp": m.cp if model_parallel > 1 else 1,
-                "dp": world // model_parallel if world % model_parallel == 0 else None, "generation": lay.generation,
+                "train_gpus_per_node": train_gpus, "world_size": world, "tp": m.tp if mp > 1 else 1,
+                "pp": m.pp if mp > 1 else 1, "cp": m.cp if mp > 1 else 1,
+                "dp": world // mp if world % mp == 0 else None, "generation": lay.generation,
                 "generation_nodes": lay.generation_nodes, "generation_gpus": lay.generation_gpus,
                 "generation_tp": gen_tp}
 

@@ -406,11 +406,11 @@ class VLLMGenerator:
         """The served folder: config, tokenizer, weights. Tied embeddings are served untied (lm_head written as
         its own tensor): vLLM's in-place reload on CPU refreshes the embedding but not a tied output layer."""
         config = self._hf_config()
-        tensors = _with_lm_head(weights, bool(getattr(config, "tie_word_embeddings", False)))
+        tensors = _with_lm_head(weights, self.tied)
         embed = tensors.get("model.embed_tokens.weight")
         if embed is not None:
             config.vocab_size = int(embed.shape[0])  # reward tokens (and any vocabulary padding) included
-        if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" in tensors:
+        if self.tied and "lm_head.weight" in tensors:
             config.tie_word_embeddings = False
 
         def write(tmp: Path) -> None:
@@ -459,10 +459,10 @@ class VLLMGenerator:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
         """Push new weights as ``version``. Before the first use this starts the server on them instead."""
         if not isinstance(weights, (str, Path)):
-            weights = _with_lm_head(weights, self.tied).items()
             if self.client is None and not self.vcfg.url:
-                self.start(weights, version)
+                self.start(weights, version)  # the served folder gets the untied output layer there
                 return
+            weights = _with_lm_head(weights, self.tied).items()
         self.start()
         self.sync.push(weights, version)
         self.client.set_weight_version(version)

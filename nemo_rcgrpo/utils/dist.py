@@ -43,18 +43,16 @@ def init_distributed() -> DistInfo:
 
 def all_reduce_sum(value, info: DistInfo, group=None):
     """The sum over ranks of a float, or elementwise of a tensor (a new float64 CPU tensor; the input is kept)."""
-    if torch.is_tensor(value) and info.world_size == 1:
-        return value.detach().to(device="cpu", dtype=torch.float64).clone()
-    if info.world_size == 1:
+    if info.world_size == 1 and not torch.is_tensor(value):
         return value
     device = info.device if info.device.type == "cuda" else "cpu"
     if torch.is_tensor(value):
         t = value.detach().to(device=device, dtype=torch.float64).clone()
+    else:
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+    if info.world_size > 1:
         dist.all_reduce(t, group=group)
-        return t.cpu()
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, group=group)
-    return float(t.item())
+    return t.cpu() if torch.is_tensor(value) else float(t.item())
 
 
 def barrier(info: DistInfo) -> None:

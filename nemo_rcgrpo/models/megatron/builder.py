@@ -37,14 +37,6 @@ class Parallel:
     dp_rank: int
     pp_rank: int = 0
 
-    @property
-    def first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
 
 def transformer_engine_available() -> bool:
     import importlib.util

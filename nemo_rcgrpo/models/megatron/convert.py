@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator
-
 import torch
 
 VOCAB_MULTIPLE = 128

@@ -38,7 +38,7 @@ import torch.distributed as tdist
 
 from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, layer_spec, load_hf_state
 from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name,
+from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name, is_weight,
                                                  megatron_param_to_hf, stage_layers)
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
@@ -94,6 +94,8 @@ class MegatronPolicy:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.pp_last_rank = ps.get_pipeline_model_parallel_last_rank()  # global rank of this pipeline's last stage
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
         self.hf_config, self.params_dtype = hf_model.config, dtype
         self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype)
@@ -160,11 +162,8 @@ class MegatronPolicy:
         """A picklable value computed on the last pipeline stage, on every stage."""
         if self.parallel.pp == 1:
             return value
-        from megatron.core import parallel_state as ps
-
         box = [value]
-        tdist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
-                                    group=ps.get_pipeline_model_parallel_group())
+        tdist.broadcast_object_list(box, src=self.pp_last_rank, group=self.pp_group)
         return box[0]
 
     @torch.no_grad()
@@ -195,11 +194,8 @@ class MegatronPolicy:
             model.train(was_training)
         values = found[0].float() if found else torch.empty(2 if with_entropy else 1, ids.shape[0], ids.shape[1] - 1)
         if self.parallel.pp > 1:
-            from megatron.core import parallel_state as ps
-
             values = values.to(self.device)
-            tdist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
-                            group=ps.get_pipeline_model_parallel_group())
+            tdist.broadcast(values, src=self.pp_last_rank, group=self.pp_group)
         values = torch.cat([torch.zeros_like(values[..., :1]), values], dim=-1).cpu()
         return (values[0], values[1]) if with_entropy else values[0]
 
@@ -281,7 +277,7 @@ class MegatronPolicy:
     def _stage_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         tp, offset = self.parallel.tp, stage_layers(self.shape.num_layers, self.parallel.pp, self.parallel.pp_rank).start
         for name, param in self.model.state_dict().items():
-            if name.endswith("_extra_state") or name.endswith("inv_freq"):
+            if not is_weight(name):
                 continue
             if name == "output_layer.weight" and self.shape.tied_embeddings:
                 continue  # the last stage's copy of the embedding (PP > 1)
@@ -295,9 +291,7 @@ class MegatronPolicy:
 
     def _broadcast_stage(self, stage: int, tensors: Iterator[tuple[str, torch.Tensor]]):
         """Stage ``stage``'s HF tensors from its rank in this rank's pipeline group, one parameter at a time."""
-        from megatron.core import parallel_state as ps
-
-        group = ps.get_pipeline_model_parallel_group()
+        group = self.pp_group
         src = tdist.get_global_rank(group, stage)
         while True:
             item = next(tensors, None)
