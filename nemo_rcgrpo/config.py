@@ -130,10 +130,22 @@ class VLLMConfig:
 
 
 @dataclass(frozen=True)
+class ScriptedConfig:
+    """generation.backend=scripted (nemo_rcgrpo/generation/scripted.py): plays the ground truth or a failure."""
+
+    success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
+    success_high: float = 1.0  # ... with the high reward token in its prompt
+    success_low: float = 0.0  # ... with the low reward token
+    failure_type: str = "wrong_param"  # preferred failure type of the failing rollouts (data/failures.py)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class GenerationConfig:
-    backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server (generation.vllm)
+    backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server | scripted (tests)
     max_batch_size: int = 64  # rollouts decoded together per generator call (hf)
     vllm: VLLMConfig = VLLMConfig()
+    scripted: ScriptedConfig = ScriptedConfig()
 
 
 @dataclass(frozen=True)
@@ -174,6 +186,7 @@ class RLConfig:
     max_turns: int = 20  # assistant messages per rollout
     max_total_tokens: int = 4096  # context budget of a rollout (prompt + everything generated)
     dapo_max_rounds: int = 2  # dapo_filter: extra generation rounds to replace zero-variance groups
+    dapo_shortfall: str = "train"  # dapo_filter, too few groups with variance after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
@@ -249,6 +262,8 @@ class TrainConfig:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
         if self.generation.backend == "vllm":
             self._validate_vllm()
+        if self.generation.backend == "scripted":
+            self._validate_scripted()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         if self.stage in RL_STAGES:
@@ -311,6 +326,16 @@ class TrainConfig:
         if v.max_model_len is not None and v.max_model_len <= 0:
             raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
 
+    def _validate_scripted(self) -> None:
+        from nemo_rcgrpo.data.failures import FAILURE_OPERATORS
+
+        s = self.generation.scripted
+        _choice("generation.scripted.failure_type", s.failure_type, tuple(FAILURE_OPERATORS))
+        for key in ("success_rate", "success_high", "success_low"):
+            value = getattr(s, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
+
     def _validate_rl(self) -> None:
         from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
         from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
@@ -323,6 +348,7 @@ class TrainConfig:
         _choice("rl.loss.aggregation", rl.loss.aggregation, ("token", "sequence"))
         _choice("rl.split", rl.split, ("train", "test"))
         _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
+        _choice("rl.dapo_shortfall", rl.dapo_shortfall, ("train", "error"))
         if rl.eval_every < 0 or rl.eval_tasks <= 0:
             raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
         if rl.group_size < 2:
@@ -334,8 +360,12 @@ class TrainConfig:
                 raise ConfigError(f"{key}={value}: must be > 0")
         if not 0.0 <= rl.p_high <= 1.0:
             raise ConfigError(f"rl.p_high={rl.p_high}: must be in [0, 1]")
-        if rl.sampling.temperature <= 0 or not 0 < rl.sampling.top_p <= 1:
-            raise ConfigError("rl.sampling.temperature must be > 0 (RL samples) and 0 < rl.sampling.top_p <= 1")
+        if rl.sampling.temperature != 1.0 or rl.sampling.top_p != 1.0:
+            # the trainer's logprobs (ratio, KL, entropy) are those of the model's own distribution (temperature 1,
+            # no top-p): rollouts drawn from another distribution would make the ratio and the KL wrong
+            raise ConfigError(f"rl.sampling.temperature={rl.sampling.temperature}, top_p={rl.sampling.top_p}: RL "
+                              "samples at temperature 1 and top_p 1, the distribution the trainer's logprobs are of; "
+                              "set both to 1.0")
         if rl.loss.clip_low < 0 or rl.loss.clip_high < 0 or rl.loss.kl_beta < 0:
             raise ConfigError("rl.loss.clip_low, clip_high and kl_beta must be >= 0")
         if self.trainer.max_steps is None:

@@ -1,4 +1,5 @@
 import importlib.util
+import math
 import os
 
 import pytest
@@ -61,3 +62,11 @@ def run_turns(env, task, turns):
         if not env.done:
             env.step([])
     return env
+
+
+def hand_advantages(rewards, eps=1e-6):
+    """GRPO advantages of one group by hand: (R_j - mean) / (unbiased std + eps)."""
+    g = len(rewards)
+    mean = sum(rewards) / g
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (g - 1))
+    return [(r - mean) / (std + eps) for r in rewards]

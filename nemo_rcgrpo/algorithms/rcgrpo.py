@@ -6,7 +6,9 @@ One step (PAPER.md, "The method"):
      stratified) and put it into the rollout's first user message;
   3. roll out all of them together (`rollout/multi_turn.py`), reward R = R_state x R_action;
   4. group advantages over the whole group regardless of token;
-     dapo_filter: drop zero-variance groups and roll out replacement tasks (up to a limit);
+     dapo_filter (DAPO's dynamic sampling): never train on a zero-variance group; roll out replacement tasks
+     for up to rl.dapo_max_rounds more rounds, then train on the groups found (rl.dapo_shortfall=train) or stop
+     (error);
   5. old logprobs recomputed by the trainer (and entropies), reference logprobs
      from the frozen initial model; clipped loss + KL, one optimizer step;
   6. the in-process generator shares the policy's weights (nothing to copy);
@@ -125,9 +127,10 @@ class RLTrainer:
     def collect(self, rng: random.Random) -> tuple[list[list[Trajectory]], dict[str, float]]:
         rl = self.cfg.rl
         stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
-                 "dropped_zero_variance_groups": 0.0}
+                 "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
         groups: list[list[Trajectory]] = []
-        rounds = 1 + (rl.dapo_max_rounds if self.cfg.stage == "dapo_filter" else 0)
+        dapo = self.cfg.stage == "dapo_filter"
+        rounds = 1 + (rl.dapo_max_rounds if dapo else 0)
         for round_index in range(rounds):
             need = rl.tasks_per_step - len(groups)
             if need <= 0:
@@ -139,10 +142,18 @@ class RLTrainer:
             stats["reward_seconds"] += self.engine.timings["reward"]
             for g in range(need):
                 group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
-                if self.cfg.stage == "dapo_filter" and len({t.reward for t in group}) == 1 and round_index < rounds - 1:
-                    stats["dropped_zero_variance_groups"] += 1  # replaced by a new task in the next round
+                stats["sampled_groups"] += 1
+                if dapo and len({t.reward for t in group}) == 1:
+                    stats["dropped_zero_variance_groups"] += 1  # never trained on; a new task in the next round
                     continue
                 groups.append(group)
+        if dapo:  # the zero-variance share of everything sampled, before dynamic sampling filtered it
+            stats["zero_variance_fraction_sampled"] = stats["dropped_zero_variance_groups"] / stats["sampled_groups"]
+        if dapo and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
+            raise ValueError(f"dapo_filter: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups have reward "
+                             f"variance after {rounds} rounds ({int(stats['dropped_zero_variance_groups'])} "
+                             "zero-variance groups dropped, none is trained on); raise rl.dapo_max_rounds"
+                             + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
         return groups, stats
 
     def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
@@ -156,7 +167,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         micro = cfg.trainer.micro_batch_size
         replica, replicas = self.data_dist.rank, self.data_dist.world_size
-        batches, entropy = [], torch.zeros(len(trajs), dtype=torch.float64)
+        batches, entropy = [], torch.zeros(len(trajs), dtype=torch.float64)  # [N * G] sums over generated tokens
         for index, s in enumerate(range(0, len(trajs), micro)):
             part = trajs[s:s + micro]
             b = _batch(part, pad)
@@ -167,8 +178,8 @@ class RLTrainer:
             old, ent = self.policy.logprobs(b, with_entropy=True)
             b.update(old_logprobs=old, ref_logprobs=self.reference(b))
             m = b["loss_mask"].float()
-            entropy[s:s + len(part)] = (ent * m).sum(1) / m.sum(1).clamp(min=1)
-        entropies = self.dp_sum(entropy).tolist()  # every trajectory's mean entropy, from the replica that scored it
+            entropy[s:s + len(part)] = (ent * m).sum(1)
+        entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
         logprob_seconds = time.perf_counter() - t0
         num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
         t0 = time.perf_counter()
@@ -185,19 +196,23 @@ class RLTrainer:
         if self.generator is not None:
             self.generator.version = self.step + 1
         sync_seconds = time.perf_counter() - t0
-        metrics = self._metrics(groups, trajs, rewards, adv, entropies, out, num_valid)
+        metrics = self._metrics(groups, trajs, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds)
         return metrics, adv
 
-    def _metrics(self, groups, trajs, rewards, adv, entropies, out, num_valid) -> dict[str, float]:
+    def _metrics(self, groups, trajs, rewards, adv, entropy_sums, out, num_valid) -> dict[str, float]:
         r = [t.reward for t in trajs]
+        entropies = [e / max(1, t.generated_tokens) for e, t in zip(entropy_sums, trajs)]  # per-trajectory means
         m: dict[str, float] = {
             "loss": out["loss_local"], "grad_norm": out["grad_norm"], "lr": out["lr"],
             "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
             "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
             "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
-            "entropy": statistics.fmean(entropies), "kl": out["kl_sum"] / max(num_valid, 1.0),
+            # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
+            # per-trajectory means (short trajectories weigh more)
+            "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
+            "kl": out["kl_sum"] / max(num_valid, 1.0),
             "clip_fraction": out["clipped_tokens"] / max(num_valid, 1.0),
             "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
             "turns": statistics.fmean(t.num_turns for t in trajs),
@@ -205,13 +220,18 @@ class RLTrainer:
             "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
             "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
         }
+        # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
+        # among the rollouts of each reward token
         corr = _pearson(entropies, r)
         if corr is not None:
             m["entropy_reward_corr"] = corr
         for token in ("high", "low"):
-            sel = [t.reward for t in trajs if t.reward_token == token]
+            sel = [i for i, t in enumerate(trajs) if t.reward_token == token]
             if sel:
-                m[f"reward_mean_{token}"] = statistics.fmean(sel)
+                m[f"reward_mean_{token}"] = statistics.fmean(r[i] for i in sel)
+                corr = _pearson([entropies[i] for i in sel], [r[i] for i in sel])
+                if corr is not None:
+                    m[f"entropy_reward_corr_{token}"] = corr
         by_cat = defaultdict(list)
         for t in trajs:
             by_cat[t.category].append(t.reward)

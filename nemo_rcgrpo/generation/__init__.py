@@ -17,8 +17,14 @@ def _vllm(cfg: Any, model: Any, tokenizer: Any):
     return make_vllm_generator(cfg, model, tokenizer)
 
 
+def _scripted(cfg: Any, model: Any, tokenizer: Any):
+    from nemo_rcgrpo.generation.scripted import make_scripted_generator
+
+    return make_scripted_generator(cfg, model, tokenizer)
+
+
 # name -> factory(train config, policy model, tokenizer) -> Generator
-GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = {"hf": _hf, "vllm": _vllm}
+GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
 
 
 def make_generator(cfg: Any, model: Any, tokenizer: Any):

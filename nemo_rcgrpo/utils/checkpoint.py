@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,30 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The RNG states as tensors and plain numbers, so checkpoints load with ``weights_only=True`` (no pickled code)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached": float(cached)},
+            "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
     torch.set_rng_state(state["torch"])
+
+
+_STEP = re.compile(r"step_(\d+)")
+
+
+def _complete(root: Path) -> list[Path]:
+    """Complete checkpoints (``step_N`` with its state file), oldest first; other folders are ignored."""
+    found = [p for p in root.glob("step_*") if _STEP.fullmatch(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -50,8 +68,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
         return None
-    done = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    done = _complete(root)
+    return done[-1] if done else None
 
 
 def checkpoint_tmp_dir(run_dir: str | Path, step: int) -> Path:
@@ -86,13 +104,16 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "tokenizer")
     (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
+    replaced = root / f".old-step_{step}"
+    if final.exists():  # set aside, not deleted, until the new one is in place
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
     os.replace(tmp, final)
-    complete = sorted((p for p in root.glob("step_*") if (p / STATE_FILE).is_file()),
-                      key=lambda p: int(p.name.split("_")[1]))
+    shutil.rmtree(replaced, ignore_errors=True)
+    complete = _complete(root)
     for old in complete[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != final:  # never the checkpoint just written
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -107,7 +128,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         if isinstance(optimizer, dict) and isinstance(optimizer.get("dir"), str):
             optimizer = {**optimizer, "path": str(path / optimizer["dir"])}
-        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, ValueError) as e:
+        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch.load raises pickle, EOF, zip and value errors on a bad file
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
     return {"trainer_state": trainer_state, "model": model, "optimizer": optimizer, **extra}

@@ -238,8 +238,12 @@ def test_checkpoint_evaluates_end_to_end(tmp_path, stage1_run, protocol):
     assert rc == 0
     r = _results(out)
     assert r["policy"]["reward_token"] == "high"  # auto: the RCTP-FT export has the reward tokens
-    assert r["tasks"] == 2 and r["complete"] and 0.0 <= r["overall"] <= 100.0
+    assert r["tasks"] == 2 and r["complete"]
     records = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
+    # 12 new tokens of a tiny model trained for one step solve nothing (measured: both episodes truncated), and the
+    # summary counts the episodes' verdicts, overall and per category
+    assert len(records) == 2 and not any(rec["success"] for rec in records)
+    assert r["overall"] == 0.0 and r["categories"] == {c: {"accuracy": 0.0, "tasks": 1} for c in ("base", "miss_param")}
     assert all(rec["failure_reason"] for rec in records if not rec["success"])
     assert all(rec["generated_tokens"] > 0 for rec in records)
     # the same weights from checkpoints/step_1 (base model + saved state) give the same greedy episodes

@@ -1,7 +1,21 @@
-"""Two RC-GRPO steps on a tiny model end to end; dumps re-score; resume continues exactly."""
+"""The RL loop end to end with known, mixed rewards (generation=scripted): the path from rewards to advantages,
+loss, gradient and weights is checked against hand-built values; dumps re-score; resume and kill-resume reproduce
+an uninterrupted run, optimizer state included.
 
+A random tiny policy scores 0 on every rollout (every group zero-variance: advantages, loss and gradient all 0),
+so these tests let the scripted generator play the ground truth or a verified failure per rollout instead: with
+stratified tokens (2 high, 2 low per group), P(success | high) = 0.8 and P(success | low) = 0.2.
+"""
+
+import copy
 import json
 import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,12 +25,22 @@ from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.train import main
 from nemo_rcgrpo.utils.logging import read_metrics
 
+from ..conftest import hand_advantages
+
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _args(data_dir, run_dir, *extra):
     return ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
-            f"run_dir={run_dir}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=2",
-            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=2",
-            "logging.progress=false", "logging.tensorboard=false", *extra]
+            f"run_dir={run_dir}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=8",
+            "rl.sampling.max_new_tokens=256", "rl.max_total_tokens=4096", "trainer.lr=1e-3", "trainer.max_steps=3",
+            "trainer.micro_batch_size=2", "trainer.save_every=1", "trainer.export_hf=false", "logging.progress=false",
+            "logging.tensorboard=false", "generation=scripted", "generation.scripted.success_high=0.8",
+            "generation.scripted.success_low=0.2", *extra]
+
+
+def _dump(run_dir, step):
+    return [json.loads(l) for l in (Path(run_dir) / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
 
 
 def _rescore(suite, record):
@@ -31,73 +55,157 @@ def _rescore(suite, record):
     return env.reward()
 
 
-def test_two_rcgrpo_steps(data_dir, tmp_path, suite):
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory):
+    """Three RC-GRPO steps in one go: the run every other run here is compared with."""
+    run_dir = tmp_path_factory.mktemp("rl") / "a"
+    assert main(_args(data_dir, run_dir)) == 0
+    return run_dir
+
+
+def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
     from nemo_rcgrpo.models.hf import load_model
 
-    initial = load_model("tiny-llama").state_dict()
-    assert main(_args(data_dir, tmp_path / "r")) == 0
-    metrics = read_metrics(tmp_path / "r")
-    assert [m["step"] for m in metrics] == [1, 2]
-    for m in metrics:
-        assert math.isfinite(m["loss"]) and m["rollouts"] == 8 and 0.0 <= m["zero_variance_fraction"] <= 1.0
-        assert {"entropy", "kl", "clip_fraction", "advantage_abs_mean", "generation_seconds", "reward_mean_high",
-                "reward_mean_low", "tool_error_rate", "success_base"} <= m.keys()
-    after = torch.load(tmp_path / "r" / "checkpoints" / "step_2" / "model.pt", weights_only=True)
-    assert any(not torch.equal(initial[k], after[k]) for k in initial if k in after)
-    for step in (0, 1):
-        records = [json.loads(l) for l in (tmp_path / "r" / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
-        assert len(records) == 8
+    metrics = read_metrics(uninterrupted)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    mixed_groups = 0
+    for step, m in zip((0, 1, 2), metrics):
+        records = _dump(uninterrupted, step)
+        assert len(records) == 8 and m["rollouts"] == 8
         for g in (0, 1):
-            tokens = [r["reward_token"] for r in records if r["group"] == g]
-            assert sorted(tokens) == ["high", "high", "low", "low"]  # stratified, p = 0.5, G = 4
+            group = [r for r in records if r["group"] == g]
+            assert sorted(r["reward_token"] for r in group) == ["high", "high", "low", "low"]  # stratified, p = 0.5
+            rewards = [r["reward"] for r in group]
+            mixed_groups += len(set(rewards)) > 1
+            expected = hand_advantages(rewards)
+            assert [r["advantage"] for r in group] == pytest.approx(expected, abs=1e-6), (step, g, rewards)
+        zero = sum(len({r["reward"] for r in records if r["group"] == g}) == 1 for g in (0, 1)) / 2
+        assert m["zero_variance_fraction"] == zero
+        assert m["reward_mean"] == pytest.approx(sum(r["reward"] for r in records) / 8)
+        assert m["tokens"] == sum(r["generated_tokens"] for r in records)
         for r in records:
             rescored = _rescore(suite, r)
             assert (rescored.value, rescored.state_ok, rescored.actions_ok) == (r["reward"], r["state_ok"], r["actions_ok"])
-            assert {"task_id", "group", "reward_token", "turns", "observations", "reward", "advantage", "num_turns",
-                    "text"} <= r.keys()
+    assert mixed_groups >= 3  # of 6: the reward signal is there
+    # step 1 trains from the reference weights: ratio 1 and KL 0, so with token aggregation
+    #   loss = sum_b sum_t -A_b / N = -sum_b A_b n_b / N       (n_b generated tokens of rollout b, N = sum_b n_b)
+    records = _dump(uninterrupted, 0)
+    n = sum(r["generated_tokens"] for r in records)
+    expected = -sum(r["advantage"] * r["generated_tokens"] for r in records) / n
+    assert abs(expected) > 1e-3  # successes and failures differ in length: the sign of the loss is visible
+    assert metrics[0]["loss"] == pytest.approx(expected, abs=1e-6) and metrics[0]["kl"] == pytest.approx(0, abs=1e-9)
+    assert metrics[0]["grad_norm"] > 0 and metrics[1]["kl"] > 0
+    # every weight tensor of the initial shape moved (the embeddings grew by the two reward-token rows)
+    initial = load_model("tiny-llama").state_dict()
+    final = torch.load(uninterrupted / "checkpoints" / "step_3" / "model.pt", weights_only=True)
+    same = [k for k in initial if k in final and initial[k].shape == final[k].shape]
+    assert len(same) >= len(initial) - 2
+    unchanged = [k for k in same if torch.equal(initial[k], final[k])]
+    assert not unchanged, unchanged
+    assert metrics[0]["reward_mean_high"] > metrics[0]["reward_mean_low"] or metrics[1]["reward_mean_high"] > 0
 
 
-def test_resume_after_interruption_continues_at_the_right_step(data_dir, tmp_path):
-    assert main(_args(data_dir, tmp_path / "a", "trainer.export_hf=false")) == 0
-    assert main(_args(data_dir, tmp_path / "b", "trainer.stop_after=1", "trainer.export_hf=false")) == 0
+def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
+    """The trainer's first step against the same rollouts as one hand-built batch: hand advantages, one forward
+    and backward through grpo_loss, gradient clipping and one AdamW step. Same loss, gradient norm and weights."""
+    from nemo_rcgrpo.algorithms.losses import grpo_loss
+    from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.data.sft_data import Example, collate
+    from nemo_rcgrpo.models.torch_policy import token_logprobs
+    from nemo_rcgrpo.utils.config import compose, split_argv
+    from nemo_rcgrpo.utils.dist import init_distributed
+
+    name, overrides = split_argv(_args(data_dir, tmp_path / "h", "rl.loss.kl_beta=0.3"), "")
+    cfg = TrainConfig.from_dict(compose(name, overrides))
+    trainer = RLTrainer(cfg, init_distributed())
+    groups, stats = trainer.collect(random.Random(0))
+    model = copy.deepcopy(trainer.policy.module)  # the weights before the step
+    metrics, adv = trainer.train_step(groups, stats)
+
+    trajs = [t for g in groups for t in g]
+    hand_adv = [a for g in groups for a in hand_advantages([t.reward for t in g])]
+    assert adv.reshape(-1).tolist() == pytest.approx(hand_adv, abs=1e-6)
+    assert any(a != 0 for a in hand_adv)
+    batch = collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], trainer.tokenizer.pad_token_id)
+    with torch.no_grad():
+        old = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    batch.update(advantages=torch.tensor(hand_adv), old_logprobs=old, ref_logprobs=old,
+                 num_sequences=torch.tensor(float(len(trajs))))
+    n = float(batch["loss_mask"].sum())
+    lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    loss, _ = grpo_loss(lp, batch, n, kl_beta=0.3)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas), weight_decay=0.0).step()
+
+    assert metrics["loss"] == pytest.approx(loss.item(), abs=1e-6) and abs(loss.item()) > 1e-4  # 8e-4 here
+    assert metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-4) and float(norm) > 0
+    # Adam's first step moves each weight by lr * g / (|g| + 1e-8): about lr * sign(g). Where |g| is near 1e-8 (the
+    # vocabulary rows of the tied embedding that no target touches) float noise between micro-batched and whole-batch
+    # gradients changes that step, so the weights are compared where |g| > 1e-6
+    trained = dict(trainer.policy.module.named_parameters())
+    for key, value in model.named_parameters():
+        sure = grads[key].abs() > 1e-6
+        assert "embed" in key or sure.float().mean() > 0.5, key  # most of every layer's weights are compared
+        assert torch.allclose(trained[key].detach()[sure], value.detach()[sure], atol=1e-6, rtol=0), key
+        assert (trained[key].detach() - value.detach()).abs().max() <= 2.1 * cfg.trainer.lr, key
+
+
+def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path, uninterrupted):
+    """Stop after step 1, resume: steps 2 and 3 (and the weights after them) equal the uninterrupted run's. Step 3's
+    loss and the final weights depend on the Adam moments saved at step 1, not only on the weights."""
+    assert main(_args(data_dir, tmp_path / "b", "trainer.stop_after=1")) == 0
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1]
-    assert main(_args(data_dir, tmp_path / "b", "trainer.export_hf=false")) == 0
-    a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
-    assert [m["step"] for m in b] == [1, 2]
+    assert main(_args(data_dir, tmp_path / "b")) == 0
+    _same_as_uninterrupted(tmp_path / "b", uninterrupted)
+
+
+def _same_as_uninterrupted(run_dir, uninterrupted):
+    a, b = read_metrics(uninterrupted), read_metrics(run_dir)
+    assert [m["step"] for m in b] == [1, 2, 3]
     for x, y in zip(a, b):
-        assert x["reward_mean"] == y["reward_mean"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
-    dump_a = (tmp_path / "a" / "rollouts" / "step_1.jsonl").read_text()
-    assert dump_a == (tmp_path / "b" / "rollouts" / "step_1.jsonl").read_text()
+        assert x["reward_mean"] == y["reward_mean"] and x["loss"] != 0
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7) and y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+    for step in (0, 1, 2):
+        assert _dump(uninterrupted, step) == _dump(run_dir, step)
+    wa = torch.load(uninterrupted / "checkpoints" / "step_3" / "model.pt", weights_only=True)
+    wb = torch.load(run_dir / "checkpoints" / "step_3" / "model.pt", weights_only=True)
+    for key in wa:
+        assert torch.allclose(wa[key], wb[key], atol=1e-6, rtol=0), key
+    oa = torch.load(uninterrupted / "checkpoints" / "step_3" / "optimizer.pt", weights_only=True)["state"]
+    ob = torch.load(run_dir / "checkpoints" / "step_3" / "optimizer.pt", weights_only=True)["state"]
+    assert oa.keys() == ob.keys() and all(float(oa[k]["step"]) == float(ob[k]["step"]) == 3.0 for k in oa)
+    assert all(torch.allclose(oa[k]["exp_avg_sq"], ob[k]["exp_avg_sq"], atol=1e-9, rtol=1e-4) for k in oa)
 
 
-def test_kill_mid_run_then_resume(data_dir, tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    repo = Path(__file__).resolve().parents[2]
-    args = _args(data_dir, tmp_path / "k", "trainer.max_steps=3", "trainer.save_every=1", "trainer.export_hf=false")
-    proc = subprocess.Popen([sys.executable, str(repo / "nemo_rcgrpo" / "train.py"), *args], cwd=repo,
+def test_kill_mid_run_then_resume(data_dir, tmp_path, uninterrupted):
+    run_dir = tmp_path / "k"
+    args = _args(data_dir, run_dir)
+    proc = subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    first = tmp_path / "k" / "checkpoints" / "step_1" / "trainer_state.json"
+    first = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
     while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)  # somewhere inside step 2
     proc.wait()
-    assert first.exists()
+    # the kill landed mid-run: the process died of it, before step 3 was logged or checkpointed
+    assert proc.returncode == -signal.SIGKILL and first.exists()
+    assert len(read_metrics(run_dir)) < 3 and not (run_dir / "checkpoints" / "step_3").exists()
     assert main(args) == 0
-    steps = [m["step"] for m in read_metrics(tmp_path / "k")]
-    assert steps == [1, 2, 3]  # each step once, none lost
-    assert sorted(p.name for p in (tmp_path / "k" / "rollouts").iterdir()) == ["step_0.jsonl", "step_1.jsonl", "step_2.jsonl"]
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_0.jsonl", "step_1.jsonl", "step_2.jsonl"]
+    _same_as_uninterrupted(run_dir, uninterrupted)
 
 
-def test_pipeline_runs_stage1_first_and_evaluates(data_dir, tmp_path):
+def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, tmp_path):
+    """rl.stage1_recipe trains the initial model first; in-training evaluation conditions on the high token: the
+    scripted policy succeeds only with it (success_rate=0 without a token, success_low=0)."""
     stage1 = tmp_path / "s1"
     args = _args(data_dir, tmp_path / "rl", "trainer.max_steps=1", f"model.path={stage1}/hf",
-                 "rl.stage1_recipe=rctp_smollm_cpu", "trainer.export_hf=false",
+                 "rl.stage1_recipe=rctp_smollm_cpu", "generation.scripted.success_high=1.0",
+                 "generation.scripted.success_low=0.0", "generation.scripted.success_rate=0.0",
                  "rl.stage1_overrides=['model.path=tiny-llama','trainer.max_steps=1','data.max_examples=4',"
                  "'chat.max_length=900','trainer.global_batch_size=2','logging.progress=false']",
                  "rl.eval_every=1", "rl.eval_tasks=2")
@@ -105,16 +213,36 @@ def test_pipeline_runs_stage1_first_and_evaluates(data_dir, tmp_path):
     assert main(args) == 0
     assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
     m = read_metrics(tmp_path / "rl")[0]
-    assert m["eval_reward"] == 0.0 and "eval_seconds" in m and m["reward_seconds"] >= 0
-    assert m["eval_accuracy"] == 0.0 and m["eval_accuracy_base"] == 0.0
-    assert len((tmp_path / "rl" / "eval" / "step_1.jsonl").read_text().splitlines()) == 2
+    episodes = [json.loads(l) for l in (tmp_path / "rl" / "eval" / "step_1.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 and all(e["reward_token"] == "high" for e in episodes)
+    assert m["eval_reward"] == 1.0 and m["eval_accuracy"] == 100.0 and m["eval_accuracy_base"] == 100.0
+    assert "eval_seconds" in m and m["reward_seconds"] >= 0
+    # training rollouts: exactly the high-token ones succeed (P = 1 and 0)
+    assert all(r["reward"] == (1.0 if r["reward_token"] == "high" else 0.0) for r in _dump(tmp_path / "rl", 0))
 
 
-def test_dapo_filter_replaces_zero_variance_groups(data_dir, tmp_path):
-    # a random model scores 0 everywhere: every group has zero variance, is dropped and replaced once
-    assert main(_args(data_dir, tmp_path / "d", "stage=dapo_filter", "rl.dapo_max_rounds=1", "trainer.max_steps=1",
-                      "trainer.export_hf=false")) == 0
-    m = read_metrics(tmp_path / "d")[0]
-    assert (m["dropped_zero_variance_groups"], m["groups"], m["rollouts"]) == (2.0, 2.0, 8.0)
-    records = [json.loads(l) for l in (tmp_path / "d" / "rollouts" / "step_0.jsonl").read_text().splitlines()]
-    assert all(r["reward_token"] is None for r in records)  # no tokens outside rcgrpo
+def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
+    """DAPO's dynamic sampling: zero-variance groups are dropped in every round, the last included, and replaced by
+    new tasks; the zero-variance share before filtering is logged too. No reward tokens outside rcgrpo."""
+    assert main(_args(data_dir, tmp_path / "d", "stage=dapo_filter", "rl.dapo_max_rounds=4", "trainer.max_steps=2",
+                      "generation.scripted.success_rate=0.8")) == 0  # P(zero variance) = 0.8^4 + 0.2^4 = 0.41
+    metrics = read_metrics(tmp_path / "d")
+    assert sum(m["dropped_zero_variance_groups"] for m in metrics) > 0  # the filter acted
+    for step, m in enumerate(metrics):
+        records = _dump(tmp_path / "d", step)
+        assert all(r["reward_token"] is None for r in records) and len(records) == 4 * m["groups"]
+        assert all(len({r["reward"] for r in records if r["group"] == g}) == 2 for g in range(int(m["groups"])))
+        assert m["zero_variance_fraction"] == 0.0 and m["groups"] == 2.0
+        assert m["sampled_groups"] == m["groups"] + m["dropped_zero_variance_groups"]
+        assert m["zero_variance_fraction_sampled"] == m["dropped_zero_variance_groups"] / m["sampled_groups"]
+
+
+def test_dapo_filter_stops_when_no_group_has_variance(data_dir, tmp_path, capsys):
+    # the scripted policy always fails: no group ever has variance, and none may be trained on
+    args = _args(data_dir, tmp_path / "e", "stage=dapo_filter", "rl.dapo_max_rounds=1", "trainer.max_steps=1",
+                 "generation.scripted.success_rate=0.0")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: dapo_filter: 0 of rl.tasks_per_step=2 groups have reward variance after 2 rounds "
+                          "(4 zero-variance groups dropped"), err
+    assert not (tmp_path / "e" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "e")

@@ -1,6 +1,6 @@
 """Megatron-Core backend in the trainers: stage-1 losses equal the torch backend's (TP=1, TP=3), a GRPO step with
-TP x PP and PP x DP equal to the torch backend's, RC-GRPO at TP=2 with weight sync to the generator, and start-up
-errors. CPU, torchrun with gloo."""
+TP x PP and PP x DP equal to the torch backend's, RC-GRPO with mixed rewards at PP=2 x DP=2 and TP=2 with weight
+sync to the generator, and start-up errors. CPU, torchrun with gloo."""
 
 import json
 import math
@@ -14,6 +14,7 @@ import torch
 
 from nemo_rcgrpo.utils.logging import read_metrics
 
+from tests.conftest import hand_advantages
 from tests.megatron.helpers import free_port
 
 pytestmark = pytest.mark.megatron
@@ -52,7 +53,9 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
         assert len(runs[name]) == 3
         for a, b in zip(runs["torch"], runs[name]):
             assert a["tokens"] == b["tokens"] and a["tokens_total"] == b["tokens_total"]  # same data, split by DP only
-            assert abs(a["loss"] - b["loss"]) <= 1e-3, (name, a["loss"], b["loss"])
+            # measured |torch - megatron| (2 CPU cores, torch 2.13, megatron-core 0.16.1): 7.5e-6, 3.2e-6, 2.2e-5
+            # at steps 1-3, the same at TP=1 and TP=3; the bound is ~10x the largest
+            assert abs(a["loss"] - b["loss"]) <= 2e-4, (name, a["loss"], b["loss"])
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3) and a["lr"] == pytest.approx(b["lr"])
     # the losses move (the run trains), so equality is not that of three untouched models
     assert runs["torch"][0]["loss"] != runs["torch"][2]["loss"]
@@ -87,44 +90,52 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, 
         assert math.isfinite(r["lonely_step_grad_norm"]) and r["lonely_step_grad_norm"] > 0, r
 
 
-def test_two_rcgrpo_steps_pp2_dp2_with_weight_sync(data_dir, tmp_path):
-    """RC-GRPO end to end with two pipeline stages and two data-parallel replicas (4 processes): rank 0 (a first
-    stage) generates, each replica scores and trains on its half of the micro-batches, the last stages compute the loss.
-
-    A random tiny model scores 0 on every rollout (zero-variance groups: no policy gradient, and no KL gradient
-    while the policy equals the reference), so weight decay is what moves the weights here: it makes the update,
-    the weight sync and the export visible."""
+@pytest.mark.parametrize("layout", [["policy.megatron.pp=2", "layout.gpus_per_node=4"],
+                                    ["policy.megatron.tp=2", "layout.gpus_per_node=2"]], ids=["pp2-dp2", "tp2"])
+def test_two_rcgrpo_steps_with_mixed_rewards(data_dir, tmp_path, layout):
+    """RC-GRPO end to end with the Megatron backend: two pipeline stages x two data-parallel replicas (4 processes:
+    rank 0, a first stage, generates; each replica scores and trains on its half of the micro-batches; the last
+    stages compute the loss), and TP=2. The scripted generator gives the groups known, mixed rewards (P(success) 0.8
+    with the high token, 0.2 with the low one), so the step-1 loss is the advantages' own: ratio 1 and KL 0 give
+        loss = -sum_b A_b n_b / N      (n_b generated tokens of rollout b, N their sum)."""
     from safetensors.torch import load_file
 
     from nemo_rcgrpo.models.hf import load_model
 
+    nproc = 4 if "policy.megatron.pp=2" in layout else 2
     args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
-            f"run_dir={tmp_path / 'rl'}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=2",
-            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=0.05", "trainer.weight_decay=0.1",
-            "trainer.max_steps=2", "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron",
-            "policy.megatron.pp=2",
-            "layout.gpus_per_node=4"]
-    _ok(_train(args, nproc=4))
+            f"run_dir={tmp_path / 'rl'}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=8",
+            "rl.sampling.max_new_tokens=256", "rl.max_total_tokens=4096", "trainer.lr=1e-3", "trainer.max_steps=2",
+            "trainer.micro_batch_size=2", "logging.progress=false", "logging.tensorboard=false",
+            "policy.backend=megatron", "generation=scripted", "generation.scripted.success_high=0.8",
+            "generation.scripted.success_low=0.2", *layout]
+    _ok(_train(args, nproc=nproc))
     run_dir = tmp_path / "rl"
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
-    for m in metrics:
-        assert math.isfinite(m["loss"]) and m["rollouts"] == 8 and m["tokens"] > 0
-        # a random model's next-token distribution is nearly uniform over the 49154 tokens: every trajectory's mean
-        # entropy is about log(49154) = 10.8, whichever replica scored it (a missing half would show as ~5.4)
+    for step, m in enumerate(metrics):
+        records = [json.loads(l) for l in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len(records) == 8 and m["rollouts"] == 8
+        assert m["tokens"] == sum(r["generated_tokens"] for r in records)
+        for g in (0, 1):
+            group = [r for r in records if r["group"] == g]
+            assert [r["advantage"] for r in group] == pytest.approx(hand_advantages([r["reward"] for r in group]),
+                                                                    abs=1e-6)
+        if step == 0:
+            assert len({r["reward"] for r in records}) == 2  # mixed rewards in the first step
+            expected = -sum(r["advantage"] * r["generated_tokens"] for r in records) / m["tokens"]
+            assert abs(expected) > 1e-4 and m["loss"] == pytest.approx(expected, abs=1e-6), (m["loss"], expected)
+            assert m["kl"] == pytest.approx(0, abs=1e-9) and m["grad_norm"] > 0
+        # the mean entropy of a nearly uniform 49154-token distribution, whichever replica scored the trajectory
+        # (a replica's missing half would show as ~5.4)
         assert 0.95 * math.log(49154) < m["entropy"] <= math.log(49154), m["entropy"]
-    # step 1 trains from the reference weights (exactly: ratio 1, KL 0, no gradient); step 2's logprobs come from the
-    # decayed policy (KL > 0)
-    assert metrics[0]["kl"] == 0 and metrics[0]["grad_norm"] == 0 and metrics[1]["kl"] > 0
-    dumps = sorted(p.name for p in (run_dir / "rollouts").iterdir())
-    assert dumps == ["step_0.jsonl", "step_1.jsonl"]
-    assert all(len(p.read_text().splitlines()) == 8 for p in (run_dir / "rollouts").iterdir())
+    assert metrics[1]["kl"] > 0
     assert (run_dir / "checkpoints" / "step_2" / "trainer_state.json").is_file()
-    # the export (rank 0's HF copy after the last weight sync) is the trained policy, not the initial model
+    # the export (rank 0's HF copy after the last weight sync) is the trained policy: every initial weight moved
     exported = load_file(run_dir / "hf" / "model.safetensors")
     initial = load_model("tiny-llama").state_dict()
-    moved = max(float((exported[k][: initial[k].shape[0]] - initial[k]).abs().max()) for k in exported)
-    assert moved > 1e-4
+    moved = {k: float((exported[k][: initial[k].shape[0]] - initial[k]).abs().max()) for k in exported}
+    assert min(moved.values()) > 1e-4, moved
     saved = torch.load(run_dir / "checkpoints" / "step_2" / "model.pt", weights_only=True)
     assert all(torch.equal(saved[k], exported[k]) for k in exported)
 

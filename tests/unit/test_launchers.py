@@ -100,7 +100,10 @@ def test_four_node_commands(tmp_path):
 
 def test_inconsistent_layout_stops_the_job_before_anything_runs(tmp_path):
     fake_env = {"CONFIG": "rcgrpo_llama8b", "OVERRIDES": "layout.generation_gpus=9"}
-    with pytest.raises(AssertionError):
+    # _render's returncode assertion carries the launcher's stderr (pytest indents its lines): the validator's
+    # reason, then the launcher's refusal
+    reason = r"error: layout\.generation_gpus=9 must be a multiple of generation\.vllm\.tp=2\n\s*"
+    with pytest.raises(AssertionError, match=reason + r"error: the layout of rcgrpo_llama8b does not validate"):
         _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, **fake_env)
 
 

@@ -37,7 +37,7 @@ def test_hermes_tolerance():
            "<tool_call>\n{\"name\": \"ls\", \"parameters\": {}}\n</tool_call> Done.\n<tool_call>{\"name\": \"pwd\", \"arguments\": {}}"
     parsed = parse_hermes(text)
     assert parsed.calls == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {}), ToolCall("pwd", {})]
-    assert parsed.content == "Sure!\n  \n Done." or parsed.content.startswith("Sure!")
+    assert parsed.content == "Sure!\n  \n Done."  # text around the blocks kept, the unterminated call dropped
     assert parse_hermes('{"name": "ls", "arguments": {}}').calls == [ToolCall("ls", {})]  # bare JSON call
     assert parse_hermes("I cannot do that.").calls == []
     assert parse_hermes('{"name": "ls", "arguments": {"a": true}}', known_tools={"ls"}).calls[0].kwargs == {"a": True}

@@ -1,0 +1,221 @@
+"""Atomic checkpoints: which one is the latest, what counts as complete, pruning, corrupt files, RNG."""
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_rcgrpo.utils import checkpoint as ckpt
+from nemo_rcgrpo.utils.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    prepare_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+def _save(run_dir, step, keep_last=10, **kw):
+    """A tiny checkpoint whose tensors encode its step, so the right one can be told apart."""
+    args = dict(model_state={"w": torch.full((2,), float(step))}, optimizer_state={"lr": 0.1 * step},
+                scheduler_state={"last_epoch": step}, trainer_state={"epoch": step // 10}, keep_last=keep_last)
+    args.update(kw)
+    return save_checkpoint(run_dir, step, **args)
+
+
+def _steps(run_dir):
+    return sorted(p.name for p in checkpoint_dir(run_dir).iterdir())
+
+
+def test_latest_is_the_newest_by_step_number_not_by_name(tmp_path):
+    assert latest_checkpoint(tmp_path) is None  # no checkpoints folder at all
+    for step in (9, 1, 10, 2):  # written out of order
+        _save(tmp_path, step)
+    # by name "step_9" > "step_2" > "step_10" > "step_1"; by number 10 is the newest
+    assert latest_checkpoint(tmp_path) == checkpoint_dir(tmp_path) / "step_10"
+    state = load_checkpoint(latest_checkpoint(tmp_path))
+    assert state["trainer_state"] == {"epoch": 1, "step": 10}  # 10 // 10 = 1; "step" added by save
+    assert torch.equal(state["model"]["w"], torch.tensor([10.0, 10.0]))
+    assert state["optimizer"] == {"lr": pytest.approx(1.0)} and state["scheduler"] == {"last_epoch": 10}
+
+
+def test_partial_checkpoints_are_ignored(tmp_path):
+    _save(tmp_path, 3)
+    root = checkpoint_dir(tmp_path)
+    (root / ".tmp-step_7").mkdir()  # a save killed before the rename (even one holding a state file)
+    (root / ".tmp-step_7" / STATE_FILE).write_text("{}")
+    (root / "step_8").mkdir()  # a folder without trainer_state.json
+    torch.save({"w": torch.zeros(1)}, root / "step_8" / "model.pt")
+    assert latest_checkpoint(tmp_path) == root / "step_3"
+    with pytest.raises(CheckpointError, match=r"step_8 is not a complete checkpoint \(no trainer_state.json\)"):
+        load_checkpoint(root / "step_8")
+
+
+def test_only_partial_checkpoints_means_none(tmp_path):
+    (checkpoint_dir(tmp_path) / ".tmp-step_1").mkdir(parents=True)
+    (checkpoint_dir(tmp_path) / "step_2").mkdir()
+    assert latest_checkpoint(tmp_path) is None
+
+
+@pytest.mark.parametrize("name, content", [
+    ("model.pt", "truncated"),  # half of a real zip archive
+    ("model.pt", b"garbage, not a torch file"),
+    ("model.pt", b""),
+    ("optimizer.pt", "truncated"),
+    ("extra.pt", "truncated"),
+    (STATE_FILE, b'{"epoch": 0, "st'),  # truncated JSON
+])
+def test_corrupt_checkpoint_raises_checkpoint_error_naming_the_path(tmp_path, name, content):
+    path = _save(tmp_path, 4)
+    target = path / name
+    if content == "truncated":
+        data = target.read_bytes()
+        content = data[: len(data) // 2]
+    target.write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+
+
+def test_failure_mid_save_leaves_the_previous_checkpoint_latest_and_intact(tmp_path, monkeypatch):
+    good = _save(tmp_path, 5, keep_last=1)
+    real_save = torch.save
+
+    def failing_save(obj, f, *a, **kw):
+        if str(f).endswith("optimizer.pt"):
+            raise OSError("disk full")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        _save(tmp_path, 6, keep_last=1)  # keep_last=1 would prune step_5 had step_6 completed
+    monkeypatch.undo()
+    assert _steps(tmp_path) == [".tmp-step_6", "step_5"]  # the half-written one never got a final name
+    assert latest_checkpoint(tmp_path) == good
+    state = load_checkpoint(good)
+    assert state["trainer_state"]["step"] == 5 and torch.equal(state["model"]["w"], torch.tensor([5.0, 5.0]))
+    # the next save of step 6 starts from a clean temporary folder and then prunes step 5
+    _save(tmp_path, 6, keep_last=1)
+    assert _steps(tmp_path) == ["step_6"]
+
+
+def test_keep_last_prunes_only_the_oldest_and_only_after_the_new_one_is_complete(tmp_path, monkeypatch):
+    for step in (1, 2, 10):
+        _save(tmp_path, step, keep_last=3)
+    assert _steps(tmp_path) == ["step_1", "step_10", "step_2"]  # 3 kept, none pruned yet
+    root = checkpoint_dir(tmp_path)
+    (root / ".tmp-step_99").mkdir()  # leftovers of a crashed save are not counted or touched
+    (root / "step_50").mkdir()  # incomplete: not counted, not removed
+    seen_at_rename = []
+    real_replace = os.replace
+
+    def spy_replace(src, dst):
+        seen_at_rename.append(sorted(p.name for p in root.glob("step_*")))
+        assert (src / STATE_FILE).is_file()  # the state file is written before the move
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", spy_replace)
+    _save(tmp_path, 11, keep_last=2)
+    # complete by number: 1, 2, 10, 11 -> keep the last 2 (10, 11); 1 and 2 go, only after the rename
+    assert seen_at_rename == [["step_1", "step_10", "step_2", "step_50"]]
+    assert _steps(tmp_path) == [".tmp-step_99", "step_10", "step_11", "step_50"]
+    assert latest_checkpoint(tmp_path) == root / "step_11"
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    _save(tmp_path, 3)
+    path = _save(tmp_path, 3, model_state={"w": torch.tensor([7.0])})
+    assert _steps(tmp_path) == ["step_3"]
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.tensor([7.0]))
+
+
+def test_rng_state_round_trip(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    path = _save(tmp_path, 1)
+    after_save = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(99), np.random.seed(99), torch.manual_seed(99)  # something else moved the generators
+    set_rng_state(load_checkpoint(path)["rng"])
+    resumed = (random.random(), np.random.rand(), torch.rand(3))
+    assert resumed[0] == after_save[0] and resumed[1] == after_save[1]
+    assert torch.equal(resumed[2], after_save[2])
+
+
+def test_prepared_without_prepare_raises(tmp_path):
+    with pytest.raises(CheckpointError, match=r"\.tmp-step_4 was not prepared"):
+        _save(tmp_path, 4, prepared=True)
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_prepared_shards_are_kept_and_relative_optimizer_dir_is_resolved(tmp_path):
+    tmp = prepare_checkpoint(tmp_path, 8)
+    assert tmp == checkpoint_dir(tmp_path) / ".tmp-step_8" and list(tmp.iterdir()) == []
+    (tmp / "optim").mkdir()
+    (tmp / "optim" / "shard_0.pt").write_bytes(b"rank 0")  # written by every rank before rank 0 saves
+    path = _save(tmp_path, 8, optimizer_state={"dir": "optim", "format": "dist"}, prepared=True)
+    assert (path / "optim" / "shard_0.pt").read_bytes() == b"rank 0"
+    opt = load_checkpoint(path)["optimizer"]
+    assert opt == {"dir": "optim", "format": "dist", "path": str(path / "optim")}  # resolved, not the .tmp name
+    # a non-string dir is left alone
+    path = _save(tmp_path, 9, optimizer_state={"dir": 3})
+    assert load_checkpoint(path)["optimizer"] == {"dir": 3}
+
+
+def test_prepare_clears_a_stale_temporary_folder(tmp_path):
+    tmp = prepare_checkpoint(tmp_path, 2)
+    (tmp / "stale.pt").write_bytes(b"old")
+    assert list(prepare_checkpoint(tmp_path, 2).iterdir()) == []
+
+
+def test_trainer_state_json_and_tokenizer(tmp_path):
+    class Tok:
+        def save_pretrained(self, d):
+            d.mkdir()
+            (d / "tokenizer.json").write_text("{}")
+
+    path = _save(tmp_path, 12, trainer_state={"epoch": 1, "step": 0, "data_pos": 37}, tokenizer=Tok())
+    assert json.loads((path / STATE_FILE).read_text()) == {"epoch": 1, "step": 12, "data_pos": 37}  # step wins
+    assert (path / "tokenizer" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("name, content", [("optimizer.pt", b"garbage" * 10), ("optimizer.pt", b""),
+                                           ("extra.pt", b"garbage" * 10), ("extra.pt", b"")],
+                         ids=["garbage-optimizer", "empty-optimizer", "garbage-extra", "empty-extra"])
+def test_unpicklable_files_are_checkpoint_errors(tmp_path, name, content):
+    path = _save(tmp_path, 1)
+    (path / name).write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"cannot read checkpoint {path}"):
+        load_checkpoint(path)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickled_code_in_a_checkpoint_is_refused_not_run(tmp_path):
+    path = _save(tmp_path, 1)
+    torch.save({"scheduler": {}, "rng": _Payload()}, path / "extra.pt")
+    with pytest.raises(CheckpointError, match="Weights only load failed"):
+        load_checkpoint(path)
+
+
+def test_other_folders_next_to_checkpoints_are_ignored(tmp_path):
+    _save(tmp_path, 2)
+    root = checkpoint_dir(tmp_path)
+    (root / "step_7.bak").mkdir()
+    (root / "step_7.bak" / STATE_FILE).write_text("{}")  # complete-looking, but not a step_N name
+    assert latest_checkpoint(tmp_path) == root / "step_2"
+    _save(tmp_path, 3, keep_last=1)  # pruning is not confused by it either
+    assert _steps(tmp_path) == ["step_3", "step_7.bak"]
+
+
+def test_a_checkpoint_just_written_is_never_pruned(tmp_path):
+    _save(tmp_path, 5)
+    path = _save(tmp_path, 3, keep_last=1)  # an older step written after a newer one
+    assert path.is_dir() and (path / STATE_FILE).is_file()

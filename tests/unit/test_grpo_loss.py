@@ -1,0 +1,203 @@
+"""grpo_loss through every KL estimator and both aggregations, against values worked out by hand.
+
+One batch of 3 sequences of different lengths (3, 2 and 4 tokens), advantages of both signs,
+ratios away from 1 (some clipped), and a reference that differs from the policy by d = ref - logp
+in {ln 2, -ln 2, 0}. clip_low = 0.2, clip_high = 0.3 (the window is [0.8, 1.3]), beta = 0.1.
+"""
+
+import math
+
+import pytest
+import torch
+
+from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
+from nemo_rcgrpo.algorithms.losses import grpo_loss
+
+L = math.log(2)
+CLIP_LOW, CLIP_HIGH, BETA = 0.2, 0.3, 0.1
+X = None  # a padded position (mask 0)
+
+# per token: ratio r = exp(logp - old) and d = ref - logp
+RATIOS = [[1.5, 0.5, 1.1, X], [X, 0.5, 1.5, X], [0.9, 2.0, 0.7, 1.0]]
+DS = [[L, -L, -L, X], [X, L, L, X], [0.0, -L, 0.0, L]]
+ADV = [2.0, -1.0, 0.5]
+LENGTHS = [3, 2, 4]  # sum 9 tokens
+
+
+def _batch(num_sequences=3):
+    logp = torch.tensor([[-0.5, -1.2, -0.8, -0.3], [-2.0, -0.1, -0.7, -1.1], [-0.4, -0.9, -1.6, -0.2]],
+                        dtype=torch.float64)
+    old, ref, mask = logp.clone(), logp.clone(), torch.zeros(3, 4, dtype=torch.long)
+    for b in range(3):
+        for t in range(4):
+            if RATIOS[b][t] is None:  # padding: values that would matter a lot were they not masked
+                old[b, t], ref[b, t] = logp[b, t] - 1.7, logp[b, t] + 3.0
+            else:
+                old[b, t] = logp[b, t] - math.log(RATIOS[b][t])
+                ref[b, t] = logp[b, t] + DS[b][t]
+                mask[b, t] = 1
+    batch = {"loss_mask": mask, "old_logprobs": old, "ref_logprobs": ref,
+             "advantages": torch.tensor(ADV, dtype=torch.float64), "num_sequences": num_sequences}
+    return logp, batch
+
+
+def _kl(est, d):
+    x = -d  # logp - ref
+    return {"k1": x, "k2": 0.5 * x * x, "k3": math.exp(d) - d - 1}[est]
+
+
+def _pg(r, a):
+    return -min(r * a, min(max(r, 1 - CLIP_LOW), 1 + CLIP_HIGH) * a)
+
+
+def _by_hand(est, aggregation, num_valid_tokens=9.0, num_sequences=3):
+    """Plain loops over the tokens: (loss, metrics)."""
+    seq_terms, tok_total = [], 0.0
+    m = {"pg_loss_sum": 0.0, "kl_sum": 0.0, "clipped_tokens": 0.0, "ratio_sum": 0.0, "tokens": 0.0}
+    for b in range(3):
+        seq_sum, n = 0.0, 0
+        for r, d in zip(RATIOS[b], DS[b]):
+            if r is None:
+                continue
+            pg, kl = _pg(r, ADV[b]), _kl(est, d)
+            seq_sum += pg + BETA * kl
+            n += 1
+            m["pg_loss_sum"] += pg
+            m["kl_sum"] += kl
+            m["clipped_tokens"] += (r < 1 - CLIP_LOW and ADV[b] < 0) or (r > 1 + CLIP_HIGH and ADV[b] > 0)
+            m["ratio_sum"] += r
+            m["tokens"] += 1
+        tok_total += seq_sum
+        seq_terms.append(seq_sum / n)
+    loss = tok_total / num_valid_tokens if aggregation == "token" else sum(seq_terms) / num_sequences
+    return loss, m
+
+
+def test_hand_values_of_the_batch():
+    # policy term per token, -min(r*A, clip(r, 0.8, 1.3)*A):
+    # seq 0, A=2:    r=1.5: -min(3.0, 2.6) = -2.6 (clipped); r=0.5: -min(1.0, 1.6) = -1.0; r=1.1: -2.2
+    # seq 1, A=-1:   r=0.5: -min(-0.5, -0.8) = 0.8 (clipped); r=1.5: -min(-1.5, -1.3) = 1.5
+    # seq 2, A=0.5:  r=0.9: -0.45; r=2.0: -min(1.0, 0.65) = -0.65 (clipped); r=0.7: -min(0.35, 0.4) = -0.35; r=1: -0.5
+    per_seq_pg = [-2.6 - 1.0 - 2.2, 0.8 + 1.5, -0.45 - 0.65 - 0.35 - 0.5]  # -5.8, 2.3, -1.95
+    _, m = _by_hand("k3", "token")
+    assert m["pg_loss_sum"] == pytest.approx(sum(per_seq_pg)) == pytest.approx(-5.45)
+    assert m["clipped_tokens"] == 3 and m["tokens"] == 9
+    assert m["ratio_sum"] == pytest.approx(9.7)  # 3.1 + 2.0 + 4.6
+    # KL per token, d = ln2: k1 = -ln2, k2 = ln2^2/2, k3 = 2 - ln2 - 1 = 1 - ln2
+    #               d = -ln2: k1 = ln2, k2 = ln2^2/2, k3 = 1/2 + ln2 - 1 = ln2 - 1/2;  d = 0: all 0
+    # k1: seq0 -L + L + L = L, seq1 -2L, seq2 L - L = 0            -> -L
+    # k2: 7 tokens with d != 0                                     -> 7 L^2 / 2
+    # k3: seq0 (1 - L) + 2 (L - 1/2) = L, seq1 2 (1 - L), seq2 1/2 -> 2.5 - L
+    assert _by_hand("k1", "token")[1]["kl_sum"] == pytest.approx(-L)
+    assert _by_hand("k2", "token")[1]["kl_sum"] == pytest.approx(3.5 * L * L)
+    assert _by_hand("k3", "token")[1]["kl_sum"] == pytest.approx(2.5 - L)
+
+
+# loss for each estimator and aggregation, written out:
+#   token:    (-5.45 + 0.1 * kl_sum) / 9
+#   sequence: [(-5.8 + 0.1 kl_0) / 3 + (2.3 + 0.1 kl_1) / 2 + (-1.95 + 0.1 kl_2) / 4] / 3
+HAND_LOSS = {
+    ("k1", "token"): (-5.45 - 0.1 * L) / 9,  # -0.6133
+    ("k2", "token"): (-5.45 + 0.1 * 3.5 * L * L) / 9,  # -0.5869
+    ("k3", "token"): (-5.45 + 0.1 * (2.5 - L)) / 9,  # -0.5855
+    ("k1", "sequence"): ((-5.8 + 0.1 * L) / 3 + (2.3 - 0.2 * L) / 2 + -1.95 / 4) / 3,
+    ("k2", "sequence"): ((-5.8 + 0.15 * L * L) / 3 + (2.3 + 0.1 * L * L) / 2 + (-1.95 + 0.1 * L * L) / 4) / 3,
+    ("k3", "sequence"): ((-5.8 + 0.1 * L) / 3 + (2.3 + 0.2 * (1 - L)) / 2 + (-1.95 + 0.05) / 4) / 3,
+}
+
+
+@pytest.mark.parametrize("est, aggregation", sorted(HAND_LOSS))
+def test_loss_and_metrics_by_hand(est, aggregation):
+    logp, batch = _batch()
+    loss, m = grpo_loss(logp, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA,
+                        kl_estimator=est, aggregation=aggregation)
+    want_loss, want_m = _by_hand(est, aggregation)
+    assert want_loss == pytest.approx(HAND_LOSS[est, aggregation], rel=1e-12)  # the loops agree with the comments
+    assert loss.item() == pytest.approx(want_loss, rel=1e-9), f"{est}/{aggregation} loss"
+    assert set(m) == set(want_m)
+    for key, value in want_m.items():
+        assert m[key] == pytest.approx(value, rel=1e-9, abs=1e-12), f"{est}/{aggregation} {key}"
+
+
+def test_the_estimators_give_different_losses():
+    logp, batch = _batch()
+    losses = {est: grpo_loss(logp, batch, 9.0, kl_beta=BETA, kl_estimator=est)[0].item() for est in KL_ESTIMATORS}
+    assert len({round(v, 9) for v in losses.values()}) == 3, losses
+
+
+def test_normalisers_are_the_global_counts():
+    logp, batch = _batch(num_sequences=6)  # this micro-batch is half of a 6-sequence step on 18 tokens
+    tok, _ = grpo_loss(logp, batch, 18.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k2")
+    assert tok.item() == pytest.approx(HAND_LOSS["k2", "token"] * 9 / 18)
+    seq, _ = grpo_loss(logp, batch, 18.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k2",
+                       aggregation="sequence")
+    assert seq.item() == pytest.approx(HAND_LOSS["k2", "sequence"] * 3 / 6)
+
+
+def _hand_grad(est, aggregation):
+    """d loss / d logp per token. Policy term: -A r while r*A is the minimum (unclipped), 0 when the
+    clipped value is the minimum (r outside [0.8, 1.3] on the side the advantage favours);
+    KL term: dk1/dlogp = 1, dk2/dlogp = logp - ref = -d, dk3/dlogp = 1 - e^d."""
+    grad = [[0.0] * 4 for _ in range(3)]
+    for b in range(3):
+        for t, (r, d) in enumerate(zip(RATIOS[b], DS[b])):
+            if r is None:
+                continue
+            clipped = (r < 1 - CLIP_LOW and ADV[b] < 0) or (r > 1 + CLIP_HIGH and ADV[b] > 0)
+            dpg = 0.0 if clipped else -ADV[b] * r
+            dkl = {"k1": 1.0, "k2": -d, "k3": 1 - math.exp(d)}[est]
+            norm = 9.0 if aggregation == "token" else LENGTHS[b] * 3
+            grad[b][t] = (dpg + BETA * dkl) / norm
+    return torch.tensor(grad, dtype=torch.float64)
+
+
+def test_gradient_by_hand_k3_token():
+    logp, batch = _batch()
+    x = logp.clone().requires_grad_(True)
+    grpo_loss(x, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k3")[0].backward()
+    # seq 0: r=1.5 clipped: 0 + 0.1 (1 - 2) = -0.1;  r=0.5: -2 * 0.5 + 0.1 (1 - 0.5) = -0.95;
+    #        r=1.1: -2.2 + 0.05 = -2.15;  padding 0                         (all / 9 tokens)
+    # seq 1: padding 0; r=0.5 clipped: -0.1; r=1.5: 1.5 - 0.1 = 1.4; padding 0
+    # seq 2: r=0.9: -0.45; r=2 clipped: +0.05; r=0.7: -0.35; r=1: -0.5 - 0.1 = -0.6
+    want = torch.tensor([[-0.1, -0.95, -2.15, 0.0], [0.0, -0.1, 1.4, 0.0], [-0.45, 0.05, -0.35, -0.6]],
+                        dtype=torch.float64) / 9
+    assert torch.allclose(_hand_grad("k3", "token"), want, atol=1e-12)
+    assert torch.allclose(x.grad, want, atol=1e-10), x.grad
+
+
+@pytest.mark.parametrize("est, aggregation", [("k1", "sequence"), ("k2", "token"), ("k2", "sequence")])
+def test_gradient_by_hand_other_cases(est, aggregation):
+    logp, batch = _batch()
+    x = logp.clone().requires_grad_(True)
+    grpo_loss(x, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est,
+              aggregation=aggregation)[0].backward()
+    # e.g. k1/sequence, seq 1 (2 tokens of 3 sequences): r=1.5 -> (1.5 + 0.1) / (2 * 3) = 0.2667
+    assert torch.allclose(x.grad, _hand_grad(est, aggregation), atol=1e-10), x.grad
+
+
+@pytest.mark.parametrize("est", ["k1", "k3"])
+def test_sequence_aggregation_is_microbatch_invariant(est):
+    logp, batch = _batch(num_sequences=3)
+    kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation="sequence")
+    x = logp.clone().requires_grad_(True)
+    whole, _ = grpo_loss(x, batch, 9.0, **kw)
+    whole.backward()
+    y = logp.clone().requires_grad_(True)
+    total = 0.0
+    # halves of 1 and 2 sequences (3 and 6 tokens); num_sequences stays the global 3, and the
+    # token count passed is each half's own (it must not matter for "sequence")
+    for rows, n_tok in ((slice(0, 1), 3.0), (slice(1, 3), 6.0)):
+        sub = {k: (v if k == "num_sequences" else v[rows]) for k, v in batch.items()}
+        part, _ = grpo_loss(y[rows], sub, n_tok, **kw)
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(whole.item(), rel=1e-12) == pytest.approx(HAND_LOSS[est, "sequence"])
+    assert torch.allclose(x.grad, y.grad, atol=1e-12)
+
+
+def test_unknown_aggregation_and_estimator():
+    logp, batch = _batch()
+    with pytest.raises(ValueError, match="aggregation='mean'"):
+        grpo_loss(logp, batch, 9.0, aggregation="mean")
+    with pytest.raises(KeyError):
+        grpo_loss(logp, batch, 9.0, kl_estimator="k4")
