@@ -3,8 +3,9 @@
 Every rollout j of a group is conditioned on r_j in {high, low}. The paper
 samples i.i.d. with P(high) = p (p = 0.5, the success share of the stage-1
 data); with G = 5 about 6% of groups then get one token type only (2 * 0.5^5).
-`stratified` gives every group both tokens in proportion p (3 high / 2 low at
-G = 5, p = 0.5), so the token always injects within-group variance (Prop. 4.3).
+`stratified` gives every group both tokens in proportion p (3 or 2 high of 5 at
+p = 0.5, with equal odds, so the high share is p on average), so the token always
+injects within-group variance (Prop. 4.3).
 Each sampler is a registered function: ``(num_groups, group_size, p_high, rng) -> [[bool]]``
 (True = high).
 """
@@ -39,19 +40,24 @@ def iid(num_groups: int, group_size: int, p_high: float, rng: random.Random) -> 
     return [[rng.random() < p_high for _ in range(group_size)] for _ in range(num_groups)]
 
 
-def stratified_count(group_size: int, p_high: float) -> int:
-    """High tokens per group: round(p * G) (halves up), kept within [1, G - 1] so both tokens appear."""
-    n = math.floor(p_high * group_size + 0.5)
+def stratified_count(group_size: int, p_high: float, rng: random.Random) -> int:
+    """High tokens in one group: p * G rounded up with probability frac(p * G), down otherwise (so the expected
+    count is p * G, e.g. 2 or 3 with equal odds at G = 5, p = 0.5), then kept within [1, G - 1] so both tokens
+    appear (which moves the mean only where p * G < 1 or > G - 1)."""
+    exact = p_high * group_size
+    n = math.floor(exact)
+    if rng.random() < exact - n:
+        n += 1
     return min(max(n, 1), group_size - 1) if group_size >= 2 else n
 
 
 @register_sampler("stratified")
 def stratified(num_groups: int, group_size: int, p_high: float, rng: random.Random) -> list[list[bool]]:
-    """Exactly `stratified_count` high tokens per group, at shuffled positions."""
+    """`stratified_count` high tokens per group (randomised rounding of p * G), at shuffled positions."""
     _check(group_size, p_high)
-    n_high = stratified_count(group_size, p_high)
     groups = []
     for _ in range(num_groups):
+        n_high = stratified_count(group_size, p_high, rng)
         tokens = [True] * n_high + [False] * (group_size - n_high)
         rng.shuffle(tokens)
         groups.append(tokens)

@@ -47,8 +47,10 @@ def load_tokenizer_and_model(cfg: TrainConfig):
     resolve_model_path(cfg.model.path)  # a missing model is reported as such, not as a missing tokenizer
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path, cfg.model.dtype)
-    if ensure_format_tokens(tokenizer, cfg.chat.format):
-        resize_with_mean(tokenizer, model)
+    n_old = len(tokenizer)
+    added = ensure_format_tokens(tokenizer, cfg.chat.format)
+    if added:
+        resize_with_mean(tokenizer, model, added, n_old)
     if cfg.model.reward_tokens == "special":
         add_reward_tokens(tokenizer, model, (cfg.reward_tokens.high, cfg.reward_tokens.low))
     if tokenizer.pad_token_id is None:

@@ -18,13 +18,13 @@ rollout engine builds trajectories token by token and relies on it).
 Text pieces are tokenised with ``split_special_tokens=True``: a tool result or
 file content that contains ``<|im_end|>`` stays text and cannot inject control
 tokens. Only the reward tokens (``<|high_reward|>``, ``<|low_reward|>``) are
-recognised inside user text, where the RCTP data puts them.
+recognised inside user text, where the RCTP data puts them (the configured ``reward_tokens.high`` / ``.low``;
+`tokenize.ChatRenderer` builds the pattern from them).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -230,5 +230,3 @@ class TokenCounter:
             self.cache.update(zip(chunk, map(len, ids)))
         return [sum(self.cache[seg] for seg in segs) for segs in rendered]
 
-
-REWARD_TOKEN_PATTERN = re.compile(r"(<\|high_reward\|>|<\|low_reward\|>)")

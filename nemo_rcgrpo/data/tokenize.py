@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, REWARD_TOKEN_PATTERN, Piece
+from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, Piece
 from nemo_rcgrpo.types import Message
 
 RENDERERS = ("auto", "project", "template")
@@ -71,20 +71,23 @@ class ChatRenderer:
             raise ChatFormatError(f"the tokenizer lacks the {fmt} control tokens {missing}; choose the model's own "
                                   f"format (chat.format) or add them with ensure_format_tokens")
         self.special_ids = {t: vocab[t] for t in self.spec.special_tokens}
+        self._generation_prompt_text = "".join(p.text for p in self.spec.generation_prompt())
         self.stop_ids = [vocab[t] for t in self.spec.stop_tokens]
         self.literal_reward_tokens = literal_reward_tokens
         self.reward_ids = {}
         if not literal_reward_tokens:
             self.reward_ids = {t: vocab[t] for t in reward_tokens if t in vocab}
+        # the configured reward tokens (reward_tokens.high / .low), not the default names
+        self.reward_pattern = re.compile("(" + "|".join(map(re.escape, self.reward_ids)) + ")") if self.reward_ids else None
 
     # ------------------------------------------------------------------ text -> ids
     def encode_text(self, text: str, user_text: bool = False) -> list[int]:
         """Plain text: special-token strings stay text, except reward tokens in user text."""
         if not text:
             return []
-        if user_text and self.reward_ids:
+        if user_text and self.reward_pattern is not None:
             ids: list[int] = []
-            for part in REWARD_TOKEN_PATTERN.split(text):
+            for part in self.reward_pattern.split(text):
                 if part in self.reward_ids:
                     ids.append(self.reward_ids[part])
                 elif part:
@@ -149,9 +152,16 @@ class ChatRenderer:
                 header = self._template_text(messages[: end - 1], tools, add_generation_prompt=True)[len(previous):]
                 if not delta.startswith(header):
                     raise ChatFormatError("the chat template's generation prompt does not start the assistant turn")
+                if header != self._generation_prompt_text:
+                    raise ChatFormatError(f"the chat template's generation prompt {header!r} differs from the "
+                                          f"{self.fmt} format's {self._generation_prompt_text!r} that RL and "
+                                          "evaluation prompts end with; use chat.renderer=project")
                 body, _, tail = delta[len(header):].partition(eot)
-                self._encode_pieces([Piece(header), Piece(body, train=True), Piece(eot, train=True, special=True),
-                                     Piece(tail)], out)
+                # the header and the tail are template text (special tokens as their ids, as in the generation
+                # prompt); the body is what the model writes
+                self._encode_template_text(header, out, user_text=False)
+                self._encode_pieces([Piece(body, train=True), Piece(eot, train=True, special=True)], out)
+                self._encode_template_text(tail, out, user_text=False)
             else:
                 self._encode_template_text(delta, out, user_text=last["role"] == "user")
             previous = text

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 SMOLLM2_ALIASES = frozenset({"smollm2", "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"})
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,20 +172,30 @@ def load_model(name_or_path: str, dtype: str = "float32"):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtypes[dtype], local_files_only=True)
 
 
-def resize_with_mean(tokenizer, model) -> None:
-    """Grow the embedding (and untied output) rows to the tokenizer size; new rows = mean of the old rows."""
+def resize_with_mean(tokenizer, model, new_tokens: Sequence[str] = (), n_old: int | None = None) -> None:
+    """Give the tokens just added to ``tokenizer`` embedding rows equal to the mean of the old vocabulary's rows.
+
+    ``new_tokens``: the tokens added (their rows are written whether or not the embedding had to grow: a model
+    with spare padding rows, such as Qwen2.5-7B's 152,064 rows for 151,665 tokens, would otherwise keep random
+    rows for them); ``n_old``: the vocabulary size before they were added (default: the embedding's old rows).
+    Rows beyond the tokenizer (padding) grown here get the mean too. Input and untied output embeddings alike.
+    """
     import torch
 
     old_rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) <= old_rows:
+    n_old = min(old_rows, n_old if n_old is not None else old_rows)
+    if len(tokenizer) > old_rows:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    rows = sorted({tokenizer.convert_tokens_to_ids(t) for t in new_tokens} | set(range(old_rows, len(tokenizer))))
+    if not rows:
         return
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    index = torch.tensor(rows)
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
-        emb[old_rows:] = emb[:old_rows].mean(dim=0, keepdim=True)
+        emb[index] = emb[:n_old].mean(dim=0, keepdim=True).to(emb.dtype)
         out = model.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != emb.data_ptr():
-            out.weight[old_rows:] = out.weight[:old_rows].mean(dim=0, keepdim=True)
+            out.weight[index] = out.weight[:n_old].mean(dim=0, keepdim=True).to(out.weight.dtype)
 
 
 def add_reward_tokens(tokenizer, model, tokens: tuple[str, ...]) -> list[int]:
@@ -193,10 +204,11 @@ def add_reward_tokens(tokenizer, model, tokens: tuple[str, ...]) -> list[int]:
     Idempotent: tokens already in the vocabulary keep their ids and rows.
     Returns the token ids.
     """
+    n_old = len(tokenizer)
     new = [t for t in tokens if t not in tokenizer.get_vocab()]
     if new:
         tokenizer.add_tokens(new, special_tokens=True)
-    resize_with_mean(tokenizer, model)
+    resize_with_mean(tokenizer, model, new, n_old)
     ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
     for token, token_id in zip(tokens, ids):
         if token_id is None or token_id == tokenizer.unk_token_id or len(tokenizer.encode(token, add_special_tokens=False)) != 1:

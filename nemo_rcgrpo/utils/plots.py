@@ -6,7 +6,7 @@
 Default panels: reward, zero-variance group fraction, entropy, KL to the
 reference, entropy-reward correlation (rho: RC-GRPO keeps it low or negative
 while reward rises; GRPO's collapse shows as rising rho with falling
-variance), and for RC-GRPO the reward under each token.
+variance), and for RC-GRPO the correlation and the reward under each token.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import Sequence
 from nemo_rcgrpo.utils.logging import read_metrics
 
 DEFAULT_METRICS = ("reward_mean", "zero_variance_fraction", "entropy", "kl", "entropy_reward_corr",
-                   "reward_mean_high", "reward_mean_low")
+                   "entropy_reward_corr_high", "entropy_reward_corr_low", "reward_mean_high", "reward_mean_low")
 TITLES = {"reward_mean": "reward", "zero_variance_fraction": "zero-variance groups", "entropy": "entropy (token mean)",
           "kl": "KL to reference", "entropy_reward_corr": "entropy-reward correlation",
+          "entropy_reward_corr_high": "entropy-reward corr. | high token",
+          "entropy_reward_corr_low": "entropy-reward corr. | low token",
           "reward_mean_high": "reward | high token", "reward_mean_low": "reward | low token"}
 
 

@@ -111,7 +111,7 @@ QWEN_LIKE_TEMPLATE = (
     "\n<tool_response>\n{{ m.content }}\n</tool_response>"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{%- endif %}"
     "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"  # as Qwen2.5's template writes it
 )
 
 
@@ -135,3 +135,45 @@ def test_template_renderer_with_a_tool_template(suite):
         .replace("{%- for m in messages %}", "{%- for m in messages %}{%- if loop.last %}LAST{%- endif %}")
     with pytest.raises(ChatFormatError, match="rewrites earlier text"):
         ChatRenderer(tok, "hermes", renderer="template").render(messages)
+
+
+@pytest.mark.parametrize("fmt, renderer_name", [("hermes", "project"), ("llama3_json", "project"),
+                                                ("hermes", "template")])
+def test_conversation_ids_start_with_every_generation_prompt(suite, fmt, renderer_name):
+    """Stage 1 trains on the ids generation shows: for every assistant message k, the ids of the whole
+    conversation start with the RL / eval prompt of messages[:k] (header included, as ids), and the header is
+    not trained (mask 0)."""
+    tok = load_tokenizer("smollm2")
+    tok.add_tokens(["<|high_reward|>", "<|low_reward|>"], special_tokens=True)
+    ensure_format_tokens(tok, fmt)
+    if renderer_name == "template":
+        tok.chat_template = QWEN_LIKE_TEMPLATE
+    renderer = ChatRenderer(tok, fmt, renderer=renderer_name)
+    assert renderer.renderer == renderer_name
+    checked = 0
+    for task_id, mode, messages, tools in _conversations(suite):
+        full = renderer.render(messages, tools)
+        for k, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = renderer.render(messages[:k], tools)
+            prompt = renderer.render(messages[:k], tools, add_generation_prompt=True)
+            assert full.ids[: len(prompt.ids)] == prompt.ids, (task_id, mode, k)
+            assert prompt.ids[len(before.ids):] == renderer.generation_prompt_ids()
+            assert set(full.mask[len(before.ids): len(prompt.ids)]) == {0}, (task_id, mode, k)  # the header
+            assert full.mask[len(prompt.ids)] == 1  # the first token the model writes
+            checked += 1
+    assert checked > 20
+
+
+def test_custom_reward_token_names_are_single_ids(suite):
+    tok = load_tokenizer("smollm2")
+    tok.add_tokens(["<|good|>", "<|bad|>"], special_tokens=True)
+    goal = RewardGoal(high_token="<|good|>", low_token="<|bad|>")
+    renderer = ChatRenderer(tok, "hermes", reward_tokens=("<|good|>", "<|bad|>"))
+    task = suite["multi_turn_base_0"]
+    for success, token in ((True, "<|good|>"), (False, "<|bad|>")):
+        ids = renderer.render(goal.apply(play(task, gold_plan(task), "merged").messages, success)).ids
+        assert ids.count(tok.convert_tokens_to_ids(token)) == 1
+    # the default names are plain text for this renderer (not its reward tokens)
+    assert renderer.encode_text("<|high_reward|>", user_text=True) == renderer.encode_text("<|high_reward|>")

@@ -31,6 +31,28 @@ def test_reward_tokens_are_single_ids_with_mean_rows(name, tied, tmp_path):
     assert torch.equal(model2.get_input_embeddings().weight, emb.detach())
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_reward_token_rows_are_the_mean_when_the_embedding_has_spare_rows(name):
+    """Qwen2.5-7B has 152,064 rows for 151,665 tokens: new tokens land on existing (random) padding rows, which
+    must be overwritten with the mean of the real vocabulary's rows, not kept."""
+    tok, model = load_tokenizer(name), load_model(name)
+    vocab = len(tok)
+    model.resize_token_embeddings(vocab + 64, mean_resizing=False)  # 64 spare rows
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for layer in {model.get_input_embeddings(), model.get_output_embeddings()}:
+            layer.weight[vocab:] = torch.randn_like(layer.weight[vocab:])
+    emb_before = model.get_input_embeddings().weight.detach().clone()
+    out_before = model.get_output_embeddings().weight.detach().clone()
+    ids = add_reward_tokens(tok, model, TOKENS)
+    assert ids == [vocab, vocab + 1] and model.get_input_embeddings().weight.shape[0] == vocab + 64  # no growth
+    emb, out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    for i in ids:
+        assert torch.allclose(emb[i], emb_before[:vocab].mean(0), atol=1e-7)  # the real tokens' mean
+        assert torch.allclose(out[i], out_before[:vocab].mean(0), atol=1e-7)
+    assert torch.equal(emb[:vocab], emb_before[:vocab]) and torch.equal(emb[vocab + 2:], emb_before[vocab + 2:])
+
+
 def test_model_names_and_errors(tmp_path):
     with pytest.raises(ModelFilesError, match="not a local HF folder"):
         resolve_model_path(str(tmp_path / "nope"))
@@ -54,4 +76,5 @@ def test_smollm2_from_the_wheel(tmp_path):
     tok = load_tokenizer("smollm2")
     ids = tok("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=6, do_sample=False)
-    assert out.shape[1] > ids.shape[1]
+    # greedy, so one answer: the de-quantised weights must make the instruct model answer, not just emit tokens
+    assert tok.decode(out[0, ids.shape[1]:]) == "The answer is 4."

@@ -21,12 +21,24 @@ def test_iid_frequencies():
     assert abs(one_type - expected) < 4 * math.sqrt(expected * (1 - expected) / len(groups))
 
 
-@pytest.mark.parametrize("g, p, n_high", [(5, 0.5, 3), (4, 0.5, 2), (5, 0.1, 1), (5, 0.9, 4), (8, 0.25, 2), (2, 0.0, 1)])
-def test_stratified_exact_counts(g, p, n_high):
-    assert stratified_count(g, p) == n_high
-    groups = REWARD_TOKEN_SAMPLERS["stratified"](200, g, p, random.Random(1))
-    assert all(sum(grp) == n_high for grp in groups)
+@pytest.mark.parametrize("g, p, counts", [(5, 0.5, {2, 3}), (4, 0.5, {2}), (5, 0.1, {1}), (5, 0.9, {4}),
+                                          (8, 0.25, {2}), (2, 0.0, {1}), (5, 0.3, {1, 2})])
+def test_stratified_counts_and_mean_share(g, p, counts):
+    groups = REWARD_TOKEN_SAMPLERS["stratified"](4000, g, p, random.Random(1))
+    assert {sum(grp) for grp in groups} == counts  # both tokens in every group
     assert len({tuple(grp) for grp in groups}) > 1  # positions are shuffled
+    share = sum(map(sum, groups)) / (len(groups) * g)
+    # randomised rounding: the expected high share is p, except where [1, G - 1] clamps it
+    # (G=5, p=0.1: p*G = 0.5 -> 1, share 0.2; G=5, p=0.9: 4.5 -> 4, share 0.8; G=2, p=0: 1, share 0.5)
+    expected = {(5, 0.1): 0.2, (5, 0.9): 0.8, (2, 0.0): 0.5}.get((g, p), p)
+    assert abs(share - expected) < 4 * math.sqrt(0.25 / len(groups) / g) + 1e-12, share
+
+
+def test_stratified_count_rounds_at_random():
+    rng = random.Random(0)
+    draws = [stratified_count(5, 0.5, rng) for _ in range(10_000)]
+    assert set(draws) == {2, 3} and abs(draws.count(3) / len(draws) - 0.5) < 0.02  # 2.5 rounded up half the time
+    assert [stratified_count(4, 0.5, rng) for _ in range(100)] == [2] * 100  # p * G whole: no rounding
 
 
 def test_group_advantages_by_hand():
@@ -47,6 +59,9 @@ def test_kl_estimators_by_hand():
     assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)
     assert kl_k3(logp, ref).item() == pytest.approx(0.5 + math.log(2) - 1)  # exp(-ln2) + ln2 - 1
     assert kl_k3(ref, ref).item() == 0.0
+    # k3 is clamped at 10 (verl's low_var_kl): exp(20) - 20 - 1 = 4.85e8 otherwise; below the clamp it is exact
+    assert kl_k3(torch.tensor([0.0]), torch.tensor([20.0])).item() == 10.0
+    assert kl_k3(torch.tensor([0.0]), torch.tensor([2.0])).item() == pytest.approx(math.exp(2) - 3)  # 4.389
 
 
 def _batch(logp_shift, adv):
