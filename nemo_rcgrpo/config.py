@@ -168,6 +168,7 @@ class LossConfig:
     kl_beta: float = 0.1
     kl_estimator: str = "k3"  # k1 | k2 | k3
     aggregation: str = "token"  # token | sequence
+    tis_cap: float | None = None  # truncated importance sampling: weight min(p_trainer / p_sampler, cap); null: off
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,9 @@ class RLConfig:
     p_high: float = 0.5  # P(high token): the success share of the stage-1 data
     max_turns: int = 20  # assistant messages per rollout
     max_total_tokens: int = 4096  # context budget of a rollout (prompt + everything generated)
+    ppo_epochs: int = 1  # passes over each batch of rollouts
+    mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
+    old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
     dapo_max_rounds: int = 2  # dapo_filter: extra generation rounds to replace zero-variance groups
     dapo_shortfall: str = "train"  # dapo_filter, too few groups with variance after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
@@ -349,6 +353,16 @@ class TrainConfig:
         _choice("rl.split", rl.split, ("train", "test"))
         _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
         _choice("rl.dapo_shortfall", rl.dapo_shortfall, ("train", "error"))
+        _choice("rl.old_logprobs", rl.old_logprobs, ("auto", "recompute"))
+        for key, value in {"rl.ppo_epochs": rl.ppo_epochs, "rl.mini_batches": rl.mini_batches}.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        micro = -(-rl.tasks_per_step * rl.group_size // self.trainer.micro_batch_size)
+        if rl.mini_batches > micro:
+            raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
+                              f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
+        if rl.loss.tis_cap is not None and rl.loss.tis_cap <= 0:
+            raise ConfigError(f"rl.loss.tis_cap={rl.loss.tis_cap}: must be > 0 or null")
         if rl.eval_every < 0 or rl.eval_tasks <= 0:
             raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
         if rl.group_size < 2:

@@ -25,28 +25,41 @@ def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_v
 
 def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float, *,
               clip_low: float = 0.2, clip_high: float = 0.2, kl_beta: float = 0.1, kl_estimator: str = "k3",
-              aggregation: str = "token"):
+              aggregation: str = "token", tis_cap: float | None = None):
     """PPO-clipped policy loss with a KL penalty to the reference (GRPO / RC-GRPO).
 
-    batch: loss_mask [B, T] (1 on generated tokens), old_logprobs [B, T] (the
-    trainer's recomputed logprobs before the update), ref_logprobs [B, T],
-    advantages [B] (one per rollout, broadcast over its tokens); for
-    aggregation="sequence" also num_sequences (the global count, a scalar).
+    batch: loss_mask [B, T] (1 on generated tokens), ref_logprobs [B, T],
+    advantages [B] (one per rollout, broadcast over its tokens), old_logprobs [B, T]
+    (the trainer's logprobs before the first update of the batch; absent when the
+    batch gets one update: the ratio is then taken against the detached current
+    logprobs, which are the old ones, so ratio = 1 with the on-policy gradient);
+    for aggregation="sequence" also num_sequences (the update's count, a scalar);
+    optionally sampler_logprobs [B, T] (the generator's), for the train/inference
+    gap metrics and truncated importance sampling.
 
         ratio_t = exp(logp_t - old_t)
         pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
+        pg_t   *= min(exp(old_t - sampler_t), tis_cap)                  (tis_cap set: truncated IS)
         loss_t  = pg_t + beta * KL_t(policy || ref)
-        token:    sum_t mask * loss_t / num_valid_tokens          (global token count)
+        token:    sum_t mask * loss_t / num_valid_tokens          (the update's token count)
         sequence: sum_b [sum_t mask * loss_t / len_b] / num_sequences
     """
     from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
 
     mask = batch["loss_mask"].to(token_logprobs.dtype)  # [B, T]
     adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
-    log_ratio = (token_logprobs - batch["old_logprobs"]) * mask  # [B, T]
+    old_logprobs = batch.get("old_logprobs")
+    old = token_logprobs.detach() if old_logprobs is None else old_logprobs.to(token_logprobs.dtype)  # [B, T]
+    log_ratio = (token_logprobs - old) * mask  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
     pg = -torch.minimum(ratio * adv, clipped * adv)  # [B, T]
+    sampler = batch.get("sampler_logprobs")
+    gap = None if sampler is None else (old - sampler.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
+    if tis_cap is not None:
+        if gap is None:
+            raise ValueError("tis_cap needs the generator's sampler_logprobs in the batch")
+        pg = pg * torch.exp(gap).clamp(max=tis_cap)  # [B, T]
     kl = KL_ESTIMATORS[kl_estimator](token_logprobs, batch["ref_logprobs"]) * mask  # [B, T]
     per_token = pg + kl_beta * kl  # [B, T]
     if aggregation == "token":
@@ -66,4 +79,7 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
             "ratio_sum": float((ratio * mask).sum()),
             "tokens": float(n),
         }
+        if gap is not None:  # as NeMo-RL's token_mult_prob_error: mean exp(|trainer - generator logprob|)
+            metrics["sampler_abs_diff_sum"] = float((gap.abs() * mask).sum())
+            metrics["sampler_mult_err_sum"] = float((torch.exp(gap.abs()) * mask).sum())
     return loss, metrics

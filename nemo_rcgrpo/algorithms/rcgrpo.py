@@ -9,8 +9,10 @@ One step (PAPER.md, "The method"):
      dapo_filter (DAPO's dynamic sampling): never train on a zero-variance group; roll out replacement tasks
      for up to rl.dapo_max_rounds more rounds, then train on the groups found (rl.dapo_shortfall=train) or stop
      (error);
-  5. old logprobs recomputed by the trainer (and entropies), reference logprobs
-     from the frozen initial model; clipped loss + KL, one optimizer step;
+  5. reference logprobs from the frozen initial model; rl.ppo_epochs x rl.mini_batches optimizer steps of
+     the clipped loss + KL (old logprobs recomputed before the first; with one update, the default, the
+     ratio is taken against the detached logprobs of the training pass itself, which also gives the
+     entropies, so the torch backend runs no separate old-logprob pass);
   6. the in-process generator shares the policy's weights (nothing to copy);
      metrics, rollout dump, checkpoint.
 GRPO is RC-GRPO without tokens; the 2x2 ablation is the init (SFT or RCTP-FT
@@ -77,7 +79,8 @@ class RLTrainer:
         self.renderer = make_renderer(cfg, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
-        self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps)
+        self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
+        self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
         self.reference = make_reference(self.policy, model)  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = data_parallel(self.policy, dist)
         self.suite = BFCLSuite(cfg.env.categories)
@@ -157,38 +160,24 @@ class RLTrainer:
         return groups, stats
 
     def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
-        """One optimizer step on the groups; returns the metrics and the advantages [num_groups, G]."""
-        cfg, rl = self.cfg, self.cfg.rl
+        """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default);
+        returns the metrics and the advantages [num_groups, G]."""
+        rl = self.cfg.rl
         trajs = [t for g in groups for t in g]
         rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
         adv = group_advantages(rewards, baseline=rl.advantage.baseline, scale=rl.advantage.scale, eps=rl.advantage.eps)
-        flat_adv = adv.reshape(-1)
-        pad = self.tokenizer.pad_token_id
         t0 = time.perf_counter()
-        micro = cfg.trainer.micro_batch_size
-        replica, replicas = self.data_dist.rank, self.data_dist.world_size
-        batches, entropy = [], torch.zeros(len(trajs), dtype=torch.float64)  # [N * G] sums over generated tokens
-        for index, s in enumerate(range(0, len(trajs), micro)):
-            part = trajs[s:s + micro]
-            b = _batch(part, pad)
-            b.update(advantages=flat_adv[s:s + micro].float(), num_sequences=torch.tensor(float(len(trajs))))
-            batches.append(b)
-            if index % replicas != replica:  # another data-parallel replica scores and trains on this one
-                continue
-            old, ent = self.policy.logprobs(b, with_entropy=True)
-            b.update(old_logprobs=old, ref_logprobs=self.reference(b))
-            m = b["loss_mask"].float()
-            entropy[s:s + len(part)] = (ent * m).sum(1)
-        entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
+        batches = self._micro_batches(trajs, adv.reshape(-1))
+        # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
+        # and the entropies come from that pass too (torch backend): no separate old-logprob pass
+        fused = self.updates == 1 and rl.old_logprobs == "auto" and self.cfg.policy.backend == "torch"
+        entropy = self._score(batches, old_logprobs=not fused)  # [N * G] entropy sums (zeros when fused)
         logprob_seconds = time.perf_counter() - t0
-        num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
         t0 = time.perf_counter()
-        loss_fn = lambda lp, b, n: grpo_loss(lp, b, n, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high,  # noqa: E731
-                                             kl_beta=rl.loss.kl_beta, kl_estimator=rl.loss.kl_estimator,
-                                             aggregation=rl.loss.aggregation)
-        # each data-parallel replica trains on its share of the micro-batches (the ones it scored)
-        out = self.policy.train_step(batches[replica::replicas], loss_fn, num_valid)
-        out.update({k: self.dp_sum(out.get(k, 0.0)) for k in ("loss_local", "kl_sum", "clipped_tokens")})
+        out, fused_entropy = self._update(batches, with_entropy=fused)
+        if fused:
+            entropy = fused_entropy
+        entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         # the in-process generator shares the torch policy's weights; megatron's are copied into rank 0's HF model
@@ -196,10 +185,74 @@ class RLTrainer:
         if self.generator is not None:
             self.generator.version = self.step + 1
         sync_seconds = time.perf_counter() - t0
+        num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
         metrics = self._metrics(groups, trajs, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds)
         return metrics, adv
+
+    def _micro_batches(self, trajs: list[Trajectory], flat_adv: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Right-padded micro-batches in trajectory order, with advantages [B] and sampler logprobs [B, T]."""
+        micro = self.cfg.trainer.micro_batch_size
+        batches = []
+        for s in range(0, len(trajs), micro):
+            part = trajs[s:s + micro]
+            b = _batch(part, self.tokenizer.pad_token_id)
+            sampler = torch.zeros(b["input_ids"].shape, dtype=torch.float32)  # [B, T]
+            for row, t in enumerate(part):
+                sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
+            b.update(advantages=flat_adv[s:s + micro].float(), sampler_logprobs=sampler, first=torch.tensor(s))
+            batches.append(b)
+        return batches
+
+    def _mine(self, indices) -> list[int]:
+        """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the
+        rest)."""
+        return [i for i in indices if i % self.data_dist.world_size == self.data_dist.rank]
+
+    def _score(self, batches: list[dict[str, torch.Tensor]], old_logprobs: bool) -> torch.Tensor:
+        """Reference logprobs (and, unless fused into the update, old logprobs and entropies) of this replica's
+        micro-batches, before any update; returns the [N * G] entropy sums (zeros where not computed here)."""
+        entropy = torch.zeros(sum(len(b["input_ids"]) for b in batches), dtype=torch.float64)
+        for i in self._mine(range(len(batches))):
+            b = batches[i]
+            b["ref_logprobs"] = self.reference(b)
+            if old_logprobs:
+                old, ent = self.policy.logprobs(b, with_entropy=True)
+                b["old_logprobs"] = old
+                first = int(b["first"])
+                entropy[first:first + len(old)] = (ent * b["loss_mask"].float()).sum(1)
+        return entropy
+
+    def _update(self, batches: list[dict[str, torch.Tensor]], with_entropy: bool):
+        """``rl.ppo_epochs`` passes over ``rl.mini_batches`` consecutive slices of the micro-batches, one optimizer step
+        each (normalised by the slice's global token and sequence counts). Metrics: summed counts over the updates,
+        loss and grad norm averaged over them."""
+        rl = self.cfg.rl
+        n = len(batches)
+        bounds = [round(k * n / rl.mini_batches) for k in range(rl.mini_batches + 1)]
+        loss_fn = lambda lp, b, tokens: grpo_loss(  # noqa: E731
+            lp, b, tokens, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high, kl_beta=rl.loss.kl_beta,
+            kl_estimator=rl.loss.kl_estimator, aggregation=rl.loss.aggregation, tis_cap=rl.loss.tis_cap)
+        totals: dict[str, float] = {}
+        entropy = torch.zeros(sum(len(b["input_ids"]) for b in batches), dtype=torch.float64)
+        for _epoch in range(rl.ppo_epochs):
+            for lo, hi in zip(bounds, bounds[1:]):
+                tokens = float(sum(int(b["loss_mask"].sum()) for b in batches[lo:hi]))
+                for b in batches[lo:hi]:
+                    b["num_sequences"] = torch.tensor(float(sum(len(x["input_ids"]) for x in batches[lo:hi])))
+                mine = self._mine(range(lo, hi))
+                kwargs = {"with_entropy": True} if with_entropy else {}
+                out = self.policy.train_step([batches[i] for i in mine], loss_fn, tokens, **kwargs)
+                for i, sums in zip(mine, out.pop("entropy_sums", [])):
+                    first = int(batches[i]["first"])
+                    entropy[first:first + len(sums)] = sums
+                for k, v in out.items():
+                    totals[k] = totals.get(k, 0.0) + (self.dp_sum(v) if k not in ("grad_norm", "lr") else v)
+        updates = float(self.updates)
+        totals.update(loss_local=totals["loss_local"] / updates, grad_norm=totals["grad_norm"] / updates,
+                      lr=totals["lr"] / updates, updates=updates)
+        return totals, entropy
 
     def _metrics(self, groups, trajs, rewards, adv, entropy_sums, out, num_valid) -> dict[str, float]:
         r = [t.reward for t in trajs]
@@ -212,8 +265,9 @@ class RLTrainer:
             # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
             # per-trajectory means (short trajectories weigh more)
             "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
-            "kl": out["kl_sum"] / max(num_valid, 1.0),
-            "clip_fraction": out["clipped_tokens"] / max(num_valid, 1.0),
+            "kl": out["kl_sum"] / max(num_valid * self.updates, 1.0),
+            "clip_fraction": out["clipped_tokens"] / max(num_valid * self.updates, 1.0),
+            "updates": out["updates"],
             "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
             "turns": statistics.fmean(t.num_turns for t in trajs),
             "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
@@ -222,6 +276,9 @@ class RLTrainer:
         }
         # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
         # among the rollouts of each reward token
+        if "sampler_abs_diff_sum" in out:  # the generator's logprobs against the trainer's, before the update
+            m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(num_valid * self.updates, 1.0)
+            m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(num_valid * self.updates, 1.0)
         corr = _pearson(entropies, r)
         if corr is not None:
             m["entropy_reward_corr"] = corr

@@ -37,12 +37,14 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Calla
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+                   loss_mask: torch.Tensor | None = None, entropy_out: list | None = None) -> torch.Tensor:
     """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
 
     With ``loss_mask`` [B, T], logits are computed only at the positions that
     predict a masked token in some row (the output layer over a 50k-150k
     vocabulary is a large share of the cost); positions no row needs are 0.
+    ``entropy_out`` (with ``loss_mask``): a list that receives the [B, T] entropies of the same forward pass
+    (no gradient), so a training step needs no separate pass for them.
     """
     targets = input_ids[:, 1:]  # [B, T-1]
     if loss_mask is None:
@@ -56,6 +58,12 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
         lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
         lp[:, keep] = kept.view(picked.shape)
+        if entropy_out is not None:
+            with torch.no_grad():
+                logp_all = logits.detach().log_softmax(-1)  # [B, K, V]
+                ent = torch.zeros_like(lp)
+                ent[:, keep] = -(logp_all.exp() * logp_all).sum(-1)
+            entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
 
 
@@ -111,18 +119,25 @@ class TorchPolicy:
             self.module.train(was_training)
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
-                   num_valid_tokens: float) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last)."""
+                   num_valid_tokens: float, with_entropy: bool = False) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last).
+
+        ``with_entropy``: also return "entropy_sums", per micro-batch the [B] sums of the token entropies over
+        its loss mask, from the training forward pass."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
+        entropy_sums: list[torch.Tensor] = []
         loss_sum = 0.0
         for i, mb in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if (last or not isinstance(self.model, DDP)) else self.model.no_sync()
             with sync:
                 b = self._to_device(mb)
-                lp = token_logprobs(self.model, b["input_ids"], b["attention_mask"], b.get("loss_mask"))
+                ent: list[torch.Tensor] | None = [] if with_entropy else None
+                lp = token_logprobs(self.model, b["input_ids"], b["attention_mask"], b.get("loss_mask"), ent)
+                if ent is not None:
+                    entropy_sums.append((ent[0] * b["loss_mask"]).sum(1).double().cpu())
                 loss, metrics = loss_fn(lp, b, num_valid_tokens)
                 # DDP averages gradients over ranks; the loss is already normalised globally
                 (loss * self.dist.world_size).backward()
@@ -134,7 +149,10 @@ class TorchPolicy:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        return {"loss_local": loss_sum, "grad_norm": float(grad_norm), "lr": lr, **totals}
+        out = {"loss_local": loss_sum, "grad_norm": float(grad_norm), "lr": lr, **totals}
+        if with_entropy:
+            out["entropy_sums"] = entropy_sums
+        return out
 
     def state_dict(self) -> dict:
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -1,0 +1,94 @@
+"""The RL objective beyond one on-policy step: the ratio without an old-logprob pass, the train/inference gap
+metrics, truncated importance sampling, and the updates of one batch (epochs x mini-batches)."""
+
+import math
+import types
+
+import pytest
+import torch
+
+from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+from nemo_rcgrpo.utils.dist import DistInfo
+
+
+def _batch():
+    # two sequences: 3 and 2 generated tokens (mask), advantages +1 and -0.5
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
+    return {"loss_mask": mask, "advantages": torch.tensor([1.0, -0.5]),
+            "ref_logprobs": torch.full((2, 4), -1.0), "num_sequences": torch.tensor(2.0)}
+
+
+def test_without_old_logprobs_the_ratio_is_one_with_the_on_policy_gradient():
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]], requires_grad=True)
+    fused, _ = grpo_loss(lp, _batch(), 5.0, kl_beta=0.0)
+    fused.backward()
+    grad_fused = lp.grad.clone()
+    lp.grad = None
+    explicit, _ = grpo_loss(lp, {**_batch(), "old_logprobs": lp.detach().clone()}, 5.0, kl_beta=0.0)
+    explicit.backward()
+    # ratio 1: loss = -(1 * 3 + (-0.5) * 2) / 5 = -0.4; d loss / d lp_t = -A_b / 5 on masked tokens
+    assert fused.item() == pytest.approx(-0.4) and explicit.item() == pytest.approx(-0.4)
+    expected = torch.tensor([[0, -0.2, -0.2, -0.2], [0, 0.1, 0.1, 0]])
+    assert torch.allclose(grad_fused, expected) and torch.allclose(lp.grad, expected)
+
+
+def test_sampler_gap_metrics_and_truncated_importance_sampling():
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]])
+    sampler = torch.tensor([[0.0, -0.5, -1.5, -1.0], [0.0, -0.3, -0.2, 5.0]])  # the last column is not generated
+    batch = {**_batch(), "old_logprobs": lp, "sampler_logprobs": sampler}
+    _, m = grpo_loss(lp, batch, 5.0, kl_beta=0.0)
+    # trainer - sampler on the 5 masked tokens: 0, 0.5, -1.0 | 0, -0.5
+    assert m["sampler_abs_diff_sum"] == pytest.approx(2.0)
+    assert m["sampler_mult_err_sum"] == pytest.approx(2 * 1 + 2 * math.exp(0.5) + math.exp(1.0))
+    loss, _ = grpo_loss(lp, batch, 5.0, kl_beta=0.0, tis_cap=1.2)
+    # weights min(exp(gap), 1.2): 1, 1.2 (e^0.5 = 1.65 capped), e^-1 | 1, e^-0.5; pg = -A * w at ratio 1
+    w = [1.0, 1.2, math.exp(-1.0), 1.0, math.exp(-0.5)]
+    expected = -(1.0 * (w[0] + w[1] + w[2]) - 0.5 * (w[3] + w[4])) / 5
+    assert loss.item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="tis_cap needs the generator's sampler_logprobs"):
+        grpo_loss(lp, {**_batch(), "old_logprobs": lp}, 5.0, tis_cap=2.0)
+
+
+class _RecordingPolicy:
+    """Records what each optimizer step is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
+        self.calls.append(([int(b["first"]) for b in micro_batches], num_valid_tokens,
+                           [float(b["num_sequences"]) for b in micro_batches]))
+        return {"loss_local": float(len(self.calls)), "grad_norm": 1.0, "lr": 0.5, "kl_sum": 0.0, "clipped_tokens": 0.0}
+
+
+@pytest.mark.parametrize("epochs, minis, replicas", [(1, 1, 1), (2, 3, 1), (1, 2, 2)])
+def test_updates_of_a_batch(epochs, minis, replicas):
+    # 5 micro-batches of 2 sequences; micro-batch i has i + 1 trained tokens per sequence
+    batches = [{"input_ids": torch.zeros(2, 6), "loss_mask": torch.tensor([[1] * (i + 1) + [0] * (5 - i)] * 2),
+                "first": torch.tensor(2 * i)} for i in range(5)]
+    results = []
+    for rank in range(replicas):
+        trainer = RLTrainer.__new__(RLTrainer)
+        trainer.cfg = types.SimpleNamespace(rl=types.SimpleNamespace(
+            ppo_epochs=epochs, mini_batches=minis, loss=types.SimpleNamespace(
+                clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token", tis_cap=None)))
+        trainer.updates = epochs * minis
+        trainer.policy = _RecordingPolicy()
+        trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
+        trainer.dp_sum = lambda v: v
+        out, _ = trainer._update([dict(b) for b in batches], with_entropy=False)
+        results.append((trainer.policy.calls, out))
+    bounds = [round(k * 5 / minis) for k in range(minis + 1)]  # slices of consecutive micro-batches
+    for rank, (calls, out) in enumerate(results):
+        assert len(calls) == epochs * minis and out["updates"] == epochs * minis
+        for u, (firsts, tokens, seqs) in enumerate(calls):
+            lo, hi = bounds[u % minis], bounds[u % minis + 1]
+            mine = [i for i in range(lo, hi) if i % replicas == rank]
+            assert firsts == [2 * i for i in mine]
+            assert tokens == sum(2 * (i + 1) for i in range(lo, hi))  # the whole slice's tokens, every replica's
+            assert seqs == [2.0 * (hi - lo)] * len(mine)
+        n = epochs * minis
+        assert out["loss_local"] == pytest.approx(sum(range(1, n + 1)) / n)  # the mean over the updates
+    if (epochs, minis) == (2, 3):  # 5 micro-batches in 3 slices: [0, 2), [2, 3), [3, 5)
+        assert [c[0] for c in results[0][0][:3]] == [[0, 2], [4], [6, 8]]
