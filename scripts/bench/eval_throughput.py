@@ -5,6 +5,11 @@ The same tasks, budgets and greedy decoding with ``generation.backend=hf``
 generator) in one run; the ratio is vllm / hf. The default model is SmolLM2
 (with reward tokens added), paper protocol, ``--limit`` tasks per category.
 
+Measured: the seconds the policy spends on the episodes (its ``run`` calls inside
+``rcgrpo eval``), after model loading and after the vLLM server has started, and
+before the policy is closed: the server's shutdown is timed separately and not
+counted (``rcgrpo eval``'s own ``seconds`` in results.json include it).
+
     python scripts/bench/eval_throughput.py --out docs/benchmarks.md
 """
 
@@ -17,15 +22,59 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_replay import cpu_name, emit  # noqa: E402
 
+import nemo_rcgrpo.evaluation.run as eval_run  # noqa: E402
 from nemo_rcgrpo.evaluation.run import main as eval_main  # noqa: E402
 from nemo_rcgrpo.generation import GENERATORS  # noqa: E402
 
 START, END = "<!-- bench:eval_throughput:start -->", "<!-- bench:eval_throughput:end -->"
+
+
+class TimedPolicy:
+    """Wraps the evaluation policy: sums the seconds of its ``run`` calls (the episodes) and times ``close``
+    (the vLLM server's shutdown) apart, so the measured seconds stop before the server is closed."""
+
+    def __init__(self, inner):
+        self.inner, self.run_seconds, self.close_seconds = inner, 0.0, 0.0
+
+    def run(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.inner.run(*args, **kwargs)
+        finally:
+            self.run_seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.inner.close()
+        finally:
+            self.close_seconds += time.perf_counter() - t0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def timed_policies():
+    """While active, every policy ``rcgrpo eval`` makes is a TimedPolicy (listed in the yielded list)."""
+    made, original = [], eval_run.make_policy
+
+    def make(*args, **kwargs):
+        made.append(TimedPolicy(original(*args, **kwargs)))
+        return made[-1]
+
+    eval_run.make_policy = make
+    try:
+        yield made
+    finally:
+        eval_run.make_policy = original
 
 
 def run(backend: str, args, root: Path) -> dict:
@@ -34,13 +83,19 @@ def run(backend: str, args, root: Path) -> dict:
             f"max_new_tokens={args.max_new_tokens}", f"max_turns={args.max_turns}",
             f"max_total_tokens={args.max_total_tokens}", "chat.tool_description=compact", "progress=false",
             f"generation.backend={backend}", f"out_dir={out}", "reward_token=high", *args.override]
-    rc = eval_main(argv)
+    with timed_policies() as made:
+        rc = eval_main(argv)
     if rc != 0:
         raise SystemExit(f"eval with generation.backend={backend} failed (exit {rc})")
+    if len(made) != 1:
+        raise SystemExit(f"expected one policy from rcgrpo eval, got {len(made)}")
+    policy = made[0]
     r = json.loads((out / "results.json").read_text())
     tokens = sum(json.loads(l)["generated_tokens"] for l in (out / "trajectories.jsonl").read_text().splitlines())
-    return {"seconds": r["seconds"], "episodes": r["episodes"], "per_min": r["episodes_per_minute"],
-            "tokens": tokens, "accuracy": r["overall"]}
+    seconds = policy.run_seconds
+    return {"seconds": seconds, "episodes": r["episodes"], "per_min": 60.0 * r["episodes"] / seconds,
+            "tokens": tokens, "accuracy": r["overall"], "close_seconds": policy.close_seconds,
+            "eval_seconds": r["seconds"]}
 
 
 def main() -> int:
@@ -66,14 +121,18 @@ def main() -> int:
     rows = [START, "## Evaluation throughput (`scripts/bench/eval_throughput.py`)", "",
             f"{dt.date.today().isoformat()}, {cpu_name()}, Python {platform.python_version()}; model {args.model}, "
             f"{args.protocol} protocol, {args.limit} tasks per category, greedy, max_new_tokens "
-            f"{args.max_new_tokens}, max_turns {args.max_turns}; wall time of `rcgrpo eval` after model loading "
-            f"(vLLM: server already started). Same tasks and budgets for every generator, one run.", "",
+            f"{args.max_new_tokens}, max_turns {args.max_turns}; wall time of the episodes inside `rcgrpo eval`, after "
+            f"model loading (vLLM: server already started) and before the generator is closed (the server's "
+            f"shutdown is not counted). Same tasks and budgets for every generator, one run.", "",
             "| generator | episodes | seconds | episodes/min | generated tokens | tokens/s | vs hf |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for b, r in results.items():
         ratio = f"{r['per_min'] / base['per_min']:.2f}x" if base else "-"
         rows.append(f"| {b} | {r['episodes']} | {r['seconds']:.1f} | {r['per_min']:.2f} | {r['tokens']} | "
                     f"{r['tokens'] / r['seconds']:.1f} | {ratio} |")
+    closes = [f"{b} {r['close_seconds']:.1f} s" for b, r in results.items() if r["close_seconds"] >= 0.05]
+    if closes:
+        rows += ["", "Generator shutdown after the episodes (not counted above): " + ", ".join(closes) + "."]
     if skipped:
         rows += ["", f"Not measured (generator not available here): {', '.join(skipped)}."]
     rows.append(END)

