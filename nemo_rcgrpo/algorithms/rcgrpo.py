@@ -21,6 +21,7 @@ export) x the stage name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -40,7 +41,7 @@ from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
 from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, make_renderer, model_fingerprint,
                                         seed_everything, export_hf)
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 from nemo_rcgrpo.generation.base import SamplingParams
@@ -52,6 +53,7 @@ from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajector
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
+from nemo_rcgrpo.utils.provenance import training_record
 
 
 def _pearson(xs: list[float], ys: list[float]) -> float | None:
@@ -78,6 +80,8 @@ class RLTrainer:
         self.tokenizer, model = load_tokenizer_and_model(cfg)
         self.renderer = make_renderer(cfg, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
+        # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
+        self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
@@ -91,7 +95,9 @@ class RLTrainer:
             raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
         rl = cfg.rl
         self.generator = make_generator(cfg, self.policy.module, self.tokenizer) if dist.is_main else None
-        goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low)
+        # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
+        goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
+        self.record["reward_goal"] = dataclasses.asdict(goal)
         self.engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
@@ -104,6 +110,9 @@ class RLTrainer:
                          if l.strip()] if test_pointers.is_file() else []
         self.eval_ids = [t for t in self.eval_ids if t in self.suite.tasks][: rl.eval_tasks]
         self.step, self.task_cursor = 0, 0
+        # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
+        check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,
+                            conditioned=cfg.stage == "rcgrpo")
 
     # ------------------------------------------------------------------ data
     def _next_tasks(self, n: int) -> list[str]:
@@ -306,11 +315,11 @@ class RLTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
-        (rcgrpo); accuracy in percent overall and per category, episodes in eval/step_N.jsonl."""
+        where the model is reward-conditioned (its training record: rctp / rcgrpo, or trained from one); accuracy in percent overall and per category, episodes in eval/step_N.jsonl."""
         from nemo_rcgrpo.evaluation.run import summarize
 
         token = {"high": True, "low": False, "none": None}[self.cfg.rl.eval_token]
-        if self.cfg.stage != "rcgrpo":
+        if not self.record["reward_conditioned"]:  # as `rcgrpo eval reward_token=auto` on this model's export
             token = None
         specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
         trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
@@ -387,7 +396,7 @@ class RLTrainer:
             bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
             if self.step % cfg.trainer.save_every == 0 or self.step == end:
                 save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
-                                       tokenizer=self.tokenizer,
+                                       tokenizer=self.tokenizer, record=self.record,
                                        trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
                                                       "task_cursor": self.task_cursor, "stage": cfg.stage})
         bar.close()
@@ -395,7 +404,7 @@ class RLTrainer:
         if cfg.trainer.export_hf and self.step == total:
             hf = hf_module(self.policy)  # a collective with the megatron backend
             if main:
-                export_hf(hf, self.tokenizer, self.run_dir / "hf")
+                export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record)
         return {"steps": self.step, **metrics}
 
     def _share(self, groups, stats):

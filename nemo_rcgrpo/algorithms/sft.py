@@ -11,6 +11,7 @@ and an HF export (``run_dir/hf``) that transformers and vLLM load directly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -27,6 +28,7 @@ from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
@@ -34,6 +36,7 @@ from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, sa
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
+from nemo_rcgrpo.utils.provenance import training_record
 
 
 def seed_everything(seed: int) -> None:
@@ -116,6 +119,10 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
                          f"trainer.global_batch_size={t.global_batch_size}")
     total_steps = steps_per_epoch * t.epochs if t.max_steps is None else min(t.max_steps, steps_per_epoch * t.epochs)
     fingerprint = model_fingerprint(model, cfg.model.path)
+    record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low)
+    if cfg.stage == "rctp":  # the data's reward goal, whose tokens must be the ones the model gets
+        record["reward_goal"] = dataclasses.asdict(reward_goal_of(cfg.data.dir, cfg.reward_tokens.high,
+                                                                  cfg.reward_tokens.low))
     policy = make_policy(cfg, model, dist, total_steps)
     data_dist, dp_sum = data_parallel(policy, dist)  # megatron: the TP x PP ranks of a replica share micro-batches
     if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
@@ -167,6 +174,7 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         bar.set_postfix(loss=f"{last['loss']:.4f}")
         if (step + 1) % t.save_every == 0 or step + 1 == end_step:
             save_policy_checkpoint(policy, dist, run_dir, step + 1, keep_last=t.keep_last, tokenizer=tokenizer,
+                                   record=record,
                                    trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
                                                   "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
     bar.close()
@@ -174,19 +182,24 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
     if t.export_hf and end_step == total_steps:
         hf = hf_module(policy)  # a collective with the megatron backend
         if dist.is_main:
-            export_hf(hf, tokenizer, run_dir / "hf")
+            export_hf(hf, tokenizer, run_dir / "hf", record)
     barrier(dist)
     return {"steps": end_step, "total_steps": total_steps, "start_step": start_step, **last, **data_stats}
 
 
-def export_hf(model: torch.nn.Module, tokenizer, target: Path) -> Path:
-    """An HF folder (weights + tokenizer with the reward tokens), written beside and moved into place."""
+def export_hf(model: torch.nn.Module, tokenizer, target: Path, record: dict | None = None) -> Path:
+    """An HF folder (weights + tokenizer with the reward tokens + the training record), written beside and moved
+    into place."""
     import shutil
+
+    from nemo_rcgrpo.utils.provenance import write_record
 
     tmp = target.parent / f".tmp-{target.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if record is not None:
+        write_record(tmp, record)
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)

@@ -54,7 +54,7 @@ class EvalConfig:
     tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
-    reward_token: str = "auto"  # checkpoint policy: auto (high if it has the reward tokens, else none) | high | low | none
+    reward_token: str = "auto"  # checkpoint policy: auto (high if trained with reward conditioning, else none) | high | low | none
     samples: int = 1  # rollouts per task; > 1 needs temperature > 0 (pass@k and mean accuracy)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0

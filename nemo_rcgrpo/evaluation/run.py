@@ -7,7 +7,7 @@
 Protocols:
 - ``paper``: the held-out tasks of the scenario split (80 of 800), merged
   episodes, success = R_state x R_action = 1; checkpoints are conditioned on
-  ``reward_token`` (auto: high when the checkpoint has the reward tokens).
+  ``reward_token`` (auto: high when the model's training record says it was reward-conditioned, else none).
 - ``bfcl``: all 800 entries (or ``categories`` / ``tasks`` / ``limit``),
   per-turn episodes, success = the official checker's verdict.
 
@@ -225,17 +225,27 @@ class CheckpointPolicy:
         from nemo_rcgrpo.generation.base import SamplingParams
         from nemo_rcgrpo.models.hf import load_tokenizer
         from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
+        from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record
 
         self.cfg = cfg
         model_path, state, source = resolve_checkpoint(cfg.checkpoint.path, cfg.checkpoint.step)
         has_tokens = cfg.reward_tokens.high in load_tokenizer(model_path).get_vocab()
+        record = read_record(model_path)
         token = cfg.reward_token
-        if token == "auto":
-            token = "high" if has_tokens else "none"
+        if token == "auto":  # as the model was trained (its training record), as in-training evaluation does
+            token = auto_reward_token(record)
+            if record is None and has_tokens:
+                print(f"warning: {source} has reward tokens but no training record ({RECORD_FILE}); reward_token=auto "
+                      "evaluates it without a token: set reward_token=high for an RCTP-FT / RC-GRPO model",
+                      file=sys.stderr)
         if token != "none" and cfg.model.reward_tokens == "special" and not has_tokens:
             print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
                   f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
         self.reward_token = {"high": True, "low": False, "none": None}[token]
+        # the reward goal the model was trained with (template, position, separator), from its training record
+        saved = (record or {}).get("reward_goal")
+        goal = RewardGoal(**saved) if saved else RewardGoal(high_token=cfg.reward_tokens.high,
+                                                            low_token=cfg.reward_tokens.low)
         tcfg = cfg.train_config(str(model_path))
         seed_everything(cfg.seed)
         self.tokenizer, model = load_tokenizer_and_model(tcfg)
@@ -254,7 +264,7 @@ class CheckpointPolicy:
             self.generator, make_renderer(tcfg, self.tokenizer), suite, env_config(cfg),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
-            reward_goal=RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low))
+            reward_goal=goal)
         self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}

@@ -109,12 +109,21 @@ class RolloutEngine:
         self.parse = PARSERS[renderer.fmt]
         self.timings: dict[str, float] = {}
 
-    def _start(self, order: int, spec: RolloutSpec) -> _Live:
+    def opening(self, task: BFCLTask, reward_token: bool | None):
+        """(env, opening messages with the rollout's reward goal, tools offered) of a new rollout of ``task``."""
         env = self.env_config.make_env()
-        messages = env.reset(spec.task, gold=self.suite.gold(spec.task))
-        if spec.reward_token is not None:
-            messages = self.reward_goal.apply(messages, spec.reward_token)
-        tools = env.tools
+        messages = env.reset(task, gold=self.suite.gold(task))
+        if reward_token is not None:
+            messages = self.reward_goal.apply(messages, reward_token)
+        return env, messages, env.tools
+
+    def prompt_ids(self, task: BFCLTask, reward_token: bool | None) -> list[int]:
+        """The token ids a rollout of ``task`` starts generating from (generation prompt included)."""
+        _, messages, tools = self.opening(task, reward_token)
+        return self.renderer.render(messages, tools, add_generation_prompt=True).ids
+
+    def _start(self, order: int, spec: RolloutSpec) -> _Live:
+        env, messages, tools = self.opening(spec.task, spec.reward_token)
         seq = self.renderer.render(messages, tools, add_generation_prompt=True)
         token = None if spec.reward_token is None else ("high" if spec.reward_token else "low")
         traj = Trajectory(spec.task.id, spec.task.category, spec.group, token, [], [], [], len(seq.ids))

@@ -87,9 +87,10 @@ def prepare_checkpoint(run_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
                     scheduler_state: dict, trainer_state: dict[str, Any], keep_last: int,
-                    tokenizer=None, prepared: bool = False) -> Path:
+                    tokenizer=None, prepared: bool = False, record: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``step`` and move it into place. ``prepared``: the temporary folder from
-    ``prepare_checkpoint`` already holds shards written by every rank; keep them."""
+    ``prepare_checkpoint`` already holds shards written by every rank; keep them. ``record``: the training record,
+    written beside the tokenizer."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -103,6 +104,10 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
     torch.save({"scheduler": scheduler_state, "rng": rng_state()}, tmp / "extra.pt")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "tokenizer")
+        if record is not None:  # the training record travels with the tokenizer (utils/provenance.py)
+            from nemo_rcgrpo.utils.provenance import write_record
+
+            write_record(tmp / "tokenizer", record)
     (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
     replaced = root / f".old-step_{step}"
     if final.exists():  # set aside, not deleted, until the new one is in place

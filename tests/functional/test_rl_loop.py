@@ -235,6 +235,10 @@ def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, 
     args = [a for a in args if a != "rl.stage1_recipe=null"]
     assert main(args) == 0
     assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
+    from nemo_rcgrpo.utils.provenance import read_record
+
+    record = read_record(tmp_path / "rl" / "checkpoints" / "step_1" / "tokenizer")
+    assert (record["stage"], record["reward_conditioned"], record["init_stage"]) == ("rcgrpo", True, "rctp")
     m = read_metrics(tmp_path / "rl")[0]
     episodes = [json.loads(l) for l in (tmp_path / "rl" / "eval" / "step_1.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 and all(e["reward_token"] == "high" for e in episodes)

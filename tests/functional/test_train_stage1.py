@@ -42,6 +42,12 @@ def test_three_steps_metrics_checkpoint_export(data_dir, tmp_path):
     tok, model = AutoTokenizer.from_pretrained(hf), AutoModelForCausalLM.from_pretrained(hf)
     high = tok.encode("<|high_reward|>", add_special_tokens=False)
     assert len(high) == 1 and model.get_input_embeddings().weight.shape[0] == len(tok)
+    # the training record (what reward_token=auto reads) in the export and beside the checkpoint's tokenizer
+    from nemo_rcgrpo.utils.provenance import read_record
+
+    for folder in (hf, tmp_path / "r" / "checkpoints" / "step_3" / "tokenizer"):
+        record = read_record(folder)
+        assert (record["stage"], record["reward_conditioned"], record["init"]) == ("rctp", True, "tiny-qwen2")
 
 
 def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
@@ -54,6 +60,10 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     assert main(_args(data_dir, tmp_path / "b", "trainer.max_steps=4", "trainer.export_hf=false")) == 0
     a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [m["step"] for m in b] == [1, 2, 3, 4]
+    from nemo_rcgrpo.utils.provenance import read_record
+
+    record = read_record(tmp_path / "b" / "checkpoints" / "step_4" / "tokenizer")
+    assert (record["stage"], record["reward_conditioned"]) == ("sft", False)  # SFT: reward tokens, no conditioning
     for x, y in zip(a, b):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6) and x["lr"] == pytest.approx(y["lr"])
     sa = torch.load(tmp_path / "a" / "checkpoints" / "step_4" / "model.pt", weights_only=True)
