@@ -1,11 +1,23 @@
-"""Model text -> tool calls, for both chat formats.
+"""Model text -> tool calls, for both chat formats, as vLLM's own tool parsers read them at serving time.
 
-Tolerant of what small models emit (surrounding whitespace, several calls,
-text before or after the calls, a last ``<tool_call>`` left unclosed), strict
-about what is accepted: every call must be a JSON object with a string
-``name`` and an object of arguments (``arguments`` or ``parameters``);
-anything else, and a name that is not an offered tool, becomes a
-``ToolCallError``, which the environment answers with an error observation.
+A model trained here is served with ``vllm serve --tool-call-parser hermes`` (or ``llama3_json``), so training
+must reward only calls that parser hands a client the same way. Each parser below follows the algorithm of its
+vLLM counterpart (``vllm/tool_parsers/hermes_tool_parser.py``, ``llama_tool_parser.py``; vLLM is never imported
+here) and is stricter where vLLM hands a client something other than the call the text seems to make:
+
+- hermes: calls only inside ``<tool_call>`` blocks (a last one may be left unclosed), each exactly a JSON
+  object with a string ``name`` and an object ``arguments`` (vLLM requires the ``arguments`` key and passes a
+  string or null through as the JSON text of a string or null);
+- llama3_json: every JSON object that starts at a ``{`` outside an earlier one, anywhere in the text (vLLM's
+  rule: separators and surrounding text do not matter), each with a string ``name`` and an object ``arguments``
+  or ``parameters``.
+
+vLLM returns no call at all for a message one of whose calls it cannot parse; here such a message is rejected
+whole: every call in it becomes a ``ToolCallError`` (an error observation, never a partly executed message).
+A message without a call attempt (no ``<tool_call>``; no ``{`` in llama3_json) is plain content. Unknown tools
+are errors of their own call only (vLLM hands the call to the client, which refuses it). Duplicate keys and
+NaN / Infinity are rejected. `tests/unit/test_parser_agreement.py` checks the rules against vLLM's parser
+classes on a corpus of model outputs: no accepted call differs from vLLM's.
 """
 
 from __future__ import annotations
@@ -13,12 +25,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Any, Callable, Collection
 
-from nemo_rcgrpo.envs.bfcl.executor import parse_json_call, CallRejected
+from nemo_rcgrpo.envs.bfcl.executor import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
-MAX_CALLS = 128  # more calls than this in one message are reported as one error
+MAX_CALLS = 128  # more calls than this in one message reject the message
 
 
 @dataclass
@@ -27,67 +39,114 @@ class ParsedMessage:
     calls: list[ToolCall | ToolCallError] = field(default_factory=list)
 
 
-def _to_call(raw: str, known: Collection[str] | None) -> ToolCall | ToolCallError:
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return ToolCallError(raw=raw[:200], message=f"tool call is not valid JSON: {e}")
+class _Reject(ValueError):
+    """The message cannot be served as it reads: every call in it is rejected."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Reject(f"duplicate key {key!r} in a tool call (JSON parsers disagree on which value wins)")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str):
+    raise _Reject(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
+def _call(obj: Any, args_keys: tuple[str, ...], known: Collection[str] | None) -> ToolCall | ToolCallError:
+    """One decoded call object -> ToolCall; raises _Reject where vLLM would hand over something else or nothing."""
     if not isinstance(obj, dict):
-        return ToolCallError(raw=raw[:200], message="a tool call must be a JSON object with 'name' and 'arguments'")
+        raise _Reject("a tool call must be a JSON object with 'name' and 'arguments'")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise _Reject("a tool call needs a non-empty string 'name'")
+    key = next((k for k in args_keys if k in obj), None)
+    if key is None:
+        raise _Reject(f"tool call {name!r} has no {' or '.join(repr(k) for k in args_keys)} object")
+    if not isinstance(obj[key], dict):
+        raise _Reject(f"'{key}' of {name!r} must be a JSON object, got {type(obj[key]).__name__}")
     try:
-        call = parse_json_call(obj)
+        call = parse_json_call({"name": name, "arguments": obj[key]})
     except CallRejected as e:
-        return ToolCallError(raw=raw[:200], message=str(e))
+        raise _Reject(str(e)) from None
     if known is not None and call.name not in known:
-        return ToolCallError(raw=raw[:200], message=f"unknown tool {call.name!r}")
+        return ToolCallError(raw=json.dumps(obj)[:200], message=f"unknown tool {call.name!r}")
     return call
 
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+def _rejected(raws: list[str], reason: str) -> list[ToolCall | ToolCallError]:
+    """Every call attempt of a rejected message, as errors (at least one)."""
+    message = f"{reason}; the whole message is rejected (vLLM's parser would return no tool call for it)"
+    return [ToolCallError(raw=r[:200], message=message) for r in (raws or [""])[:MAX_CALLS]]
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)  # vLLM's Hermes2ProToolParser
 
 
 def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> ParsedMessage:
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (a bare JSON call also counts)."""
-    blocks = _TOOL_CALL.findall(text)
-    if not blocks:
-        stripped = text.strip()
-        if stripped.startswith("{") and stripped.endswith("}") and '"name"' in stripped:
-            return ParsedMessage("", [_to_call(stripped, known_tools)])
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks."""
+    if "<tool_call>" not in text:
         return ParsedMessage(text.strip(), [])
+    raws = [a or b for a, b in _TOOL_CALL.findall(text)]
     content = _TOOL_CALL.sub("", text).strip()
-    calls = [_to_call(b.strip(), known_tools) for b in blocks[:MAX_CALLS]]
-    if len(blocks) > MAX_CALLS:
-        calls.append(ToolCallError(raw="", message=f"more than {MAX_CALLS} tool calls in one message"))
+    if len(raws) > MAX_CALLS:
+        return ParsedMessage(content, _rejected(raws, f"more than {MAX_CALLS} tool calls in one message"))
+    calls = []
+    for raw in raws:
+        try:
+            try:
+                obj = _DECODER.decode(raw.strip())
+            except (ValueError, RecursionError) as e:
+                if isinstance(e, _Reject):
+                    raise
+                raise _Reject(f"tool call is not valid JSON: {e}") from None
+            calls.append(_call(obj, ("arguments",), known_tools))
+        except _Reject as e:
+            return ParsedMessage(content, _rejected(raws, str(e)))
     return ParsedMessage(content, calls)
 
 
-_DECODER = json.JSONDecoder()
-
-
 def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> ParsedMessage:
-    """One or more JSON calls ``{"name": ..., "parameters": {...}}`` separated by ``;`` or newlines."""
-    body = text.strip()
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):].lstrip()
-    if not body.startswith("{"):
+    """JSON calls ``{"name": ..., "parameters": {...}}`` anywhere in the text (separated by ``; `` when this
+    project renders them), as vLLM's Llama3JsonToolParser finds them."""
+    if "{" not in text:
         return ParsedMessage(text.strip(), [])
     calls: list[ToolCall | ToolCallError] = []
-    pos = 0
-    while pos < len(body) and len(calls) < MAX_CALLS:
-        while pos < len(body) and body[pos] in " \t\r\n;":
-            pos += 1
-        if pos >= len(body):
-            break
-        if body[pos] != "{":
-            return ParsedMessage(body[pos:].strip(), calls)  # trailing text after the calls
+    raws: list[str] = []
+    pieces: list[str] = []  # text outside the calls
+    end = 0
+    for match in re.finditer(r"\{", text):
+        start = match.start()
+        if start < end:  # inside an object already decoded
+            continue
+        pieces.append(text[end:start])
         try:
-            obj, end = _DECODER.raw_decode(body, pos)
-        except (ValueError, RecursionError) as e:
-            calls.append(ToolCallError(raw=body[pos:pos + 200], message=f"tool call is not valid JSON: {e}"))
-            break
-        calls.append(_to_call(json.dumps(obj), known_tools))
-        pos = end
-    return ParsedMessage("", calls)
+            if raws and start == end:  # vLLM skips an object that directly follows another (no separator)
+                raws.append(text[start:start + 200])
+                raise _Reject("tool calls must be separated (e.g. by '; '): vLLM skips a call that directly "
+                              "follows another")
+            try:
+                obj, end = _DECODER.raw_decode(text, start)
+            except (ValueError, RecursionError) as e:
+                if isinstance(e, _Reject):
+                    raise
+                raws.append(text[start:start + 200])
+                raise _Reject(f"tool call is not valid JSON: {e}") from None
+            raws.append(text[start:end])
+            if len(raws) > MAX_CALLS:
+                raise _Reject(f"more than {MAX_CALLS} tool calls in one message")
+            calls.append(_call(obj, ("arguments", "parameters"), known_tools))
+        except _Reject as e:
+            return ParsedMessage(text.strip(), _rejected(raws, str(e)))
+    pieces.append(text[end:])
+    content = "".join(pieces).replace("<|python_tag|>", "").strip(" \t\r\n;,")
+    return ParsedMessage(content, calls)
 
 
 PARSERS: dict[str, Callable[[str, Collection[str] | None], ParsedMessage]] = {
