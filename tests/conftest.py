@@ -17,13 +17,26 @@ def _available(module: str) -> bool:
         return False
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests of an optional backend skip, with the reason shown, where it is not installed;
-    RCGRPO_REQUIRE=megatron,vllm (set by `make test`) turns a missing backend into a failure."""
+    """Tests of an optional backend skip, with the reason shown, where it is not installed (``gpu``: where no CUDA
+    device is visible); RCGRPO_REQUIRE=megatron,vllm (set by `make test`; add gpu on a GPU machine) turns a missing
+    backend into a failure."""
     required = {m for m in os.environ.get("RCGRPO_REQUIRE", "").split(",") if m}
-    unknown = required - set(OPTIONAL_BACKENDS)
+    unknown = required - set(OPTIONAL_BACKENDS) - {"gpu"}
     if unknown:
         raise pytest.UsageError(f"RCGRPO_REQUIRE names unknown backends {sorted(unknown)}")
+    if any("gpu" in item.keywords for item in items) and not _cuda():
+        if "gpu" in required:
+            raise pytest.UsageError("RCGRPO_REQUIRE=gpu but torch sees no CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="no CUDA device (marker 'gpu')"))
     for marker, module in OPTIONAL_BACKENDS.items():
         if _available(module):
             continue

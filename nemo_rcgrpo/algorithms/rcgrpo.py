@@ -69,6 +69,11 @@ def _batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
     return collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], pad_id)
 
 
+# per-update sums of the loss's metrics (`grpo_loss`), added over micro-batches, updates and replicas
+SUMMED_METRICS = ("loss_local", "pg_loss_sum", "kl_sum", "clipped_tokens", "ratio_sum", "tokens",
+                  "sampler_abs_diff_sum", "sampler_mult_err_sum")
+
+
 class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo):
         if dist.world_size > 1 and cfg.policy.backend != "megatron":
@@ -239,7 +244,8 @@ class RLTrainer:
         loss and grad norm averaged over them."""
         rl = self.cfg.rl
         n = len(batches)
-        bounds = [round(k * n / rl.mini_batches) for k in range(rl.mini_batches + 1)]
+        slices = min(rl.mini_batches, n)  # dapo_filter may train on fewer groups than a full step: no empty slice
+        bounds = [round(k * n / slices) for k in range(slices + 1)]
         loss_fn = lambda lp, b, tokens: grpo_loss(  # noqa: E731
             lp, b, tokens, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high, kl_beta=rl.loss.kl_beta,
             kl_estimator=rl.loss.kl_estimator, aggregation=rl.loss.aggregation, tis_cap=rl.loss.tis_cap)
@@ -256,9 +262,13 @@ class RLTrainer:
                 for i, sums in zip(mine, out.pop("entropy_sums", [])):
                     first = int(batches[i]["first"])
                     entropy[first:first + len(sums)] = sums
-                for k, v in out.items():
-                    totals[k] = totals.get(k, 0.0) + (self.dp_sum(v) if k not in ("grad_norm", "lr") else v)
-        updates = float(self.updates)
+                # a fixed set of sums, reduced on every replica alike (one without micro-batches in this slice
+                # returns fewer keys, and every replica must join the same collectives)
+                for k in SUMMED_METRICS:
+                    totals[k] = totals.get(k, 0.0) + self.dp_sum(out.get(k, 0.0))
+                for k in ("grad_norm", "lr"):
+                    totals[k] = totals.get(k, 0.0) + out[k]
+        updates = float(rl.ppo_epochs * slices)
         totals.update(loss_local=totals["loss_local"] / updates, grad_norm=totals["grad_norm"] / updates,
                       lr=totals["lr"] / updates, updates=updates)
         return totals, entropy
@@ -274,8 +284,9 @@ class RLTrainer:
             # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
             # per-trajectory means (short trajectories weigh more)
             "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
-            "kl": out["kl_sum"] / max(num_valid * self.updates, 1.0),
-            "clip_fraction": out["clipped_tokens"] / max(num_valid * self.updates, 1.0),
+            # per token over every update (out["tokens"]: the generated tokens of all updates, each epoch once)
+            "kl": out["kl_sum"] / max(out["tokens"], 1.0),
+            "clip_fraction": out["clipped_tokens"] / max(out["tokens"], 1.0),
             "updates": out["updates"],
             "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
             "turns": statistics.fmean(t.num_turns for t in trajs),
@@ -285,9 +296,9 @@ class RLTrainer:
         }
         # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
         # among the rollouts of each reward token
-        if "sampler_abs_diff_sum" in out:  # the generator's logprobs against the trainer's, before the update
-            m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(num_valid * self.updates, 1.0)
-            m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(num_valid * self.updates, 1.0)
+        if out["sampler_mult_err_sum"] > 0:  # the generator's logprobs against the trainer's, before the update
+            m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(out["tokens"], 1.0)
+            m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(out["tokens"], 1.0)
         corr = _pearson(entropies, r)
         if corr is not None:
             m["entropy_reward_corr"] = corr

@@ -88,7 +88,7 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     if system is not None and system != env.system_prompt:
         setting = "env.system_prompt"
     elif [t.get("function", {}).get("name") for t in record.get("tools") or []] != \
-            [t["function"]["name"] for t in engine.opening(suite[record["task_id"]], None)[1]]:
+            [t["function"]["name"] for t in engine.opening(suite[record["task_id"]], None)[2]]:
         setting = "the tools offered at the start (env settings)"
     else:
         setting = "the reward goal or the env's rendering of the first messages"

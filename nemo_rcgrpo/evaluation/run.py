@@ -243,9 +243,10 @@ class CheckpointPolicy:
                   f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
         self.reward_token = {"high": True, "low": False, "none": None}[token]
         # the reward goal the model was trained with (template, position, separator), from its training record
-        saved = (record or {}).get("reward_goal")
-        goal = RewardGoal(**saved) if saved else RewardGoal(high_token=cfg.reward_tokens.high,
-                                                            low_token=cfg.reward_tokens.low)
+        saved = (record or {}).get("reward_goal") or {}
+        fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
+        goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
+                          **{k: v for k, v in saved.items() if k in fields})
         tcfg = cfg.train_config(str(model_path))
         seed_everything(cfg.seed)
         self.tokenizer, model = load_tokenizer_and_model(tcfg)
@@ -328,7 +329,10 @@ def resolve_checkpoint(path: str, step: int | None = None):
                 if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
                     (merged / f.name).symlink_to(f.resolve())
             for f in tokenizer_dir.iterdir():
-                shutil.copy(f, merged / f.name)
+                target = merged / f.name
+                if target.is_symlink():  # never write through a link into the base model's folder
+                    target.unlink()
+                shutil.copy(f, target)
             base_path = merged
         return base_path, state["model"], str(ckpt)
     return resolve_model_path(path), None, path

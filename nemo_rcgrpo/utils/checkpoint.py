@@ -43,6 +43,11 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    if isinstance(state["python"], tuple):  # checkpoints written before the states were stored as tensors
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        return
     py, npy = state["python"], state["numpy"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
     np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
@@ -122,6 +127,20 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
     return final
 
 
+def _load_extra(path: Path) -> dict[str, Any]:
+    """Scheduler and RNG states, without unpickling code; older checkpoints kept numpy's RNG state as an array,
+    which only numpy's array reconstruction (allow-listed here, nothing else) can read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as first:  # noqa: BLE001
+        if "Weights only load failed" not in str(first):
+            raise
+        core = getattr(np, "_core", None) or np.core  # numpy 2 / 1
+        allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     state_file = path / STATE_FILE
     if not state_file.is_file():
@@ -133,7 +152,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         if isinstance(optimizer, dict) and isinstance(optimizer.get("dir"), str):
             optimizer = {**optimizer, "path": str(path / optimizer["dir"])}
-        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
+        extra = _load_extra(path / "extra.pt")
     except Exception as e:  # noqa: BLE001 - torch.load raises pickle, EOF, zip and value errors on a bad file
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
     return {"trainer_state": trainer_state, "model": model, "optimizer": optimizer, **extra}

@@ -51,3 +51,20 @@ def test_the_data_s_reward_goal_is_used(tmp_path):
     ids = trainer.engine.prompt_ids(trainer.suite[trainer.task_ids[0]], True)
     text = trainer.tokenizer.decode(ids)
     assert "<<goal <|high_reward|>>>\nStep 1:" in text  # prefix position, the data's separator
+
+
+def test_a_reward_goal_changed_after_preparation_is_refused(data_dir, tmp_path, capsys):
+    """The data's lines were rendered with one goal template, its config.yaml now names another: the RL prompt is
+    no longer a prefix of the stage-1 rendering."""
+    import shutil
+
+    import yaml
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    settings = yaml.safe_load((data / "config.yaml").read_text())
+    settings["reward_goal"]["template"] = "(goal: {token})"
+    (data / "config.yaml").write_text(yaml.safe_dump(settings))
+    assert main(_rl(data, tmp_path / "r")) == 2
+    err = _error(capsys)
+    assert "is not a prefix of its stage-1 rendering" in err and "check the reward goal or the env's rendering" in err

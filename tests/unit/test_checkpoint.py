@@ -219,3 +219,19 @@ def test_a_checkpoint_just_written_is_never_pruned(tmp_path):
     _save(tmp_path, 5)
     path = _save(tmp_path, 3, keep_last=1)  # an older step written after a newer one
     assert path.is_dir() and (path / STATE_FILE).is_file()
+
+
+def test_checkpoints_with_the_older_rng_format_still_load(tmp_path):
+    """Before the RNG states were stored as tensors, extra.pt held numpy's state array: loaded with numpy's array
+    reconstruction allow-listed (and nothing else), and restored."""
+    path = _save(tmp_path, 1)
+    random.seed(5)
+    np.random.seed(5)
+    old = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save({"scheduler": {"last_epoch": 1}, "rng": old}, path / "extra.pt")
+    expected = (random.random(), float(np.random.rand()))
+    state = load_checkpoint(path)
+    random.seed(0)
+    np.random.seed(0)
+    set_rng_state(state["rng"])
+    assert (random.random(), float(np.random.rand())) == expected

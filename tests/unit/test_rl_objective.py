@@ -59,10 +59,13 @@ class _RecordingPolicy:
     def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
         self.calls.append(([int(b["first"]) for b in micro_batches], num_valid_tokens,
                            [float(b["num_sequences"]) for b in micro_batches]))
-        return {"loss_local": float(len(self.calls)), "grad_norm": 1.0, "lr": 0.5, "kl_sum": 0.0, "clipped_tokens": 0.0}
+        out = {"loss_local": float(len(self.calls)), "grad_norm": 1.0, "lr": 0.5}
+        if micro_batches:  # as the Megatron policy: a replica without micro-batches returns no loss metrics
+            out.update(kl_sum=0.5, clipped_tokens=1.0, tokens=float(sum(int(b["loss_mask"].sum()) for b in micro_batches)))
+        return out
 
 
-@pytest.mark.parametrize("epochs, minis, replicas", [(1, 1, 1), (2, 3, 1), (1, 2, 2)])
+@pytest.mark.parametrize("epochs, minis, replicas", [(1, 1, 1), (2, 3, 1), (1, 2, 2), (1, 5, 2)])
 def test_updates_of_a_batch(epochs, minis, replicas):
     # 5 micro-batches of 2 sequences; micro-batch i has i + 1 trained tokens per sequence
     batches = [{"input_ids": torch.zeros(2, 6), "loss_mask": torch.tensor([[1] * (i + 1) + [0] * (5 - i)] * 2),
@@ -76,11 +79,13 @@ def test_updates_of_a_batch(epochs, minis, replicas):
         trainer.updates = epochs * minis
         trainer.policy = _RecordingPolicy()
         trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
-        trainer.dp_sum = lambda v: v
+        reduced = []
+        trainer.dp_sum = lambda v, reduced=reduced: reduced.append(v) or v  # records every collective
         out, _ = trainer._update([dict(b) for b in batches], with_entropy=False)
-        results.append((trainer.policy.calls, out))
+        results.append((trainer.policy.calls, out, len(reduced)))
     bounds = [round(k * 5 / minis) for k in range(minis + 1)]  # slices of consecutive micro-batches
-    for rank, (calls, out) in enumerate(results):
+    assert len({r[2] for r in results}) == 1  # every replica joins the same number of reductions
+    for rank, (calls, out, _) in enumerate(results):
         assert len(calls) == epochs * minis and out["updates"] == epochs * minis
         for u, (firsts, tokens, seqs) in enumerate(calls):
             lo, hi = bounds[u % minis], bounds[u % minis + 1]
