@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from nemo_rcgrpo.config import TrainerConfig
 from nemo_rcgrpo.utils.dist import DistInfo
 
+ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
@@ -59,10 +60,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
         lp[:, keep] = kept.view(picked.shape)
         if entropy_out is not None:
-            with torch.no_grad():
-                logp_all = logits.detach().log_softmax(-1)  # [B, K, V]
+            with torch.no_grad():  # in chunks of positions: a [B, K, V] softmax beside the graph would double the peak
+                ent_kept = torch.empty(logits.shape[:2], dtype=logits.dtype, device=logits.device)  # [B, K]
+                for c in range(0, logits.shape[1], ENTROPY_CHUNK):
+                    logp_all = logits[:, c:c + ENTROPY_CHUNK].detach().log_softmax(-1)  # [B, chunk, V]
+                    ent_kept[:, c:c + ENTROPY_CHUNK] = -(logp_all.exp() * logp_all).sum(-1)
                 ent = torch.zeros_like(lp)
-                ent[:, keep] = -(logp_all.exp() * logp_all).sum(-1)
+                ent[:, keep] = ent_kept
             entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
 

@@ -97,3 +97,22 @@ def test_updates_of_a_batch(epochs, minis, replicas):
         assert out["loss_local"] == pytest.approx(sum(range(1, n + 1)) / n)  # the mean over the updates
     if (epochs, minis) == (2, 3):  # 5 micro-batches in 3 slices: [0, 2), [2, 3), [3, 5)
         assert [c[0] for c in results[0][0][:3]] == [[0, 2], [4], [6, 8]]
+
+
+def test_entropies_of_the_training_pass_equal_the_no_grad_pass(monkeypatch):
+    """token_logprobs(..., entropy_out) (chunked over positions) gives the entropies logprobs_and_entropy gives."""
+    from nemo_rcgrpo.models import torch_policy
+    from nemo_rcgrpo.models.hf import load_model
+
+    monkeypatch.setattr(torch_policy, "ENTROPY_CHUNK", 3)  # several chunks, the last one short
+    torch.manual_seed(0)
+    model = load_model("tiny-llama").eval()
+    ids = torch.randint(0, 1000, (2, 12))
+    attn = torch.ones_like(ids)
+    mask = torch.zeros_like(ids)
+    mask[0, 4:12], mask[1, 2:9] = 1, 1
+    out = []
+    lp = torch_policy.token_logprobs(model, ids, attn, mask, out)
+    ref_lp, ref_ent = torch_policy.logprobs_and_entropy(model, ids, attn, mask)
+    assert torch.allclose(lp.detach(), ref_lp, atol=1e-5) and torch.allclose(out[0], ref_ent, atol=1e-5)
+    assert (out[0] * mask).sum() > 0
