@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench clean-venv
+.PHONY: install test demo bench mutation clean-venv
 
 install: $(STAMP)
 
@@ -41,6 +41,12 @@ bench: $(STAMP)
 	$(PY) scripts/bench/vllm_rollout.py --out docs/benchmarks.md
 	$(PY) scripts/bench/eval_throughput.py --out docs/benchmarks.md
 	$(PY) scripts/bench/megatron_cpu.py --out docs/benchmarks.md
+	$(PY) scripts/bench/rl_step.py --out docs/benchmarks.md
+
+# mutants of the core pure modules against their unit tests, one at a time in a copy under /tmp
+# (docs/testing.md); fails on a surviving mutant not listed as equivalent. Not part of `make test`.
+mutation: $(STAMP)
+	$(PY) scripts/mutation.py
 
 clean-venv:
 	rm -rf $(VENV)
