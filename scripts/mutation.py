@@ -73,7 +73,7 @@ TARGETS: dict[str, Target] = {
     "executor": Target(
         "nemo_rcgrpo/envs/bfcl/executor.py",
         ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
-        scope=("_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call", "_check_type",
+        scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call", "_check_type",
                "_as_number", "_tree_entries", "_resource_guard", "_bind", "named_arguments", "Toolbox.__init__",
                "Toolbox.bind"),
     ),

@@ -580,3 +580,16 @@ def test_generation_prompts(fmt, prompt):
     ids = r.generation_prompt_ids()
     assert tok.decode(ids) == prompt and sum(i >= 1_000_000 for i in ids) == prompt.count("<|")
     assert "".join(p.text for p in FORMAT_SPECS[fmt].generation_prompt()) == prompt
+
+
+def test_one_size_budget_for_every_argument():
+    """Containers are checked against the budget before they are walked: a 2M-element list or a nested mapping of
+    100k integer keys is refused at once, not after copying and canonicalising it."""
+    with pytest.raises(CallRejected, match="more than 16384 characters of text"):
+        parse_json_call({"name": "f", "arguments": {"a": [0] * 2_000_000}})
+    with pytest.raises(CallRejected, match="more than 16384 characters of text"):
+        parse_json_call({"name": "f", "arguments": {"a": {i: i for i in range(100_000)}}})
+    # a nested mapping costs one per entry besides its text: "a" 1 + 2 entries + "x" 1 + "y" 1 = 5
+    parse_json_call({"name": "f", "arguments": {"a": {"x": 0, "y": 0}, "b": "z" * (16384 - 6)}})
+    with pytest.raises(CallRejected, match="more than 16384"):
+        parse_json_call({"name": "f", "arguments": {"a": {"x": 0, "y": 0}, "b": "z" * (16384 - 5)}})

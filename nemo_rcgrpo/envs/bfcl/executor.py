@@ -61,21 +61,29 @@ class CallRejected(ValueError):
 # --------------------------------------------------------------------------- parsing
 
 
+def _spend(budget: list[int], amount: int) -> None:
+    budget[0] -= amount
+    if budget[0] < 0:
+        raise CallRejected(f"arguments hold more than {MAX_CALL_CHARS} characters of text (an element of a list "
+                           "or a nested mapping counts as one)")
+
+
 def _check_nesting(value: Any, depth: int = 0, budget: list[int] | None = None) -> None:
-    """Refuse deep nesting, huge integers and, in total, more than MAX_CALL_CHARS of text."""
+    """Refuse deep nesting, huge integers and, in total, more than MAX_CALL_CHARS of size: characters of text plus
+    one per element of every container below the top level, checked before a container is walked."""
     budget = [MAX_CALL_CHARS] if budget is None else budget
     if depth > MAX_NESTING:
         raise CallRejected(f"argument nested deeper than {MAX_NESTING} levels")
     if isinstance(value, (str, bytes)):
-        budget[0] -= len(value)
-        if budget[0] < 0:
-            raise CallRejected(f"arguments hold more than {MAX_CALL_CHARS} characters of text")
+        _spend(budget, len(value))
     elif isinstance(value, dict):
+        if depth:  # the top-level mapping is the argument list itself
+            _spend(budget, len(value))
         for k, v in value.items():
             _check_nesting(k, depth + 1, budget)
             _check_nesting(v, depth + 1, budget)
     elif isinstance(value, (list, tuple, set, frozenset)):
-        budget[0] -= len(value)
+        _spend(budget, len(value))
         for v in value:
             _check_nesting(v, depth + 1, budget)
     elif isinstance(value, int) and not isinstance(value, bool):
