@@ -18,43 +18,59 @@ import argparse
 import sys
 from pathlib import Path
 
+from typing import Any
+
 from tqdm import tqdm
 
 
 def _score(args: argparse.Namespace) -> int:
     from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLSuite
-    from nemo_rcgrpo.score import ground_truth_lines, score_lines, summary_table, write_jsonl
+    from nemo_rcgrpo.score import ground_truth_lines, read_lines, score_lines, summary_table, write_scores
 
     try:
         suite = BFCLSuite(args.categories) if args.categories else BFCLSuite()
     except (BFCLDataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    out_path = Path(args.output) if args.output else None
+    if out_path is not None:
+        if out_path.is_dir():
+            print(f"error: OUT {out_path} is a directory; give a file path", file=sys.stderr)
+            return 2
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            probe = out_path.with_name(out_path.name + ".partial")
+            probe.open("w").close()
+        except OSError as e:
+            print(f"error: cannot write {out_path}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    source = None
     if args.ground_truth:
-        lines = list(ground_truth_lines(suite))
+        lines: Any = ground_truth_lines(suite)
+        total = len(suite)
     elif args.input:
         try:
-            lines = Path(args.input).read_text().splitlines()
+            source = Path(args.input).open("rb")
         except OSError as e:
             print(f"error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
             return 2
+        lines, total = read_lines(source), None
     else:
         print("error: give IN.jsonl (and OUT.jsonl), or --ground-truth", file=sys.stderr)
         return 2
-    progress = tqdm(lines, desc="scoring", unit="traj", file=sys.stderr, disable=args.quiet)
-    records = score_lines(suite, progress, arg_types=args.arg_types)
-    if args.output:
-        out_path = Path(args.output)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        with out_path.open("w") as out:
-            results = write_jsonl(records, out)
-    else:
-        results = list(records)
-    bad = sum(1 for r in results if "error" in r and "reward" not in r)
+    try:
+        progress = tqdm(lines, desc="scoring", unit="traj", total=total, file=sys.stderr, disable=args.quiet)
+        summary = write_scores(score_lines(suite, progress, arg_types=args.arg_types), out_path)
+    except OSError as e:
+        print(f"error: while scoring: {e.strerror or e}", file=sys.stderr)
+        return 2
+    finally:
+        if source is not None:
+            source.close()
     if args.summary or not args.output:
-        print(summary_table(results))
-    if bad:
-        print(f"{bad} line(s) could not be scored (see 'error' in the output)", file=sys.stderr)
+        print(summary_table(summary.rows))
+    if summary.bad:
+        print(f"{summary.bad} line(s) could not be scored (see 'error' in the output)", file=sys.stderr)
     return 0
 
 

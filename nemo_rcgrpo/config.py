@@ -16,7 +16,7 @@ from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
-from nemo_rcgrpo.utils.config import ConfigError, plain, reject_unknown
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 
 STAGE1 = ("sft", "rctp")
 RL_STAGES = ("grpo", "rcgrpo", "dapo_filter")
@@ -67,6 +67,7 @@ class TrainerConfig:
     save_every: int = 50  # optimizer steps between checkpoints (and at the end)
     keep_last: int = 2
     resume: bool = True  # continue from the newest checkpoint in run_dir
+    resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run being resumed
     bucket_by_length: bool = True
     export_hf: bool = True  # write run_dir/hf at the end
 
@@ -76,6 +77,10 @@ class WandbConfig:
     enabled: bool = False
     mode: str = "offline"  # offline | online | disabled
     project: str = "nemo_rcgrpo"
+    entity: str | None = None
+    name: str | None = None  # None: the run folder's name
+    group: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,7 @@ class TrainConfig:
     stage: str = "sft"
     seed: int = 1234
     run_dir: str = "runs/default"
+    overwrite: bool = False  # with trainer.resume=false: remove the run already in run_dir and start over
     model: ModelConfig = ModelConfig()
     chat: ChatConfig = ChatConfig()
     data: DataConfig = DataConfig()
@@ -454,6 +460,7 @@ def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):
         elif isinstance(default, tuple) and isinstance(value, list):
             value = tuple(value)
         values[f.name] = value
+    values = check_fields(cls, values, prefix)
     try:
         return cls(**values)
     except TypeError as e:

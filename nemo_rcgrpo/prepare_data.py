@@ -43,7 +43,7 @@ from nemo_rcgrpo.data.splits import split_by_scenario
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
-from nemo_rcgrpo.utils.config import ConfigError, compose, plain, reject_unknown, split_argv
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, compose, plain, reject_unknown, split_argv
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,13 @@ class PrepareDataConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "PrepareDataConfig":
         reject_unknown("", cfg, {f.name for f in fields(cls)})
-        values = dict(cfg)
+        values = check_fields(cls, dict(cfg))
         for key, sub in (("closing", ClosingTexts), ("failures", FailureConfig), ("reward_goal", RewardGoal)):
             section = values.get(key) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{key} must be a section (mapping), got {section!r}")
             reject_unknown(key, section, {f.name for f in fields(sub)})
+            section = check_fields(sub, section, f"{key}.")
             try:
                 values[key] = sub(**section)
             except (TypeError, ValueError) as e:

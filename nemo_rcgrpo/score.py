@@ -12,21 +12,34 @@ offered turn by turn) and written out, in order, as::
     {"id", "reward", "state_ok", "actions_ok", "official_valid", "official_error",
      "num_errors", "observations": [[str, ...] per turn], "details"}
 
-A line that cannot be scored (bad JSON, unknown id, wrong shape) becomes
-``{"line": n, "id": ..., "error": "..."}``; the rest of the file goes on.
+A line that cannot be scored (bad JSON, invalid UTF-8, longer than 4 MB, unknown
+id, wrong shape) becomes ``{"line": n, "id": ..., "error": "..."}``; the rest of
+the file goes on. Input and output are streamed (one line in memory at a time);
+an output record is at most ``MAX_RECORD_CHARS`` (observations are cut first,
+``"observations_clipped": true``), and OUT is written to ``OUT.partial`` and
+renamed when the last line is scored, so a killed run never leaves a truncated
+OUT (the lines scored so far are in ``OUT.partial``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, TextIO
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
 
 MAX_LINE_CHARS = 4_000_000
+MAX_RECORD_CHARS = 1_000_000  # one output record (16 KB of calls produced 37.5 MB of observations before)
+CLIPPED_OBSERVATION_CHARS = 200
+
+
+class _TooLong:
+    """A line of more than MAX_LINE_CHARS bytes (skipped without being held in memory)."""
 
 
 class ScoreInputError(ValueError):
@@ -77,12 +90,17 @@ def score_trajectory(suite: BFCLSuite, task: BFCLTask, turns: list[Any], arg_typ
 def score_lines(suite: BFCLSuite, lines: Iterable[str], arg_types: str = "bfcl") -> Iterator[dict[str, Any]]:
     """Score every non-blank line; bad lines yield an error record instead of raising."""
     for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
         record_id = None
         try:
-            if len(line) > MAX_LINE_CHARS:
+            if isinstance(line, _TooLong) or len(line) > MAX_LINE_CHARS:
                 raise ScoreInputError(f"line is longer than {MAX_LINE_CHARS} characters")
+            if isinstance(line, bytes):
+                try:
+                    line = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ScoreInputError(f"line is not valid UTF-8 (byte {e.start})") from None
+            if not line.strip():
+                continue
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError) as e:
@@ -97,6 +115,68 @@ def score_lines(suite: BFCLSuite, lines: Iterable[str], arg_types: str = "bfcl")
             yield score_trajectory(suite, suite[record_id], record["turns"], arg_types)
         except ScoreInputError as e:
             yield {"line": number, "id": record_id, "error": str(e)}
+
+
+def read_lines(f: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[bytes | _TooLong]:
+    """The lines of a binary file, one at a time; a line longer than ``limit`` is read past in chunks."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # drain the rest of the long line
+                line = f.readline(1 << 20)
+            yield _TooLong()
+            continue
+        yield line
+
+
+def bounded_record(record: dict[str, Any]) -> str:
+    """The record as one JSON line of at most about MAX_RECORD_CHARS: observations cut first, then dropped."""
+    text = json.dumps(record, default=str)
+    if len(text) <= MAX_RECORD_CHARS or "observations" not in record:
+        return text
+    clipped = {**record, "observations_clipped": True, "observations": [
+        [o[:CLIPPED_OBSERVATION_CHARS] + ("..." if len(o) > CLIPPED_OBSERVATION_CHARS else "") for o in turn]
+        for turn in record["observations"]]}
+    text = json.dumps(clipped, default=str)
+    if len(text) <= MAX_RECORD_CHARS:
+        return text
+    clipped["observations"] = []
+    clipped["details"] = {"clipped": "the record was longer than the output bound"}
+    return json.dumps(clipped, default=str)
+
+
+class Summary:
+    """What summary_table needs of each record, accumulated without keeping the records."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.bad = 0
+
+    def add(self, r: dict[str, Any]) -> None:
+        if "error" in r and "reward" not in r:
+            self.bad += 1
+            self.rows.append({"error": True})
+        else:
+            self.rows.append({"id": r["id"], "reward": r["reward"], "official_valid": r["official_valid"]})
+
+
+def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None) -> Summary:
+    """Stream records to ``out_path`` through ``OUT.partial`` (renamed at the end); returns the summary."""
+    summary = Summary()
+    if out_path is None:
+        for r in records:
+            summary.add(r)
+        return summary
+    partial = out_path.with_name(out_path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as out:
+        for r in records:
+            out.write(bounded_record(r) + "\n")
+            out.flush()
+            summary.add(r)
+    os.replace(partial, out_path)
+    return summary
 
 
 def ground_truth_lines(suite: BFCLSuite) -> Iterator[str]:
@@ -116,7 +196,7 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
     """Markdown table: per category, mean reward and official accuracy (percent)."""
     stats: dict[str, CategoryStats] = defaultdict(CategoryStats)
     for r in results:
-        if "error" in r and "reward" not in r:
+        if "error" in r and "reward" not in r or r.get("error") is True:
             stats["(unscorable lines)"].errors += 1
             continue
         category = next((c for c in CATEGORIES if r["id"].startswith(f"multi_turn_{c}_")), "other")
@@ -133,11 +213,3 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
     if "(unscorable lines)" in stats:
         rows.append(f"| unscorable lines | {stats['(unscorable lines)'].errors} | - | - |")
     return "\n".join(rows)
-
-
-def write_jsonl(records: Iterable[dict[str, Any]], out: TextIO) -> list[dict[str, Any]]:
-    kept = []
-    for r in records:
-        out.write(json.dumps(r, default=str) + "\n")
-        kept.append(r)
-    return kept

@@ -24,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.config import ConfigError, compose, split_argv
+    from nemo_rcgrpo.utils.signals import StopRequested
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -41,6 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except StopRequested as e:  # a signal: the step finished and was saved
+        print(str(e), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
+        from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(cfg.run_dir) if "cfg" in locals() else None
+        where = f"the newest complete checkpoint is {ckpt}" if ckpt else "no checkpoint was written"
+        print(f"interrupted during a step ({where}); to resume, run the same command again", file=sys.stderr)
+        return 130
     print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "
           f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.stage not in ('sft', 'rctp') else ''})")
     return 0

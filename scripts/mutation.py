@@ -74,7 +74,7 @@ TARGETS: dict[str, Target] = {
         "nemo_rcgrpo/envs/bfcl/executor.py",
         ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
         scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call", "_check_type",
-               "_as_number", "_tree_entries", "_resource_guard", "_bind", "named_arguments", "Toolbox.__init__",
+               "_as_number", "_walk_fits", "_resource_guard", "_check_plain_names", "_check_call_id", "valid_text", "_bind", "named_arguments", "Toolbox.__init__",
                "Toolbox.bind"),
     ),
     "tokenize": Target(
@@ -108,8 +108,6 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
         "any negative default is below every turn index: `turn >= last_touch` holds for -1 and -2 alike",
     ("executor", "_check_type", "if typ == ('XXanyXX') or value is None and \"default\" in spec:", 1):
         "'any' is not a key of _JSON_TYPES, so the `allowed is None` return two lines below skips it the same way",
-    ("executor", "_tree_entries", "return limit + (2)", 1):
-        "the only caller tests `entries > MAX_TREE_ENTRIES` (its message has no count): limit + 1 and + 2 both refuse",
 }
 
 # --------------------------------------------------------------------------- mutant generation

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
@@ -50,8 +49,10 @@ from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
                                         sync_generator)
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
+from nemo_rcgrpo.utils.run_dir import prepare_run_dir
+from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
-from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
+from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
 
@@ -347,7 +348,12 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ loop
     def resume(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir) if self.cfg.trainer.resume else None
+        t = self.cfg.trainer
+        # refuses another run's folder (every rank); rank 0 keeps this invocation's config (config.N.yaml)
+        prepare_run_dir(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite,
+                        may_change=t.resume_may_change, write=self.dist.is_main)
+        barrier(self.dist)
+        ckpt = latest_checkpoint(self.run_dir) if t.resume else None
         if ckpt is None:
             return
         state = load_checkpoint(ckpt)
@@ -379,8 +385,6 @@ class RLTrainer:
             sync_generator(self.policy, self.generator, cfg.generation.backend, self.step)
         main = self.dist.is_main
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if main:
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         logger = MetricsLogger(self.run_dir, rank=self.dist.rank, tensorboard=cfg.logging.tensorboard,
                                wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=self.step)
         total = cfg.trainer.max_steps
@@ -388,30 +392,40 @@ class RLTrainer:
         bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step",
                    disable=not (cfg.logging.progress and main), file=sys.stderr)
         metrics: dict[str, float] = {}
-        while self.step < end:
-            started = time.perf_counter()
-            rng = random.Random(cfg.seed * 1_000_003 + self.step)
-            groups, stats = self.collect(rng) if main else (None, None)
-            groups, stats = self._share(groups, stats)  # rank 0 rolls out; every rank trains on the same groups
-            metrics, adv = self.train_step(groups, stats)
-            if main:
-                self.dump(groups, adv)
-            self.step += 1
-            if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
-                t0 = time.perf_counter()
-                metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
-            metrics["step_seconds"] = time.perf_counter() - started
-            metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
-            logger.log(self.step, metrics)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
-            if self.step % cfg.trainer.save_every == 0 or self.step == end:
-                save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
-                                       tokenizer=self.tokenizer, record=self.record,
-                                       trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
-                                                      "task_cursor": self.task_cursor, "stage": cfg.stage})
+        stop, stopped = StopFlag().install(), None
+        try:
+            while self.step < end:
+                started = time.perf_counter()
+                rng = random.Random(cfg.seed * 1_000_003 + self.step)
+                groups, stats = self.collect(rng) if main else (None, None)
+                groups, stats = self._share(groups, stats)  # rank 0 rolls out; every rank trains on the same groups
+                metrics, adv = self.train_step(groups, stats)
+                if main:
+                    self.dump(groups, adv)
+                self.step += 1
+                if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
+                    t0 = time.perf_counter()
+                    metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
+                metrics["step_seconds"] = time.perf_counter() - started
+                metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
+                logger.log(self.step, metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+                signum = stop.requested(self.dist)  # a signal arrived: this step is the last of the invocation
+                if self.step % cfg.trainer.save_every == 0 or self.step == end or signum:
+                    save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
+                                           tokenizer=self.tokenizer, record=self.record,
+                                           trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
+                                                          "task_cursor": self.task_cursor, "stage": cfg.stage})
+                if signum and self.step < end:
+                    stopped = StopRequested(signum, self.step, latest_checkpoint(self.run_dir))
+                    break
+        finally:
+            stop.restore()
         bar.close()
         logger.close()
+        if stopped is not None:
+            raise stopped
         if cfg.trainer.export_hf and self.step == total:
             hf = hf_module(self.policy)  # a collective with the megatron backend
             if main:

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
@@ -33,6 +32,8 @@ from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_ba
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
 from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
+from nemo_rcgrpo.utils.run_dir import prepare_run_dir
+from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
@@ -130,6 +131,10 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
                          f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
 
     start_step, tokens_seen = 0, 0
+    # refuses another run's folder (every rank); rank 0 keeps this invocation's config (config.N.yaml)
+    prepare_run_dir(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite,
+                    may_change=t.resume_may_change, write=dist.is_main)
+    barrier(dist)
     ckpt = latest_checkpoint(run_dir) if t.resume else None
     if ckpt is not None:
         state = load_checkpoint(ckpt)
@@ -141,8 +146,6 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         set_rng_state(state["rng"])
         start_step, tokens_seen = ts["step"], ts.get("tokens_seen", 0)
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
     logger = MetricsLogger(run_dir, rank=dist.rank, tensorboard=cfg.logging.tensorboard,
                            wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=start_step)
@@ -152,33 +155,44 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
     batches_epoch, batches = -1, []
     last: dict[str, float] = {}
     end_step = total_steps if t.stop_after is None else min(total_steps, start_step + t.stop_after)
-    for step in range(start_step, end_step):
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != batches_epoch:
-            batches = epoch_batches([len(e) for e in examples], t.global_batch_size, cfg.seed, epoch, t.bucket_by_length)
-            batches_epoch = epoch
-        mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id)
-        num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
-        started = time.perf_counter()
-        metrics = policy.train_step(mine, sft_loss, num_valid)
-        elapsed = time.perf_counter() - started
-        step_tokens = dp_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)))
-        nll = dp_sum(metrics["nll_sum"])
-        tokens_seen += int(step_tokens)
-        last = {"loss": nll / num_valid, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
-                "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
-                "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen}
-        if (step + 1) % t.log_every == 0 or step + 1 == end_step:
-            logger.log(step + 1, last)
-        bar.update(1)
-        bar.set_postfix(loss=f"{last['loss']:.4f}")
-        if (step + 1) % t.save_every == 0 or step + 1 == end_step:
-            save_policy_checkpoint(policy, dist, run_dir, step + 1, keep_last=t.keep_last, tokenizer=tokenizer,
-                                   record=record,
-                                   trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
-                                                  "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
+    stop, stopped = StopFlag().install(), None
+    try:
+        for step in range(start_step, end_step):
+            epoch, index = divmod(step, steps_per_epoch)
+            if epoch != batches_epoch:
+                batches = epoch_batches([len(e) for e in examples], t.global_batch_size, cfg.seed, epoch, t.bucket_by_length)
+                batches_epoch = epoch
+            mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id)
+            num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
+            started = time.perf_counter()
+            metrics = policy.train_step(mine, sft_loss, num_valid)
+            elapsed = time.perf_counter() - started
+            step_tokens = dp_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)))
+            nll = dp_sum(metrics["nll_sum"])
+            tokens_seen += int(step_tokens)
+            last = {"loss": nll / num_valid, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
+                    "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
+                    "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen}
+            signum = stop.requested(dist)  # a signal arrived: this step is the last of the invocation
+            if (step + 1) % t.log_every == 0 or step + 1 == end_step or signum:
+                logger.log(step + 1, last)
+            bar.update(1)
+            bar.set_postfix(loss=f"{last['loss']:.4f}")
+            if (step + 1) % t.save_every == 0 or step + 1 == end_step or signum:
+                save_policy_checkpoint(policy, dist, run_dir, step + 1, keep_last=t.keep_last, tokenizer=tokenizer,
+                                       record=record,
+                                       trainer_state={"fingerprint": fingerprint, "model_path": cfg.model.path,
+                                                      "tokens_seen": tokens_seen, "epoch": epoch, "stage": cfg.stage})
+            if signum and step + 1 < end_step:
+                stopped = StopRequested(signum, step + 1, latest_checkpoint(run_dir))
+                break
+    finally:
+        stop.restore()
     bar.close()
     logger.close()
+    if stopped is not None:
+        barrier(dist)
+        raise stopped
     if t.export_hf and end_step == total_steps:
         hf = hf_module(policy)  # a collective with the megatron backend
         if dist.is_main:

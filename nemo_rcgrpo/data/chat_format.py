@@ -1,13 +1,24 @@
 """Chat and tool-call formats: OpenAI-format conversations -> text -> token ids with loss masks.
 
-Two formats (``chat.format``):
-- ``hermes`` (Qwen2.5 style, ChatML): tools listed in the system prompt inside
-  ``<tools>``; calls as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
-  each tool result as its own ``<|im_start|>user\\n<tool_response>...`` block.
-  Also the format of ChatML models without a tool template, such as SmolLM2.
-- ``llama3_json`` (Llama-3.1 style): tools in the first user message, calls as
-  JSON objects with a ``parameters`` key (several separated by ``; ``),
-  results in ``ipython`` turns.
+Two formats (``chat.format``), each rendering text byte-identical to the official
+chat template of its model family (kept as test data in ``tests/data/chat_templates``,
+checked by ``tests/unit/test_official_templates.py``):
+- ``hermes``: Qwen2.5-7B-Instruct's template (ChatML): tools listed in the system
+  prompt inside ``<tools>``; calls as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
+  consecutive tool results merged into one ``<|im_start|>user`` block of
+  ``<tool_response>`` entries. Also the format of ChatML models without a tool
+  template, such as SmolLM2.
+- ``llama3_json``: Llama-3.1-8B-Instruct's template: tools in the first user
+  message (``tojson(indent=4)``), one JSON call with a ``parameters`` key per
+  assistant message (``render`` splits a parallel turn into call/result pairs,
+  as that template refuses more than one call), tool results in ``ipython``
+  turns as that template writes them (JSON-encoded), message text trimmed.
+
+JSON is written as the templates' ``tojson`` writes it (``ensure_ascii=False``).
+Deliberate differences, each an option that no 7B/8B recipe uses: the compact
+tool list (``chat.tool_description=compact``, CPU recipes), and a conversation
+with no system message (``env.system_prompt=''``), for which the Qwen template
+writes its own identity line and the project writes no system block.
 
 A conversation renders as a concatenation of per-message *pieces*; each piece
 is a special token, untrained text, or trained text (assistant content and its
@@ -44,7 +55,9 @@ LLAMA3_TOOLS_PREAMBLE = (
     "arguments that best answers the given prompt.\n\nRespond in the format "
     '{"name": function name, "parameters": dictionary of argument name and its value}.Do not use variables.\n\n'
 )
-LLAMA3_SYSTEM_HEADER = "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+LLAMA3_ENVIRONMENT = "Environment: ipython\n"  # written only when the conversation has tools
+LLAMA3_DATE_HEADER = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+LLAMA3_SYSTEM_HEADER = LLAMA3_ENVIRONMENT + LLAMA3_DATE_HEADER
 
 FORMATS = ("hermes", "llama3_json")
 TOOL_DESCRIPTIONS = ("full", "compact")
@@ -80,8 +93,43 @@ def compact_tool(tool: dict[str, Any]) -> str:
     return f"{fn['name']}({', '.join(args)})"
 
 
-def _tool_lines(tools: Sequence[dict[str, Any]], description: str) -> list[str]:
-    return [compact_tool(t) if description == "compact" else json.dumps(t) for t in tools]
+def tojson(value: Any, indent: int | None = None) -> str:
+    """JSON as the chat templates' ``tojson`` filter writes it (transformers: ``ensure_ascii=False``)."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _tool_lines(tools: Sequence[dict[str, Any]], description: str, indent: int | None = None) -> list[str]:
+    return [compact_tool(t) if description == "compact" else tojson(t, indent) for t in tools]
+
+
+class OneCallPerMessageError(ValueError):
+    """A llama3_json assistant message with several tool calls that cannot be split into call/result pairs."""
+
+
+def one_call_per_message(messages: Sequence[Message]) -> list[Message]:
+    """Split each assistant message with k > 1 tool calls, followed by its k tool results, into k pairs.
+
+    The Llama 3.1 template renders exactly one call per assistant message; BFCL's parallel
+    calls of a turn become call, result, call, result (the order BFCL executes them in).
+    """
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        calls = (m.get("tool_calls") or []) if m["role"] == "assistant" else []
+        if len(calls) <= 1:
+            out.append(m)
+            i += 1
+            continue
+        results = list(messages[i + 1 : i + 1 + len(calls)])
+        if len(results) != len(calls) or any(r["role"] != "tool" for r in results):
+            raise OneCallPerMessageError(
+                f"message {i}: {len(calls)} tool calls in one assistant message without one tool result each; "
+                "the llama3_json format (Llama 3.1 template) renders one call per assistant message")
+        for call, result in zip(calls, results):
+            out += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
+        i += 1 + len(calls)
+    return out
 
 
 # --------------------------------------------------------------------------- hermes
@@ -95,13 +143,18 @@ def _hermes_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict
         out += _hermes_system("", tools, description)
     if role == "system":
         return out + _hermes_system(m.get("content") or "", tools, description)
-    if role == "tool":
-        body = f"user\n<tool_response>\n{m.get('content') or ''}\n</tool_response>"
-        return out + [Piece("<|im_start|>", special=True), Piece(body), Piece("<|im_end|>", special=True), Piece("\n")]
+    if role == "tool":  # consecutive results share one user block, as Qwen2.5's template writes them
+        opens = index == 0 or messages[index - 1]["role"] != "tool"
+        closes = index == len(messages) - 1 or messages[index + 1]["role"] != "tool"
+        body = f"\n<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+        pieces = [Piece("<|im_start|>", special=True), Piece("user" + body)] if opens else [Piece(body)]
+        if closes:
+            pieces += [Piece("<|im_end|>", special=True), Piece("\n")]
+        return out + pieces
     if role == "assistant":
         text = m.get("content") or ""
         calls = [
-            "<tool_call>\n" + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c)}) + "\n</tool_call>"
+            "<tool_call>\n" + tojson({"name": c["function"]["name"], "arguments": _arguments(c)}) + "\n</tool_call>"
             for c in m.get("tool_calls") or []
         ]
         if calls:
@@ -133,31 +186,44 @@ def _hermes_generation_prompt() -> list[Piece]:
 # --------------------------------------------------------------------------- llama3_json
 
 
-def _llama3_header(role: str) -> list[Piece]:
-    return [Piece("<|start_header_id|>", special=True), Piece(role), Piece("<|end_header_id|>", special=True),
-            Piece("\n\n")]
+def _llama3_header(role: str, separate: bool = True) -> list[Piece]:
+    """The role header. ``separate=False`` leaves its ``\\n\\n`` to the text that follows, which is then
+    tokenised as one run, as a server tokenises the template's text (the assistant header keeps it: the
+    generation prompt ends there)."""
+    return [Piece("<|start_header_id|>", special=True), Piece(role), Piece("<|end_header_id|>", special=True)] + (
+        [Piece("\n\n")] if separate else [])
 
 
 def _llama3_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict] | None, description: str) -> list[Piece]:
     m = messages[index]
     role = m["role"]
+    header = (LLAMA3_ENVIRONMENT if tools else "") + LLAMA3_DATE_HEADER
     out: list[Piece] = [Piece("<|begin_of_text|>", special=True)] if index == 0 else []
     if index == 0 and role != "system":
-        out += _llama3_header("system") + [Piece(LLAMA3_SYSTEM_HEADER), Piece("<|eot_id|>", special=True)]
-    if role == "system":
-        return out + _llama3_header("system") + [Piece(LLAMA3_SYSTEM_HEADER + (m.get("content") or "")),
-                                                 Piece("<|eot_id|>", special=True)]
-    if role == "tool":
-        return out + _llama3_header("ipython") + [Piece(m.get("content") or ""), Piece("<|eot_id|>", special=True)]
-    if role == "assistant":
-        calls = [json.dumps({"name": c["function"]["name"], "parameters": _arguments(c)}) for c in m.get("tool_calls") or []]
-        text = "; ".join(calls) if calls else (m.get("content") or "")
-        return out + _llama3_header("assistant") + [Piece(text, train=True), Piece("<|eot_id|>", train=True, special=True)]
+        out += _llama3_header("system", False) + [Piece("\n\n" + header), Piece("<|eot_id|>", special=True)]
     content = m.get("content") or ""
-    first_user = role == "user" and not any(x["role"] == "user" for x in messages[:index])
-    if first_user and tools:
-        content = LLAMA3_TOOLS_PREAMBLE + "\n\n".join(_tool_lines(tools, description)) + "\n\n" + content
-    return out + _llama3_header(role) + [Piece(content, user_text=role == "user"), Piece("<|eot_id|>", special=True)]
+    if role == "system" and index == 0:
+        return out + _llama3_header("system", False) + [Piece("\n\n" + header + content.strip()),
+                                                        Piece("<|eot_id|>", special=True)]
+    if role == "tool":  # the template writes a string result through tojson (a string is iterable)
+        return out + _llama3_header("ipython", False) + [Piece("\n\n" + tojson(content)), Piece("<|eot_id|>", special=True)]
+    if role == "assistant":
+        calls = m.get("tool_calls") or []
+        if len(calls) > 1:  # one call per message; render() splits parallel turns
+            text = "; ".join(tojson({"name": c["function"]["name"], "parameters": _arguments(c)}) for c in calls)
+        elif calls:
+            c = calls[0]["function"]
+            text = '{"name": "' + c["name"] + '", "parameters": ' + tojson(_arguments(calls[0])) + "}"
+        else:
+            text = content.strip()
+        return out + _llama3_header("assistant") + [Piece(text, train=True), Piece("<|eot_id|>", train=True, special=True)]
+    first = index == (1 if messages[0]["role"] == "system" else 0)  # the template's first message after system
+    if first and tools:
+        content = LLAMA3_TOOLS_PREAMBLE + "".join(l + "\n\n" for l in _tool_lines(tools, description, indent=4)) + content.strip()
+    else:
+        content = content.strip()
+    return out + _llama3_header(role, False) + [Piece("\n\n" + content, user_text=role == "user"),
+                                                Piece("<|eot_id|>", special=True)]
 
 
 def _llama3_generation_prompt() -> list[Piece]:
@@ -187,6 +253,8 @@ FORMAT_SPECS: dict[str, FormatSpec] = {
 def render_pieces(messages: Sequence[Message], tools: Sequence[dict] | None = None, fmt: str = "hermes",
                   tool_description: str = "full") -> list[Piece]:
     spec = FORMAT_SPECS[fmt]
+    if fmt == "llama3_json":
+        messages = one_call_per_message(messages)
     return [p for i in range(len(messages)) for p in spec.pieces(messages, i, tools, tool_description)]
 
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, Piece
+from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, Piece, one_call_per_message
 from nemo_rcgrpo.types import Message
 
 RENDERERS = ("auto", "project", "template")
@@ -85,6 +85,10 @@ class ChatRenderer:
         """Plain text: special-token strings stay text, except reward tokens in user text."""
         if not text:
             return []
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: their escape text, never a tokenizer exception
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if user_text and self.reward_pattern is not None:
             ids: list[int] = []
             for part in self.reward_pattern.split(text):
@@ -105,6 +109,8 @@ class ChatRenderer:
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
                add_generation_prompt: bool = False) -> Tokenized:
         out = Tokenized([], [])
+        if self.fmt == "llama3_json" and self.renderer == "project":
+            messages = one_call_per_message(messages)  # the Llama 3.1 template's one call per assistant message
         self.render_into(out, messages, 0, tools)
         if add_generation_prompt:
             out.ids += self.generation_prompt_ids()
@@ -120,6 +126,12 @@ class ChatRenderer:
         for i in range(start, len(messages)):
             self._encode_pieces(self.spec.pieces(messages, i, tools, self.tool_description), out)
         return out
+
+    def completion_ids(self, message: Message) -> list[int]:
+        """The ids a model writes for an assistant message (content and end-of-turn token, no header)."""
+        out = Tokenized([], [])
+        self._encode_pieces(self.spec.pieces([message], 0, None, self.tool_description), out)
+        return [i for i, m in zip(out.ids, out.mask) if m]
 
     def generation_prompt_ids(self) -> list[int]:
         out = Tokenized([], [])

@@ -54,7 +54,8 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
         ids = held_out_ids(cfg, suite)
     else:
         ids = [t.id for t in suite]
-    ids = [t for t in ids if suite[t].category in cfg.categories]
+    # the held-out split names tasks of every category; the suite holds only the chosen ones
+    ids = [t for t in ids if t in suite.tasks and suite[t].category in cfg.categories]
     if cfg.limit is not None:
         taken: dict[str, int] = defaultdict(int)
         kept = []

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import torch
 
 from nemo_rcgrpo.data.failures import make_failure
-from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
+from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask
@@ -106,9 +106,7 @@ class ScriptedGenerator:
 
     def _completion_ids(self, message: dict[str, Any]) -> list[int]:
         """The trained tokens (content and end-of-turn) of ``message`` as the chat format renders it."""
-        out = Tokenized([], [])
-        self.renderer._encode_pieces(self.renderer.spec.pieces([message], 0, None, self.renderer.tool_description), out)
-        return [i for i, m in zip(out.ids, out.mask) if m]
+        return self.renderer.completion_ids(message)
 
     def _start(self, prompt: list[int], seed: int | None, position: int) -> _Script:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)

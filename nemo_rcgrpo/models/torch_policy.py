@@ -104,6 +104,7 @@ class TorchPolicy:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
         self.grad_clip = trainer.grad_clip
+        self.base_lr = trainer.lr
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.dist.device) for k, v in batch.items()}
@@ -166,6 +167,13 @@ class TorchPolicy:
         self.module.load_state_dict(model)
         self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(scheduler)
+        # this run's schedule and learning rate from the restored step on: a resume that extends
+        # trainer.max_steps (or changes trainer.lr) continues on the new schedule, not at the old one's
+        # final (often zero) rate that the optimizer state carries
+        self.scheduler.base_lrs = [self.base_lr for _ in self.optimizer.param_groups]
+        for group, fn in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["lr"] = self.base_lr * fn(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors (for the generator's weight sync)."""

@@ -13,11 +13,17 @@ tool calls in merged mode, the last user turn in per_turn mode), after
 ``max_turns`` assistant messages, or when the next prompt would not fit the
 context budget or a message hits ``max_new_tokens`` without a stop token
 (truncated: reward 0, reason recorded).
+
+One rollout never takes down its batch: an exception while advancing or scoring
+a rollout (a tokenizer that cannot read an id, an environment bug) ends that
+rollout alone, with reward 0 and the error recorded (``error``, and
+``truncated="rollout error"``); the others go on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -28,7 +34,9 @@ from nemo_rcgrpo.data.tool_parsers import PARSERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
-from nemo_rcgrpo.types import Message, ToolCall, ToolCallError
+from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Trajectory:
     calls: list[list[Any]] = field(default_factory=list)  # per assistant message: {"name", "arguments"} or {"error"}
     observations: list[list[str]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # decoded assistant messages
+    error: str | None = None  # an exception that ended this rollout alone (reward 0)
 
     @property
     def generated_tokens(self) -> int:
@@ -72,7 +81,7 @@ class Trajectory:
                 "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
                 "tool_errors": self.tool_errors, "generated_tokens": self.generated_tokens,
-                "text": "\n---\n".join(self.texts)}
+                "error": self.error, "text": "\n---\n".join(self.texts)}
 
 
 @dataclass
@@ -154,7 +163,10 @@ class RolloutEngine:
             self.timings["generation"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             for s, c in zip(live, completions):
-                self._advance(s, c)
+                try:
+                    self._advance(s, c)
+                except Exception as e:  # this rollout's failure, not the batch's
+                    self._fail(s, e)
             self.timings["env"] += time.perf_counter() - t0
             round_index += 1
         t0 = time.perf_counter()
@@ -204,10 +216,22 @@ class RolloutEngine:
         s.seq.mask += [0] * len(after.ids)
         s.logprobs += [0.0] * len(after.ids)
 
+    def _fail(self, s: _Live, error: Exception) -> None:
+        message = f"{type(error).__name__}: {error}"[:500]
+        log.warning("rollout of %s (group %d) failed and ends with reward 0: %s", s.spec.task.id, s.spec.group, message)
+        s.traj.error = message
+        n = min(len(s.seq.ids), len(s.seq.mask), len(s.logprobs))  # the appends of a half-done round stay aligned
+        del s.seq.ids[n:], s.seq.mask[n:], s.logprobs[n:]
+        s.env.truncate("rollout error")
+
     def _finish(self, s: _Live) -> Trajectory:
         t = s.traj
-        reward = s.env.reward()
-        verdict = s.env.official_verdict()
+        try:
+            reward = s.env.reward()
+            verdict = s.env.official_verdict()
+        except Exception as e:
+            self._fail(s, e)
+            reward, verdict = RewardInfo(0.0, False, False, {"error": t.error}), None
         t.token_ids, t.loss_mask, t.sampler_logprobs = s.seq.ids, s.seq.mask, s.logprobs
         t.reward, t.state_ok, t.actions_ok = reward.value, reward.state_ok, reward.actions_ok
         t.truncated = s.env.truncated

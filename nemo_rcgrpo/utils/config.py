@@ -7,9 +7,12 @@ Hydra's grammar but the process keeps its working directory and logging.
 
 from __future__ import annotations
 
+import difflib
 import os
+import types
+import typing
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, Union
 
 from omegaconf import OmegaConf
 
@@ -60,14 +63,113 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(str(e).splitlines()[0]) from None
+        first = str(e).splitlines()[0]
+        raise ConfigError(_suggest(first, config_name, overrides) or first) from None
+
+
+def _flat_keys(value: Any, prefix: str = "") -> list[str]:
+    if not isinstance(value, dict):
+        return []
+    return [k for key, v in value.items() for k in [prefix + str(key)] + _flat_keys(v, f"{prefix}{key}.")]
+
+
+def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | None:
+    """Hydra's "Could not override 'trainer.stpes'" as one line naming the closest known setting."""
+    import re
+
+    m = re.match(r"Could not override '([^']+)'", message)
+    if not m:
+        return None
+    key = m.group(1)
+    try:
+        keys = _flat_keys(compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]))
+    except ConfigError:
+        return None
+    if key in keys:
+        return None
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    section = key.rsplit(".", 1)[0] if "." in key else ""
+    siblings = sorted(k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == section
+                      and k != section)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"unknown setting {key}; {hint}known in {section or 'the top level'}: {siblings}"
 
 
 def reject_unknown(section: str, given: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(given) - known)
     if unknown:
         where = f"{section}." if section else ""
-        raise ConfigError(f"unknown setting(s) {[where + k for k in unknown]}; known: {sorted(known)}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.5)
+        hint = f"did you mean {where}{close[0]}? " if close else ""
+        raise ConfigError(f"unknown setting {where}{unknown[0]}; {hint}known: {sorted(known)}"
+                          + (f" (also unknown: {[where + k for k in unknown[1:]]})" if unknown[1:] else ""))
+
+
+_SCALARS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
+
+
+def check_type(key: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the annotation ``hint``; returns it (an int given for a float as a float).
+
+    Strings are never read as booleans or numbers (``enabled=no`` is refused, not taken as true), and a
+    boolean is not an integer. Raises ConfigError naming the setting."""
+    origin = typing.get_origin(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return check_type(key, value, option)
+            except ConfigError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise ConfigError(errors[0] + (" or null" if type(None) in options else ""))
+        raise ConfigError(f"{key}={value!r} has the wrong type (expected {_describe(hint)})")
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{key}={value!r}: choose one of {list(typing.get_args(hint))}")
+        return value
+    if hint in _SCALARS:
+        ok = (isinstance(value, bool) if hint is bool else
+              isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else
+              isinstance(value, hint) and not isinstance(value, bool) if hint is int else isinstance(value, str))
+        if not ok:
+            raise ConfigError(f"{key}={value!r} must be {_SCALARS[hint]}")
+        return float(value) if hint is float else value
+    if origin in (tuple, list) or hint in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} must be a list")
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        if len(args) == 1:
+            value = [check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+        return tuple(value) if (origin is tuple or hint is tuple) else list(value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r} must be a mapping")
+        return value
+    return value  # dataclass sections and other types are checked where they are built
+
+
+def _describe(hint: Any) -> str:
+    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(hint)]
+    return " or ".join("null" if n == "NoneType" else n for n in names)
+
+
+def check_fields(cls: type, values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every given field of dataclass ``cls`` checked against its annotation (see check_type)."""
+    import dataclasses
+
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for f in dataclasses.fields(cls):
+        if f.name in out and not dataclasses.is_dataclass(out[f.name]) and not (
+                isinstance(out[f.name], dict) and dataclasses.is_dataclass(f.default)):
+            out[f.name] = check_type(prefix + f.name, out[f.name], hints[f.name])
+    return out
 
 
 def plain(value: Any) -> Any:

@@ -39,8 +39,7 @@ class MetricsLogger:
             except ImportError:
                 raise RuntimeError("logging.wandb.enabled=true needs the wandb package (pip install wandb)") from None
             os.environ.setdefault("WANDB_SILENT", "true")
-            self._wandb = wandb.init(project=wandb_cfg.project, mode=wandb_cfg.mode, dir=str(self.run_dir),
-                                     config=config or {}, name=self.run_dir.name, reinit="finish_previous")
+            self._wandb = wandb.init(**wandb_init_args(wandb_cfg, self.run_dir, config, resume_step))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -62,6 +61,27 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The run folder's W&B run id, made once and kept in ``run_dir/wandb_id``: a resumed run logs into the
+    same W&B run (not a new one per invocation)."""
+    path = Path(run_dir) / "wandb_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    import secrets
+
+    run_id = secrets.token_hex(8)
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+def wandb_init_args(wandb_cfg: Any, run_dir: Path, config: dict[str, Any] | None, resume_step: int) -> dict[str, Any]:
+    """Keyword arguments of ``wandb.init`` for this run (testable without wandb installed)."""
+    return {"project": wandb_cfg.project, "entity": wandb_cfg.entity, "group": wandb_cfg.group,
+            "tags": list(wandb_cfg.tags) or None, "mode": wandb_cfg.mode, "dir": str(run_dir),
+            "config": config or {}, "name": wandb_cfg.name or Path(run_dir).name, "id": wandb_run_id(run_dir),
+            "resume": "allow", "reinit": "finish_previous"}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -136,7 +136,7 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (["categories=[base,web_search]"], "categories=", "use a subset of"),
         ([f"out_dir={existing}"], "already exists", "overwrite=true"),
         (["mode=turnwise"], "mode='turnwise'", "choose one of"),
-        (["+epochs=3"], "unknown setting(s)", "epochs"),
+        (["+epochs=3"], "unknown setting epochs", "known: ["),
     ]
     for args, what, how in cases:
         if not any(a.startswith("out_dir=") for a in args):

@@ -63,3 +63,55 @@ def test_console_script_ground_truth_summary():
     )
     assert "| miss_param | 200 | 100.00 | 100.00 |" in proc.stdout
     assert "| overall | 200 | 100.00 | 100.00 |" in proc.stdout
+
+
+def test_invalid_utf8_and_overlong_lines_are_error_records(tmp_path):
+    good = json.dumps({"id": "multi_turn_base_0", "turns": [["cd(folder='document')"]]}).encode()
+    bad_utf8 = b'{"id": "multi_turn_base_0", "turns": [["cd(folder=\'\xff\xfe\')"]]}'
+    from nemo_rcgrpo.score import MAX_LINE_CHARS
+
+    long_line = b'{"id": "' + b"x" * (MAX_LINE_CHARS + 10) + b'"}'
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join([good, bad_utf8, long_line, good]) + b"\n")
+    assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet"]) == 0
+    out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r.get("error", "ok")[:24] for r in out] == ["ok", "line is not valid UTF-8 ", "line is longer than 4000", "ok"]
+    assert [r.get("line") for r in out] == [None, 2, 3, None]
+    assert not (tmp_path / "out.jsonl.partial").exists()
+
+
+def test_unusable_out_is_one_line_exit_2(tmp_path, capsys):
+    _write(tmp_path / "in.jsonl", [json.dumps({"id": "multi_turn_base_0", "turns": []})])
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for out, message in ((tmp_path / "adir", "is a directory"), (tmp_path / "afile" / "o.jsonl", "cannot write")):
+        assert main(["score", str(tmp_path / "in.jsonl"), str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_output_is_bounded_per_line_and_written_atomically(tmp_path):
+    from nemo_rcgrpo.score import MAX_RECORD_CHARS, write_scores
+
+    # a short line whose calls produce long observations: 40 long directory names, then ls() 2000 times
+    names = [f"d{i}" + "n" * 200 for i in range(40)]
+    steps = [[f"mkdir(dir_name='{n}')" for n in names]] + [["ls()"] * 100 for _ in range(19)]
+    line = json.dumps({"id": "multi_turn_base_0", "turns": [steps]})
+    assert len(line) < 40_000
+    _write(tmp_path / "in.jsonl", [line])
+    assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet"]) == 0
+    text = (tmp_path / "out.jsonl").read_text()
+    assert len(text) <= MAX_RECORD_CHARS + 1  # tens of MB before
+    record = json.loads(text)
+    assert record["observations_clipped"] is True and record["id"] == "multi_turn_base_0" and "reward" in record
+
+    def records():
+        yield {"id": "multi_turn_base_0", "reward": 1.0, "official_valid": True}
+        raise KeyboardInterrupt  # a run stopped after one line
+
+    out = tmp_path / "killed.jsonl"
+    try:
+        write_scores(records(), out)
+    except KeyboardInterrupt:
+        pass
+    assert not out.exists()  # never a truncated OUT
+    assert len((tmp_path / "killed.jsonl.partial").read_text().splitlines()) == 1  # what was scored is kept

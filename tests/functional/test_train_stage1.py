@@ -76,7 +76,7 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path):
         (_args(data_dir, tmp_path / "x", f"model.path={tmp_path / 'no_model'}"), "not a local HF folder"),
         (_args(data_dir, tmp_path / "y", "model.reward_tokens=none", stage="rctp"), "stage=rctp conditions on reward tokens"),
         (_args(data_dir, tmp_path / "z", "trainer.global_batch_size=3", "trainer.micro_batch_size=2"), "must be a multiple"),
-        (_args(data_dir, tmp_path / "w", "+trainer.epochz=3"), "unknown setting(s) ['trainer.epochz']"),
+        (_args(data_dir, tmp_path / "w", "+trainer.epochz=3"), "unknown setting trainer.epochz; did you mean trainer.epochs?"),
     ]
     for args, message in cases:
         proc = _train(args)
@@ -87,7 +87,57 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path):
 
     assert main(_args(data_dir, tmp_path / "other", "trainer.max_steps=1", "trainer.export_hf=false")) == 0
     proc = _train(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
+    assert proc.returncode == 2 and "model.path is 'tiny-qwen2' there and 'tiny-llama' now" in \
+        proc.stderr.strip().splitlines()[-1]
+    # the checkpoint itself is checked too, whatever the folder's config says
+    (tmp_path / "other" / "config.yaml").unlink()
+    proc = _train(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
     assert proc.returncode == 2 and "was written for another model" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):
+    """Resume only the same run; changes only where allowed; resume=false only with overwrite=true; every
+    invocation's config kept; an extended max_steps continues on the new schedule (not at the old final lr 0)."""
+    import yaml
+
+    from nemo_rcgrpo.models.torch_policy import lr_lambda
+    from nemo_rcgrpo.train import main
+
+    run = tmp_path / "r"
+    common = ("trainer.export_hf=false", "logging.tensorboard=false", "trainer.schedule=cosine", "trainer.lr=1e-4",
+              "trainer.warmup_steps=0")
+    assert main(_args(data_dir, run, "trainer.max_steps=2", *common)) == 0
+    original = (run / "config.yaml").read_text()
+
+    def refused(*extra, stage="sft"):
+        assert main(_args(data_dir, run, *common, *extra, stage=stage)) == 2
+        return capsys.readouterr().err.strip()
+
+    err = refused("trainer.max_steps=2", stage="rctp")
+    assert "cannot resume run_dir" in err and "stage is 'sft' there and 'rctp' now" in err and "\n" not in err
+    err = refused("trainer.max_steps=4")
+    assert "trainer.max_steps is 2 there and 4 now" in err and "trainer.resume_may_change=[trainer.max_steps]" in err
+    err = refused("trainer.max_steps=2", "trainer.lr=2e-4")  # (appended after common: the later value wins)
+    assert "trainer.lr is 0.0001 there and 0.0002 now" in err
+    err = refused("trainer.max_steps=2", "trainer.resume=false")
+    assert "holds a run" in err and "overwrite=true" in err
+    assert (run / "config.yaml").read_text() == original and sorted(p.name for p in run.glob("config*")) == ["config.yaml"]
+
+    # allowed: extend the run; config.1.yaml records this invocation, config.yaml stays the original
+    assert main(_args(data_dir, run, *common, "trainer.max_steps=4", "trainer.resume_may_change=[trainer.max_steps]")) == 0
+    assert (run / "config.yaml").read_text() == original
+    assert yaml.safe_load((run / "config.1.yaml").read_text())["trainer"]["max_steps"] == 4
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    new = lr_lambda("cosine", 0, 4, 0.0)
+    assert metrics[2]["lr"] == pytest.approx(1e-4 * new(2)) and metrics[2]["lr"] > 0  # was 0: the old schedule's end
+    assert metrics[3]["lr"] == pytest.approx(1e-4 * new(3))
+
+    # start over explicitly: the old run's checkpoints and metrics go, the configs stay
+    assert main(_args(data_dir, run, *common, "trainer.max_steps=1", "trainer.resume=false", "overwrite=true")) == 0
+    assert [m["step"] for m in read_metrics(run)] == [1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
+    assert sorted(p.name for p in run.glob("config*")) == ["config.1.yaml", "config.2.yaml", "config.yaml"]
 
 
 def test_torchrun_ddp_matches_single_process(data_dir, tmp_path):

@@ -53,10 +53,13 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
         assert len(runs[name]) == 3
         for a, b in zip(runs["torch"], runs[name]):
             assert a["tokens"] == b["tokens"] and a["tokens_total"] == b["tokens_total"]  # same data, split by DP only
-            # measured |torch - megatron| (2 CPU cores, torch 2.13, megatron-core 0.16.1): 7.5e-6, 3.2e-6, 2.2e-5
-            # at steps 1-3, the same at TP=1 and TP=3; the bound is ~10x the largest
+            # measured |torch - megatron| (2 CPU cores, torch 2.13, megatron-core 0.16.1): loss 6.4e-6, 2.6e-5,
+            # 1.8e-5 at steps 1-3, the same at TP=1 and TP=3 (bound ~10x the largest); grad norm, relative,
+            # 5.3e-4, 1.5e-3, 3.6e-6 (the two implementations' fp32 sums; bound 2x the largest)
             assert abs(a["loss"] - b["loss"]) <= 2e-4, (name, a["loss"], b["loss"])
-            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3) and a["lr"] == pytest.approx(b["lr"])
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=3e-3) and a["lr"] == pytest.approx(b["lr"])
+    for a, b in zip(runs["tp1"], runs["tp3"]):  # one implementation at two TP sizes: measured 2.5e-5 to 2.7e-5
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=2e-4) and abs(a["loss"] - b["loss"]) <= 1e-6
     # the losses move (the run trains), so equality is not that of three untouched models
     assert runs["torch"][0]["loss"] != runs["torch"][2]["loss"]
 

@@ -26,7 +26,7 @@ from nemo_rcgrpo.envs.bfcl.executor import (
     ExecutedCall,
     Toolbox,
     _resource_guard,
-    _tree_entries,
+    _walk_fits,
     named_arguments,
     parse_call_string,
     parse_json_call,
@@ -306,26 +306,32 @@ class Node:
         self.contents = {} if contents is None else contents
 
 
-def test_tree_entries_by_hand():
-    # kills: total = 1 -> 2, `+=` -> `-=`, a file counting 1 -> 2, memo[key] = 0 -> 1 (cycles),
-    # `total > limit` -> `>=` (breaking early when the count just reaches the limit)
+def test_walk_bounds_by_hand():
+    # kills: the entry count (1 per directory, 1 per file, `>` -> `>=`), the path characters (1 + len(name) per
+    # level on top of the parent's), a cycle or a shared subtree walked as often as it is reached
     file = object()
-    tree = Node({"a": file, "b": Node({"c": file, "d": file})})
-    assert _tree_entries(tree, 100) == 5  # root 1 + a 1 + (b 1 + c 1 + d 1)
-    flat = Node({"a": file, "b": file, "c": file})  # 1 + 3 = 4 paths
-    assert _tree_entries(flat, 100) == 4
-    assert _tree_entries(flat, 3) > 3  # over the limit (the walk may stop early, but not at exactly 3)
+    tree = Node({"a": file, "b": Node({"c": file, "dd": file})})  # paths: "", /a, /b, /b/c, /b/dd
+    assert _walk_fits(tree, 5, 100) and not _walk_fits(tree, 4, 100)
+    chars = 0 + 2 + 2 + 4 + 5
+    assert _walk_fits(tree, 100, chars) and not _walk_fits(tree, 100, chars - 1)
+    named = Node({"x": file})
+    named.name = "root"  # the walk starts from the directory's own name: "root", "root/x"
+    assert _walk_fits(named, 100, 4 + 6) and not _walk_fits(named, 100, 4 + 5)
     loop = Node({"f": file})
-    loop.contents["self"] = loop  # a cycle counts nothing: 1 + 1 + 0
-    assert _tree_entries(loop, 100) == 2
+    loop.contents["self"] = loop  # a cycle: stops at the bound instead of running forever
+    assert not _walk_fits(loop, 1000, 10**9)
+    shared = Node({"f": file})
+    for _ in range(40):  # cp's shallow copies: 2^40 paths, refused after at most max_entries steps
+        shared = Node({"a": shared, "b": shared})
+    assert not _walk_fits(shared, 10_000, 10**9)
 
 
-def test_tree_too_deep_to_walk_counts_as_over_the_limit():
-    # kills: the RecursionError fallback `return limit + 1` -> `return None` / `limit - 1`
+def test_walk_of_a_deep_tree_needs_no_recursion():
     deep = Node()
     for _ in range(5 * 1000):  # deeper than the default recursion limit (1000)
         deep = Node({"d": deep})
-    assert _tree_entries(deep, 10) > 10
+    assert _walk_fits(deep, 10_001, 10**9)  # iterative: no RecursionError
+    assert not _walk_fits(deep, 10_001, 1000)  # long paths: over the character bound
 
 
 def test_resource_limits_are_exact():
@@ -335,7 +341,7 @@ def test_resource_limits_are_exact():
     for key in ("precision", "decimal_places"):
         _resource_guard("round_number", {key: 1000}, None)
         _resource_guard("round_number", {key: -1000}, None)
-        with pytest.raises(CallRejected, match="exceeds the limit of 1000"):
+        with pytest.raises(CallRejected, match="at most 1000 digits"):
             _resource_guard("round_number", {key: 1001}, None)
     _resource_guard("power", {"base": 2, "exponent": 4096}, None)
     _resource_guard("power", {"base": 2, "exponent": -4096}, None)
@@ -473,6 +479,7 @@ def test_template_header_is_the_generation_prompt_whatever_the_reward_token_name
 from nemo_rcgrpo.data.chat_format import (  # noqa: E402
     HERMES_TOOLS_POSTAMBLE,
     HERMES_TOOLS_PREAMBLE,
+    LLAMA3_DATE_HEADER,
     LLAMA3_SYSTEM_HEADER,
     LLAMA3_TOOLS_PREAMBLE,
     render_text,
@@ -542,18 +549,22 @@ def test_llama3_rendering_without_a_system_message():
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": f"b {HR}"},
                 {"role": "assistant", "content": "ignored", "tool_calls": [CALL, CALL]},
                 {"role": "tool", "content": "r"},
-                {"role": "assistant", "content": "done"},
+                {"role": "tool", "content": "s"},
+                {"role": "assistant", "content": " done "},
                 {"role": "user", "content": None}]
     call = '{"name": "ls", "parameters": {"a": true}}'
+    # a parallel turn is written as call/result pairs; results through tojson; text trimmed
     assert render_text(messages, [LS], "llama3_json", "compact") == (
         f"<|begin_of_text|>{_h('system')}{LLAMA3_SYSTEM_HEADER}<|eot_id|>"
         f"{_h('user')}{LLAMA3_TOOLS_PREAMBLE}ls(a?: boolean)\n\na<|eot_id|>"
         f"{_h('user')}b {HR}<|eot_id|>"
-        f"{_h('assistant')}{call}; {call}<|eot_id|>"
-        f"{_h('ipython')}r<|eot_id|>"
+        f"{_h('assistant')}{call}<|eot_id|>"
+        f"{_h('ipython')}\"r\"<|eot_id|>"
+        f"{_h('assistant')}{call}<|eot_id|>"
+        f"{_h('ipython')}\"s\"<|eot_id|>"
         f"{_h('assistant')}done<|eot_id|>"
         f"{_h('user')}<|eot_id|>")
-    _check_masks("llama3_json", messages, [LS], f"{call}; {call}<|eot_id|>done<|eot_id|>")
+    _check_masks("llama3_json", messages, [LS], f"{call}<|eot_id|>{call}<|eot_id|>done<|eot_id|>")
 
 
 def test_llama3_rendering_with_a_system_message():
@@ -566,8 +577,9 @@ def test_llama3_rendering_with_a_system_message():
         f"{_h('user')}{LLAMA3_TOOLS_PREAMBLE}ls(a?: boolean)\n\nu<|eot_id|>"
         f"{_h('assistant')}<|eot_id|>"
         f"{_h('user')}v<|eot_id|>")
+    # no tools: no "Environment: ipython" line
     assert render_text(messages[:2], None, "llama3_json") == (
-        f"<|begin_of_text|>{_h('system')}{LLAMA3_SYSTEM_HEADER}S {HR}<|eot_id|>{_h('user')}u<|eot_id|>")
+        f"<|begin_of_text|>{_h('system')}{LLAMA3_DATE_HEADER}S {HR}<|eot_id|>{_h('user')}u<|eot_id|>")
     _check_masks("llama3_json", messages, [LS], "<|eot_id|>")
 
 

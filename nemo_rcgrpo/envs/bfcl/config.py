@@ -41,11 +41,10 @@ class BFCLEnvConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> "BFCLEnvConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ConfigError(f"unknown env setting(s) {unknown}; known: {sorted(known)}")
-        values = dict(cfg)
+        from nemo_rcgrpo.utils.config import check_fields, reject_unknown
+
+        reject_unknown("env", dict(cfg), {f.name for f in fields(cls)})
+        values = check_fields(cls, dict(cfg), "env.")
         if "categories" in values:
             values["categories"] = tuple(values["categories"])
         return cls(**values)

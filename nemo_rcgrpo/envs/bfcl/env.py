@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, CallRejected, ExecutedCall, Toolbox, to_tool_call
+from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, CallRejected, ExecutedCall, Toolbox, to_tool_call, valid_text
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
@@ -209,6 +209,10 @@ class BFCLEnv:
         return StepResult(observations, messages, done=False)
 
     def _execute(self, call: ToolCall | ToolCallError, call_id: str, too_many: bool) -> Observation:
+        obs = self._observe(call, call_id, too_many)
+        return Observation(valid_text(obs.content), obs.ok, obs.name, obs.tool_call_id)  # always encodable text
+
+    def _observe(self, call: ToolCall | ToolCallError, call_id: str, too_many: bool) -> Observation:
         if isinstance(call, ToolCallError):
             return Observation(f"Error: could not parse tool call: {call.message}", False, None, call_id)
         if too_many:

@@ -29,6 +29,9 @@ import decimal
 import inspect
 import json
 import threading
+import tokenize
+import unicodedata
+from io import StringIO
 from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
@@ -45,6 +48,19 @@ MAX_NAME_CHARS = 128
 MAX_PRECISION = 1_000  # MathAPI precision / decimal_places arguments (digits)
 MAX_TREE_ENTRIES = 100_000  # paths that GorillaFileSystem.find / du may walk
 MAX_INT_EXPONENT = 4_096  # MathAPI power() with integer base and exponent
+MAX_CALL_ID_CHARS = 64  # a tool-call id is a short string (OpenAI's are about 30 characters)
+MAX_WALK_CHARS = 4_000_000  # total path characters a find / du walk may produce (its output is built from them)
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: lone surrogates (``"\\ud800"`` from a JSON escape) become their escape text.
+
+    Observations are tokenised; a string that cannot be encoded as UTF-8 would make the tokenizer raise."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 # BFCL's MathAPI mutates process-wide numeric state (mpmath.mp.dps; the decimal
 # context) and long-context VehicleControlAPI writes into a module-level dict
@@ -105,6 +121,27 @@ def _literal(node: ast.AST, what: str) -> Any:
     return value
 
 
+def _check_plain_names(text: str) -> None:
+    """Names are matched exactly as written: Python's parser NFKC-normalises identifiers (``ｃｄ`` -> ``cd``,
+    ``𝐥𝐬`` -> ``ls``), which the JSON forms never do, so any name that normalisation would change is refused."""
+    try:
+        tokens = list(tokenize.generate_tokens(StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return  # ast.parse accepted it; nothing to compare
+    for t in tokens:
+        if t.type == tokenize.NAME and unicodedata.normalize("NFKC", t.string) != t.string:
+            raise CallRejected(f"name {t.string!r} is not written in plain characters (it would be read as "
+                               f"{unicodedata.normalize('NFKC', t.string)!r}); names are matched exactly as written")
+
+
+def _check_call_id(call_id: Any) -> str | None:
+    if call_id is None:
+        return None
+    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_CALL_ID_CHARS:
+        raise CallRejected(f"a tool-call id must be a string of 1 to {MAX_CALL_ID_CHARS} characters")
+    return call_id
+
+
 def parse_call_string(text: str, call_id: str | None = None) -> ToolCall:
     """``"mv(source='a', destination='b')"`` -> ToolCall. Raises CallRejected."""
     if not isinstance(text, str):
@@ -115,6 +152,7 @@ def parse_call_string(text: str, call_id: str | None = None) -> ToolCall:
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
         raise CallRejected(f"not a valid function call: {type(e).__name__}: {e}") from None
+    _check_plain_names(text.strip())
     call = tree.body
     if not isinstance(call, ast.Call):
         raise CallRejected("expected a single function call like name(arg=value)")
@@ -138,7 +176,7 @@ def parse_call_string(text: str, call_id: str | None = None) -> ToolCall:
 def parse_json_call(obj: Mapping[str, Any], call_id: str | None = None) -> ToolCall:
     """OpenAI-style ``{"name": ..., "arguments": {...} | "json"}`` -> ToolCall."""
     if "function" in obj and isinstance(obj["function"], Mapping):  # full OpenAI tool_call dict
-        call_id = obj.get("id", call_id)
+        call_id = _check_call_id(obj.get("id", call_id))
         obj = obj["function"]
     name = obj.get("name")
     if not isinstance(name, str) or not name:
@@ -174,8 +212,9 @@ def to_tool_call(raw: Any, call_id: str | None = None) -> ToolCall | ToolCallErr
             return parse_json_call(raw, call_id)
         raise CallRejected(f"a call must be a string or an object with 'name' and 'arguments', got {type(raw).__name__}")
     except CallRejected as e:
-        text = raw if isinstance(raw, str) else repr(raw)
-        return ToolCallError(raw=text[:200], message=str(e), id=call_id)
+        text = raw[:200] if isinstance(raw, str) else repr(raw)[:200]
+        return ToolCallError(raw=valid_text(text), message=valid_text(str(e)),
+                             id=call_id if isinstance(call_id, str) and len(call_id) <= MAX_CALL_ID_CHARS else None)
 
 
 # --------------------------------------------------------------------------- validation
@@ -224,35 +263,41 @@ def _as_number(value: Any) -> float | None:
     return None
 
 
-def _tree_entries(directory: Any, limit: int) -> int:
-    """Paths below ``directory`` as find/du would walk them (shared subtrees counted each time)."""
-    memo: dict[int, int] = {}
-
-    def count(node: Any) -> int:
-        key = id(node)
-        if key in memo:
-            return memo[key]
-        memo[key] = 0  # a cycle adds nothing here; BFCL's own walk hits its recursion limit
-        total = 1
-        for child in getattr(node, "contents", {}).values():
-            total += count(child) if hasattr(child, "contents") else 1
-            if total > limit:
-                break
-        memo[key] = total
-        return total
-
-    try:
-        return count(directory)
-    except RecursionError:
-        return limit + 1
+def _walk_fits(directory: Any, max_entries: int, max_chars: int) -> bool:
+    """Whether a find / du walk below ``directory`` stays within ``max_entries`` paths and ``max_chars`` characters
+    of paths in total (what find's output is built from), counted before anything is built. Shared subtrees
+    (cp copies directories shallowly) are counted each time they are reached, as the walk reaches them; the
+    count stops at the first bound, so a tree with 2^40 paths or a cycle costs at most ``max_entries`` steps."""
+    entries, chars = 0, 0
+    stack = [(directory, len(getattr(directory, "name", "") or ""))]
+    while stack:
+        node, length = stack.pop()
+        entries += 1
+        chars += length
+        if entries > max_entries or chars > max_chars:
+            return False
+        for name, child in (getattr(node, "contents", None) or {}).items():
+            path = length + 1 + len(str(name))
+            if hasattr(child, "contents"):
+                stack.append((child, path))
+            else:
+                entries += 1
+                chars += path
+                if entries > max_entries or chars > max_chars:
+                    return False
+    return True
 
 
 def _resource_guard(name: str, arguments: Mapping[str, Any], instance: object) -> None:
     """Refuse arguments that would make a documented method run for minutes or exhaust memory."""
     for key in ("precision", "decimal_places"):
-        number = _as_number(arguments.get(key))
-        if number is not None and abs(number) > MAX_PRECISION:
-            raise CallRejected(f"{key} {arguments[key]!r} exceeds the limit of {MAX_PRECISION}")
+        if arguments.get(key) is None:
+            continue
+        number = _as_number(arguments[key])
+        # a type the guard cannot read (bytes, containers, non-numeric text) is refused: mpmath and decimal
+        # convert more than this guard would check (bytes precision ran for minutes under the global lock)
+        if number is None or number != number or abs(number) > MAX_PRECISION:
+            raise CallRejected(f"{key} must be a number of at most {MAX_PRECISION} digits, got {arguments[key]!r:.60}")
     if name == "power":
         base, exponent = arguments.get("base"), arguments.get("exponent")
         if isinstance(base, int) and isinstance(exponent, int) and abs(exponent) > MAX_INT_EXPONENT:
@@ -260,9 +305,9 @@ def _resource_guard(name: str, arguments: Mapping[str, Any], instance: object) -
     if name in ("find", "du") and hasattr(instance, "root"):
         # cp copies directories shallowly, so copies share subtrees and a few dozen calls
         # build a tree whose walk is exponential (2^40 paths from 160 calls)
-        entries = _tree_entries(instance.root, MAX_TREE_ENTRIES)
-        if entries > MAX_TREE_ENTRIES:
-            raise CallRejected(f"the directory tree has more than {MAX_TREE_ENTRIES} entries to walk")
+        if not _walk_fits(instance.root, MAX_TREE_ENTRIES, MAX_WALK_CHARS):
+            raise CallRejected(f"the directory tree has more than {MAX_TREE_ENTRIES} entries or "
+                               f"{MAX_WALK_CHARS} characters of paths to walk")
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -301,6 +346,28 @@ def _bind(tool: ToolDoc, call: ToolCall) -> inspect.BoundArguments:
 def named_arguments(tool: ToolDoc, call: ToolCall) -> dict[str, Any]:
     """The call's explicit arguments with positional ones bound to parameter names."""
     return {k: v for k, v in _bind(tool, call).arguments.items() if k != "self"}
+
+
+_DECIMAL_FIELDS = ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
+
+
+def _numeric_state() -> tuple:
+    """Everything of mpmath's and decimal's process/thread state that MathAPI can change."""
+    ctx = decimal.getcontext()
+    return (mpmath.mp.prec, ctx, {f: getattr(ctx, f) for f in _DECIMAL_FIELDS}, dict(ctx.flags), dict(ctx.traps))
+
+
+def _restore_numeric_state(saved: tuple) -> None:
+    """Restore exactly what was there: mpmath's binary precision (``prec``, which also sets ``dps``) and the
+    thread's own decimal context object with its settings (an outer ``localcontext()`` keeps its object)."""
+    prec, ctx, fields, flags, traps = saved
+    mpmath.mp.prec = prec
+    if decimal.getcontext() is not ctx:
+        decimal.setcontext(ctx)
+    for f, v in fields.items():
+        setattr(ctx, f, v)
+    ctx.flags.update(flags)
+    ctx.traps.update(traps)
 
 
 ArgTypes = Literal["bfcl", "strict"]
@@ -355,14 +422,14 @@ class Toolbox:
                 call_args[param.name] = copy.deepcopy(param.default)
         method = getattr(self.instances[tool.class_name], tool.name)
         with _BFCL_GLOBALS_LOCK:
-            dps, dec_ctx = mpmath.mp.dps, decimal.getcontext().copy()
+            saved = _numeric_state()
             try:
                 result, ok = format_result(method(**call_args)), True
             except Exception as e:  # the API's own errors are observations, as in BFCL
                 result, ok = f"Error during execution: {e}", False
             finally:
-                mpmath.mp.dps = dps
-                decimal.setcontext(dec_ctx)
+                _restore_numeric_state(saved)
+        result = valid_text(result)
         bound.apply_defaults()
         full = {k: v for k, v in bound.arguments.items() if k != "self"}
         return ExecutedCall(tool.name, explicit, full, result, ok)

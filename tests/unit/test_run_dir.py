@@ -1,0 +1,73 @@
+"""Run folders: which differences refuse a resume, which may change, and the saved configs."""
+
+import pytest
+import yaml
+
+from nemo_rcgrpo.utils.config import ConfigError
+from nemo_rcgrpo.utils.run_dir import RESUME_FREE, config_files, differences, prepare_run_dir
+
+BASE = {"stage": "rcgrpo", "model": {"path": "m"}, "trainer": {"lr": 1e-6, "max_steps": 10, "resume": True,
+                                                               "stop_after": None},
+        "logging": {"progress": True, "wandb": {"enabled": False}}, "data": {"dir": "d"}}
+
+
+def _with(**changes):
+    import copy
+
+    cfg = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        node = cfg
+        *path, last = key.split("__")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return cfg
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stage": "grpo"}, "stage is 'rcgrpo' there and 'grpo' now"),  # grpo into an rcgrpo folder
+    ({"stage": "sft"}, "stage is 'rcgrpo' there and 'sft' now"),  # stage 1 into a stage-2 folder
+    ({"trainer__lr": 2e-6}, "trainer.lr is 1e-06 there and 2e-06 now"),
+    ({"model__path": "other"}, "model.path is 'm' there and 'other' now"),
+    ({"data__dir": "d2"}, "data.dir is 'd' there and 'd2' now"),
+])
+def test_a_different_run_is_refused(tmp_path, change, message):
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    with pytest.raises(ConfigError, match="cannot resume run_dir") as e:
+        prepare_run_dir(tmp_path, _with(**change), resume=True, overwrite=False)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert config_files(tmp_path) == [tmp_path / "config.yaml"]  # nothing written by a refused start
+
+
+def test_free_and_allowed_changes(tmp_path):
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    free = _with(trainer__stop_after=3, logging__progress=False, logging__wandb={"enabled": True})
+    assert differences(BASE, free, ()) == []
+    prepare_run_dir(tmp_path, free, resume=True, overwrite=False)
+    longer = _with(trainer__max_steps=20)
+    assert differences(BASE, longer, ()) == ["trainer.max_steps is 10 there and 20 now"]
+    prepare_run_dir(tmp_path, longer, resume=True, overwrite=False, may_change=("trainer.max_steps",))
+    assert [p.name for p in config_files(tmp_path)] == ["config.yaml", "config.1.yaml", "config.2.yaml"]
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == BASE  # the original, untouched
+    # the next resume compares with the last invocation's config
+    prepare_run_dir(tmp_path, longer, resume=True, overwrite=False)
+    assert "trainer.resume" in RESUME_FREE and "trainer.lr" not in RESUME_FREE
+
+
+def test_resume_false_needs_overwrite_and_overwrite_removes_the_old_outputs(tmp_path):
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ConfigError, match="holds a run"):
+        prepare_run_dir(tmp_path, BASE, resume=False, overwrite=False)
+    assert (tmp_path / "checkpoints" / "step_5").is_dir()
+    prepare_run_dir(tmp_path, BASE, resume=False, overwrite=True)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+    assert [p.name for p in config_files(tmp_path)] == ["config.yaml", "config.1.yaml"]
+
+
+def test_a_checkpoint_without_a_config_is_a_run_too(tmp_path):
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds a run"):
+        prepare_run_dir(tmp_path, BASE, resume=False, overwrite=False)
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)  # nothing saved to compare with: resumes
