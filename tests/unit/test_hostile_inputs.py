@@ -188,3 +188,20 @@ def test_the_renderer_never_raises_on_invalid_text(fmt):
     messages = [{"role": "user", "content": "u\ud800"}, {"role": "tool", "content": "x\udfffy"}]
     ids = r.render(messages).ids  # raised inside the tokenizer before
     assert tok.decode(ids).count("\\ud800") == 1
+
+
+# --------------------------------------------------------------------------- 8: silent limits are errors
+
+def test_llama3_json_past_128_calls_and_duplicate_keys_are_error_observations(suite):
+    import json
+
+    many = "; ".join(json.dumps({"name": "ls", "parameters": {}}) for _ in range(129))
+    calls = parse_llama3_json(many, {"ls"}).calls
+    assert calls and all(isinstance(c, ToolCallError) for c in calls) and "more than 128" in calls[0].message
+    obs = _env(suite).step(calls).observations
+    assert obs and all(not o.ok and "more than 128 tool calls" in o.content for o in obs)
+    for text, parser in (('{"name": "ls", "parameters": {"a": true, "a": false}}', parse_llama3_json),
+                         ('<tool_call>{"name": "ls", "arguments": {"a": true, "a": false}}</tool_call>', parse_hermes)):
+        (call,) = parser(text, {"ls"}).calls
+        assert isinstance(call, ToolCallError) and "duplicate key 'a'" in call.message
+    assert "given twice" in _env(suite).step(["ls(a=True, a=False)"]).observations[0].content
