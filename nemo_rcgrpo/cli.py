@@ -32,18 +32,6 @@ def _score(args: argparse.Namespace) -> int:
     except (BFCLDataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out_path = Path(args.output) if args.output else None
-    if out_path is not None:
-        if out_path.is_dir():
-            print(f"error: OUT {out_path} is a directory; give a file path", file=sys.stderr)
-            return 2
-        try:
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            probe = out_path.with_name(out_path.name + ".partial")
-            probe.open("w").close()
-        except OSError as e:
-            print(f"error: cannot write {out_path}: {e.strerror or e}", file=sys.stderr)
-            return 2
     source = None
     if args.ground_truth:
         lines: Any = ground_truth_lines(suite)
@@ -58,6 +46,22 @@ def _score(args: argparse.Namespace) -> int:
     else:
         print("error: give IN.jsonl (and OUT.jsonl), or --ground-truth", file=sys.stderr)
         return 2
+    out_path = Path(args.output) if args.output else None
+    if out_path is not None:
+        if out_path.is_dir():
+            print(f"error: OUT {out_path} is a directory; give a file path", file=sys.stderr)
+            if source is not None:
+                source.close()
+            return 2
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            probe = out_path.with_name(out_path.name + ".partial")
+            probe.open("w").close()
+        except OSError as e:
+            print(f"error: cannot write {out_path}: {e.strerror or e}", file=sys.stderr)
+            if source is not None:
+                source.close()
+            return 2
     try:
         progress = tqdm(lines, desc="scoring", unit="traj", total=total, file=sys.stderr, disable=args.quiet)
         summary = write_scores(score_lines(suite, progress, arg_types=args.arg_types), out_path)

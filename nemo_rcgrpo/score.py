@@ -113,8 +113,10 @@ def score_lines(suite: BFCLSuite, lines: Iterable[str], arg_types: str = "bfcl")
             if "turns" not in record:
                 raise ScoreInputError("missing 'turns'")
             yield score_trajectory(suite, suite[record_id], record["turns"], arg_types)
-        except ScoreInputError as e:
-            yield {"line": number, "id": record_id, "error": str(e)}
+        except ScoreInputError as e:  # bounded too: an id or a message can be as long as the line
+            shown = record_id if isinstance(record_id, str) and len(record_id) <= 200 else (
+                None if record_id is None else repr(record_id)[:200])
+            yield {"line": number, "id": shown, "error": str(e)[:1000]}
 
 
 def read_lines(f: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[bytes | _TooLong]:

@@ -49,7 +49,7 @@ from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
                                         sync_generator)
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
-from nemo_rcgrpo.utils.run_dir import prepare_run_dir
+from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
@@ -349,9 +349,12 @@ class RLTrainer:
     # ------------------------------------------------------------------ loop
     def resume(self) -> None:
         t = self.cfg.trainer
-        # refuses another run's folder (every rank); rank 0 keeps this invocation's config (config.N.yaml)
-        prepare_run_dir(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite,
-                        may_change=t.resume_may_change, write=self.dist.is_main)
+        # every rank refuses another run's folder; then rank 0 keeps this invocation's config (config.N.yaml)
+        check_run_dir(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite,
+                      may_change=t.resume_may_change)
+        barrier(self.dist)
+        if self.dist.is_main:
+            save_run_config(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite)
         barrier(self.dist)
         ckpt = latest_checkpoint(self.run_dir) if t.resume else None
         if ckpt is None:
@@ -360,7 +363,7 @@ class RLTrainer:
         ts = state["trainer_state"]
         if ts.get("fingerprint") != self.fingerprint:
             raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
-                                  f"use a new run_dir or trainer.resume=false")
+                                  f"use a new run_dir, or start over with trainer.resume=false overwrite=true")
         self.policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
         set_rng_state(state["rng"])
         self.step, self.task_cursor = ts["step"], ts["task_cursor"]

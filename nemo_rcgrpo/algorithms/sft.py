@@ -32,7 +32,7 @@ from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_ba
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
 from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
-from nemo_rcgrpo.utils.run_dir import prepare_run_dir
+from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
@@ -131,9 +131,11 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
                          f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
 
     start_step, tokens_seen = 0, 0
-    # refuses another run's folder (every rank); rank 0 keeps this invocation's config (config.N.yaml)
-    prepare_run_dir(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite,
-                    may_change=t.resume_may_change, write=dist.is_main)
+    # every rank refuses another run's folder; then rank 0 keeps this invocation's config (config.N.yaml)
+    check_run_dir(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite, may_change=t.resume_may_change)
+    barrier(dist)
+    if dist.is_main:
+        save_run_config(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite)
     barrier(dist)
     ckpt = latest_checkpoint(run_dir) if t.resume else None
     if ckpt is not None:
@@ -141,7 +143,7 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         ts = state["trainer_state"]
         if ts.get("fingerprint") != fingerprint:
             raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
-                                  f"use a new run_dir or trainer.resume=false")
+                                  f"use a new run_dir, or start over with trainer.resume=false overwrite=true")
         policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
         set_rng_state(state["rng"])
         start_step, tokens_seen = ts["step"], ts.get("tokens_seen", 0)

@@ -107,10 +107,13 @@ class OneCallPerMessageError(ValueError):
 
 
 def one_call_per_message(messages: Sequence[Message]) -> list[Message]:
-    """Split each assistant message with k > 1 tool calls, followed by its k tool results, into k pairs.
+    """Split each assistant message with k > 1 tool calls into k single-call messages, each followed by its result.
 
-    The Llama 3.1 template renders exactly one call per assistant message; BFCL's parallel
-    calls of a turn become call, result, call, result (the order BFCL executes them in).
+    The Llama 3.1 template renders exactly one call per assistant message; BFCL's parallel calls of a turn
+    become call, result, call, result (the order BFCL executes them in). Results are matched to calls by
+    ``tool_call_id`` when both carry ids (a call without a result, such as ``done()``, stays a message of its
+    own; a result that answers no call, such as a parse error's, follows the last pair), else by position
+    when there is one result per call.
     """
     out: list[Message] = []
     i = 0
@@ -121,14 +124,27 @@ def one_call_per_message(messages: Sequence[Message]) -> list[Message]:
             out.append(m)
             i += 1
             continue
-        results = list(messages[i + 1 : i + 1 + len(calls)])
-        if len(results) != len(calls) or any(r["role"] != "tool" for r in results):
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] == "tool":
+            j += 1
+        results = list(messages[i + 1 : j])
+        ids = [c.get("id") for c in calls]
+        by_id = {r.get("tool_call_id"): r for r in results}
+        if all(ids) and len(set(ids)) == len(ids) and any(x in by_id for x in ids):
+            for call in calls:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if call["id"] in by_id:
+                    out.append(by_id.pop(call["id"]))
+            out += [r for r in results if r.get("tool_call_id") in by_id]  # answers to no call, in order
+        elif len(results) == len(calls):
+            for call, result in zip(calls, results):
+                out += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
+        else:
             raise OneCallPerMessageError(
-                f"message {i}: {len(calls)} tool calls in one assistant message without one tool result each; "
-                "the llama3_json format (Llama 3.1 template) renders one call per assistant message")
-        for call, result in zip(calls, results):
-            out += [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
-        i += 1 + len(calls)
+                f"message {i}: {len(calls)} tool calls in one assistant message and {len(results)} results that "
+                "cannot be matched to them (no tool_call_id); the llama3_json format (Llama 3.1 template) "
+                "renders one call per assistant message")
+        i = j
     return out
 
 

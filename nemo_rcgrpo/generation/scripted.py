@@ -35,6 +35,7 @@ from typing import Any, Iterable
 import torch
 
 from nemo_rcgrpo.data.failures import make_failure
+from nemo_rcgrpo.data.chat_format import one_call_per_message
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
@@ -101,7 +102,10 @@ class ScriptedGenerator:
                 if failure is None:
                     raise ValueError(f"scripted generator: no reward-0 perturbation of {task.id} could be built")
                 played = failure.played
-            self._plans[key] = [m for m in played.messages if m["role"] == "assistant"]
+            messages = played.messages
+            if self.renderer.fmt == "llama3_json":  # one call per message, as the format allows
+                messages = one_call_per_message(messages)
+            self._plans[key] = [m for m in messages if m["role"] == "assistant"]
         return self._plans[key]
 
     def _completion_ids(self, message: dict[str, Any]) -> list[int]:

@@ -189,6 +189,12 @@ class RolloutEngine:
             s.env.truncate("context budget" if len(tokens) >= room else "max_new_tokens without a stop token")
             return
         parsed = self.parse(text, {t["function"]["name"] for t in s.tools} | {"done"})
+        if self.renderer.fmt == "llama3_json" and sum(isinstance(c, ToolCall) for c in parsed.calls) > 1:
+            # vLLM's llama3_json parser hands a client several calls, but the Llama 3.1 template cannot render
+            # that message back: a served conversation could not continue, so it is not rewarded
+            parsed = type(parsed)(parsed.content, [ToolCallError(
+                raw=text[:200], message="llama3_json: one tool call per assistant message (the Llama 3.1 chat "
+                "template renders no more); call one tool, read its result, then call the next")])
         s.traj.calls.append([_call_record(c) for c in parsed.calls])
         result = s.env.step(parsed.calls)
         s.traj.observations.append([o.content for o in result.observations])

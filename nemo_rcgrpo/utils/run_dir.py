@@ -5,6 +5,8 @@
   (``RESUME_FREE``: how long this invocation runs, where it logs and shows progress, where the
   generation server is, how the same computation is laid out on devices) and the ones the user names in ``trainer.resume_may_change``. A
   difference is one line naming it and the ways out.
+- Configs are compared when there is a checkpoint to resume (a run stopped before its first one
+  starts again with the new settings).
 - ``trainer.resume=false`` on a folder that holds a run is refused unless ``overwrite=true``,
   which removes that run's checkpoints, metrics, TensorBoard files and rollout dumps first.
 - Each invocation's resolved config is kept: ``config.yaml`` for the first, then ``config.1.yaml``,
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -24,12 +27,19 @@ from nemo_rcgrpo.utils.config import ConfigError
 
 RESUME_FREE = (
     "run_dir", "trainer.resume", "trainer.stop_after", "trainer.resume_may_change", "overwrite",
-    "logging.progress", "logging.tensorboard", "logging.wandb",
-    "generation.vllm.url", "generation.vllm.port", "generation.vllm.devices", "generation.vllm.startup_timeout_s",
+    # bookkeeping: what is logged, saved and shown, not what is computed
+    "logging", "trainer.save_every", "trainer.keep_last", "trainer.log_every", "trainer.export_hf",
+    "rl.eval_every", "rl.eval_tasks", "data.prepare_if_missing",
+    # where and how the generation server is reached
+    "generation.vllm.url", "generation.vllm.host", "generation.vllm.port", "generation.vllm.devices",
+    "generation.vllm.python", "generation.vllm.weight_dir", "generation.vllm.nccl_master",
+    "generation.vllm.startup_timeout", "generation.vllm.request_timeout", "generation.vllm.max_retries",
+    "generation.vllm.max_concurrency",
     # how the same computation is laid out (checkpoints reshard to another TP x PP x DP)
     "policy.megatron.tp", "policy.megatron.pp", "policy.megatron.recompute", "layout", "trainer.micro_batch_size",
 )
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json")
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval", "generator", "data_stats.json",
+               "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json")
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -69,40 +79,63 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
     return out
 
 
-def prepare_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool,
-                    may_change: tuple[str, ...] = (), write: bool = True) -> Path | None:
-    """Check ``run_dir`` against this run (see the module docstring) and save this invocation's config.
+def check_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool,
+                  may_change: tuple[str, ...] = ()) -> None:
+    """Refuse (ConfigError, one line) a ``run_dir`` that holds another run; every rank calls it, nothing is written.
 
-    Every rank checks (so every rank stops with the same one line); only the one with ``write`` removes
-    and writes. Returns the path of the saved config. Raises ConfigError when the folder holds another run."""
+    The configs are compared only when there is a checkpoint to resume: a run stopped before its first
+    checkpoint has nothing to continue, so it starts again with this invocation's settings."""
     run_dir = Path(run_dir)
-    if holds_run(run_dir):
-        if not resume:
-            if not overwrite:
-                raise ConfigError(f"run_dir {run_dir} holds a run; resume it (trainer.resume=true), start it over "
-                                  f"(overwrite=true: its checkpoints and metrics are removed) or choose a new run_dir")
-            for name in RUN_OUTPUTS if write else ():
-                path = run_dir / name
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
-        else:
-            saved_files = config_files(run_dir)
-            if saved_files:
-                saved = yaml.safe_load(saved_files[-1].read_text()) or {}
-                diff = differences(saved, config, may_change)
-                if diff:
-                    more = f" (and {len(diff) - 1} more: {'; '.join(diff[1:3])}{'; ...' if len(diff) > 3 else ''})" \
-                        if len(diff) > 1 else ""
-                    keys = [d.split(" is ", 1)[0] for d in diff]
-                    raise ConfigError(
-                        f"cannot resume run_dir {run_dir} ({saved_files[-1].name}): {diff[0]}{more}; use a new run_dir, "
-                        f"or allow the change: trainer.resume_may_change=[{','.join(keys)}]")
-    if not write:
-        return None
+    if not holds_run(run_dir):
+        return
+    if not resume:
+        if not overwrite:
+            raise ConfigError(f"run_dir {run_dir} holds a run; resume it (trainer.resume=true), start it over "
+                              f"(overwrite=true: its checkpoints and metrics are removed) or choose a new run_dir")
+        return
+    if overwrite:
+        raise ConfigError("overwrite=true starts the run over and needs trainer.resume=false; "
+                          "with trainer.resume=true the run in run_dir is continued")
+    saved_files = config_files(run_dir)
+    if not saved_files or not any((run_dir / "checkpoints").glob("step_*")):
+        return
+    saved = yaml.safe_load(saved_files[-1].read_text()) or {}
+    diff = differences(saved, config, may_change)
+    if diff:
+        more = f" (and {len(diff) - 1} more: {'; '.join(diff[1:3])}{'; ...' if len(diff) > 3 else ''})" \
+            if len(diff) > 1 else ""
+        keys = [d.split(" is ", 1)[0] for d in diff]
+        raise ConfigError(
+            f"cannot resume run_dir {run_dir} ({saved_files[-1].name}): {diff[0]}{more}; use a new run_dir, "
+            f"or allow the change: trainer.resume_may_change=[{','.join(keys)}]")
+
+
+def save_run_config(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool) -> Path:
+    """After check_run_dir, on one rank: remove the old run (overwrite) and keep this invocation's config,
+    written atomically (``config.yaml`` first, then ``config.N.yaml`` with N one above the highest)."""
+    run_dir = Path(run_dir)
+    if overwrite and not resume and holds_run(run_dir):
+        for name in RUN_OUTPUTS:
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     existing = config_files(run_dir)
-    path = run_dir / "config.yaml" if not existing else run_dir / f"config.{len(existing)}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if not existing:
+        path = run_dir / "config.yaml"
+    else:
+        numbers = [int(p.name.split(".")[1]) for p in existing if p.name != "config.yaml"]
+        path = run_dir / f"config.{max(numbers, default=0) + 1}.yaml"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, path)
     return path
+
+
+def prepare_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool,
+                    may_change: tuple[str, ...] = ()) -> Path:
+    """check_run_dir then save_run_config (one process)."""
+    check_run_dir(run_dir, config, resume=resume, overwrite=overwrite, may_change=may_change)
+    return save_run_config(run_dir, config, resume=resume, overwrite=overwrite)

@@ -71,11 +71,14 @@ def test_invalid_utf8_and_overlong_lines_are_error_records(tmp_path):
     from nemo_rcgrpo.score import MAX_LINE_CHARS
 
     long_line = b'{"id": "' + b"x" * (MAX_LINE_CHARS + 10) + b'"}'
-    (tmp_path / "in.jsonl").write_bytes(b"\n".join([good, bad_utf8, long_line, good]) + b"\n")
+    long_id = json.dumps({"id": "y" * 100_000, "turns": []}).encode()  # an error record is bounded too
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join([good, bad_utf8, long_line, good, long_id]) + b"\n")
     assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet"]) == 0
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r.get("error", "ok")[:24] for r in out] == ["ok", "line is not valid UTF-8 ", "line is longer than 4000", "ok"]
-    assert [r.get("line") for r in out] == [None, 2, 3, None]
+    assert [r.get("error", "ok")[:24] for r in out] == ["ok", "line is not valid UTF-8 ", "line is longer than 4000", "ok",
+                                                        "unknown task id 'yyyyyyy"]
+    assert [r.get("line") for r in out] == [None, 2, 3, None, 5]
+    assert len(json.dumps(out[4])) < 1500
     assert not (tmp_path / "out.jsonl.partial").exists()
 
 

@@ -142,3 +142,46 @@ def test_the_7b_and_8b_recipes_use_the_official_renderings():
         chat = (yaml.safe_load(path.read_text()) or {}).get("chat") or {}
         assert chat.get("tool_description") == "full", path.name
         assert chat.get("format") == ("hermes" if "qwen" in path.name else "llama3_json"), path.name
+
+
+def test_parallel_turns_split_by_call_id():
+    """Results follow their own call (matched by id); a call without a result (done) stays a message of its own;
+    a result that answers no call (a parse error's) follows the last pair."""
+    call = lambda i, name: {"id": i, "type": "function", "function": {"name": name, "arguments": "{}"}}
+    messages = [{"role": "user", "content": "u"},
+                {"role": "assistant", "content": None, "tool_calls": [call("a", "ls"), call("b", "pwd"), call("c", "done")]},
+                {"role": "tool", "tool_call_id": "b", "content": "B"},
+                {"role": "tool", "tool_call_id": "a", "content": "A"},
+                {"role": "tool", "tool_call_id": "call_x", "content": "Error: could not parse tool call"}]
+    out = one_call_per_message(messages)
+    shape = [(m["role"], [c["id"] for c in m.get("tool_calls") or []] or m.get("tool_call_id")) for m in out]
+    assert shape == [("user", None), ("assistant", ["a"]), ("tool", "a"), ("assistant", ["b"]), ("tool", "b"),
+                     ("assistant", ["c"]), ("tool", "call_x")]
+    assert render_text(messages, None, "llama3_json") == official("llama3_json", out, None)
+
+
+def test_llama3_json_rollouts_refuse_parallel_calls(suite):
+    """A served Llama conversation cannot continue after a message with two calls (its template refuses to
+    render it), so the engine answers such a message with an error instead of running the calls."""
+    from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+    from nemo_rcgrpo.generation.base import Completion, SamplingParams
+    from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+
+    tok = load_tokenizer("smollm2")
+    ensure_format_tokens(tok, "llama3_json")
+    renderer = ChatRenderer(tok, "llama3_json", tool_description="compact")
+
+    class Two:
+        def generate(self, prompts, params):
+            text = '{"name": "ls", "parameters": {}}; {"name": "pwd", "parameters": {}}'
+            ids = renderer.encode_text(text) + [params.stop_token_ids[0]]
+            return [Completion(ids, [-0.1] * len(ids), "stop") for _ in prompts]
+
+        def update_weights(self, weights, version):
+            pass
+
+    engine = RolloutEngine(Two(), renderer, suite, BFCLEnvConfig(mode="merged"), SamplingParams(max_new_tokens=64),
+                           max_turns=1)
+    (traj,) = engine.rollout([RolloutSpec(suite["multi_turn_base_0"], 0)])
+    assert traj.calls[0] == [{"error": traj.calls[0][0]["error"], "raw": traj.calls[0][0]["raw"]}]
+    assert "one tool call per assistant message" in traj.calls[0][0]["error"] and traj.reward == 0.0

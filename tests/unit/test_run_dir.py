@@ -33,6 +33,7 @@ def _with(**changes):
 ])
 def test_a_different_run_is_refused(tmp_path, change, message):
     prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
     with pytest.raises(ConfigError, match="cannot resume run_dir") as e:
         prepare_run_dir(tmp_path, _with(**change), resume=True, overwrite=False)
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -41,6 +42,7 @@ def test_a_different_run_is_refused(tmp_path, change, message):
 
 def test_free_and_allowed_changes(tmp_path):
     prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
     free = _with(trainer__stop_after=3, logging__progress=False, logging__wandb={"enabled": True})
     assert differences(BASE, free, ()) == []
     prepare_run_dir(tmp_path, free, resume=True, overwrite=False)
@@ -51,6 +53,11 @@ def test_free_and_allowed_changes(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == BASE  # the original, untouched
     # the next resume compares with the last invocation's config
     prepare_run_dir(tmp_path, longer, resume=True, overwrite=False)
+    with pytest.raises(ConfigError, match="trainer.max_steps is 20 there and 10 now"):
+        prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    # a gap in the numbering never overwrites a kept config
+    (tmp_path / "config.2.yaml").unlink()
+    assert prepare_run_dir(tmp_path, longer, resume=True, overwrite=False).name == "config.4.yaml"
     assert "trainer.resume" in RESUME_FREE and "trainer.lr" not in RESUME_FREE
 
 
@@ -71,3 +78,15 @@ def test_a_checkpoint_without_a_config_is_a_run_too(tmp_path):
     with pytest.raises(ConfigError, match="holds a run"):
         prepare_run_dir(tmp_path, BASE, resume=False, overwrite=False)
     prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)  # nothing saved to compare with: resumes
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_new_settings(tmp_path):
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)  # no checkpoint written
+    prepare_run_dir(tmp_path, _with(trainer__lr=5e-6), resume=True, overwrite=False)
+    assert [p.name for p in config_files(tmp_path)] == ["config.yaml", "config.1.yaml"]
+
+
+def test_overwrite_with_resume_is_refused(tmp_path):
+    prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
+    with pytest.raises(ConfigError, match="overwrite=true starts the run over and needs trainer.resume=false"):
+        prepare_run_dir(tmp_path, BASE, resume=True, overwrite=True)

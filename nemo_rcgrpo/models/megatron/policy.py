@@ -335,10 +335,10 @@ class MegatronPolicy:
         which reshards to this run's TP x PP x DP; ``model`` (the HF-named copy) is not needed."""
         if optimizer.get("backend") != "megatron":
             raise MegatronSetupError("this checkpoint's optimizer state comes from the torch backend; resume with "
-                                     "policy.backend=torch, or start a new run_dir (trainer.resume=false)")
+                                     "policy.backend=torch, or start over (a new run_dir, or trainer.resume=false overwrite=true)")
         if optimizer.get("format") != "dist_checkpointing" or "path" not in optimizer:
             raise MegatronSetupError("this checkpoint has no sharded Megatron state (written by an older version); "
-                                     "start a new run_dir (trainer.resume=false) from its model")
+                                     "start over from its model (a new run_dir, or trainer.resume=false overwrite=true)")
         try:
             load_sharded(self.ddp, self.optimizer, Path(optimizer["path"]))
         except CheckpointLayoutError as e:
