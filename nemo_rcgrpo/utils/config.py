@@ -133,7 +133,11 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
         if value not in typing.get_args(hint):
             raise ConfigError(f"{key}={value!r}: choose one of {list(typing.get_args(hint))}")
         return value
+    if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # Hydra reads `devices=4` or `name=1` as a number; the setting is text
     if hint in _SCALARS:
+        if hint is float and isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1e300:
+            raise ConfigError(f"{key}={value!r} is too large for a number")
         ok = (isinstance(value, bool) if hint is bool else
               isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else
               isinstance(value, hint) and not isinstance(value, bool) if hint is int else isinstance(value, str))

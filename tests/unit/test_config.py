@@ -72,5 +72,8 @@ def test_valid_types_still_pass():
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.utils.config import compose
 
-    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["trainer.lr=1", "rl.p_high=0.5", "trainer.max_steps=3"]))
+    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["trainer.lr=1", "rl.p_high=0.5", "trainer.max_steps=3",
+                                                              "generation=vllm", "generation.vllm.devices=4",
+                                                              "logging.wandb.name=7"]))
     assert cfg.trainer.lr == 1.0 and isinstance(cfg.trainer.lr, float) and cfg.trainer.max_steps == 3
+    assert cfg.generation.vllm.devices == "4" and cfg.logging.wandb.name == "7"  # numbers given for text settings
