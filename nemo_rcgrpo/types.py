@@ -66,3 +66,14 @@ class OfficialVerdict:
     error_type: str | None = None
     error_message: str | None = None
     turn: int | None = None
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: lone surrogates (``"\\ud800"`` from a JSON escape) become their escape text.
+
+    Observations are tokenised; a string that cannot be encoded as UTF-8 would make the tokenizer raise."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")

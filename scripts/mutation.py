@@ -74,7 +74,7 @@ TARGETS: dict[str, Target] = {
         "nemo_rcgrpo/envs/bfcl/executor.py",
         ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
         scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call", "_check_type",
-               "_as_number", "_walk_fits", "_resource_guard", "_check_plain_names", "_check_call_id", "valid_text", "_bind", "named_arguments", "Toolbox.__init__",
+               "_as_number", "_walk_fits", "_resource_guard", "_check_plain_names", "_check_call_id", "_bind", "named_arguments", "Toolbox.__init__",
                "Toolbox.bind"),
     ),
     "tokenize": Target(

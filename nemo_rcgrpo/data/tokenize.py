@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, Piece, one_call_per_message
-from nemo_rcgrpo.types import Message
+from nemo_rcgrpo.types import Message, valid_text
 
 RENDERERS = ("auto", "project", "template")
 REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
@@ -85,10 +85,7 @@ class ChatRenderer:
         """Plain text: special-token strings stay text, except reward tokens in user text."""
         if not text:
             return []
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates: their escape text, never a tokenizer exception
-            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = valid_text(text)  # lone surrogates: their escape text, never a tokenizer exception
         if user_text and self.reward_pattern is not None:
             ids: list[int] = []
             for part in self.reward_pattern.split(text):

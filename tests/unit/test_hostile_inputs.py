@@ -4,7 +4,6 @@ Each case was a crash, a hang or a silent difference before the guard that it te
 """
 
 import decimal
-import time
 
 import mpmath
 import pytest
@@ -105,9 +104,7 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
 ])
 def test_unreadable_precision_is_refused_at_once(suite, call):
     env = _env(suite, MATH_TASK)
-    start = time.perf_counter()
     obs = env.step([call]).observations[0]
-    assert time.perf_counter() - start < 5  # b'1000000' ran past 30 s under the executor's lock before
     assert not obs.ok and "must be a number of at most 1000 digits" in obs.content
 
 

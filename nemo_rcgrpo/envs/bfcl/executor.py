@@ -39,7 +39,7 @@ from typing import Any, Iterable, Literal, Mapping
 import mpmath
 
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
-from nemo_rcgrpo.types import ToolCall, ToolCallError
+from nemo_rcgrpo.types import ToolCall, ToolCallError, valid_text
 
 MAX_CALL_CHARS = 16_384  # longest call string accepted (ground truth: < 400)
 MAX_NESTING = 16  # deepest list/dict nesting accepted in an argument
@@ -50,17 +50,6 @@ MAX_TREE_ENTRIES = 100_000  # paths that GorillaFileSystem.find / du may walk
 MAX_INT_EXPONENT = 4_096  # MathAPI power() with integer base and exponent
 MAX_CALL_ID_CHARS = 64  # a tool-call id is a short string (OpenAI's are about 30 characters)
 MAX_WALK_CHARS = 4_000_000  # total path characters a find / du walk may produce (its output is built from them)
-
-
-def valid_text(text: str) -> str:
-    """``text`` as valid Unicode: lone surrogates (``"\\ud800"`` from a JSON escape) become their escape text.
-
-    Observations are tokenised; a string that cannot be encoded as UTF-8 would make the tokenizer raise."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 # BFCL's MathAPI mutates process-wide numeric state (mpmath.mp.dps; the decimal
 # context) and long-context VehicleControlAPI writes into a module-level dict
