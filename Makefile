@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo bench mutation clean-venv
+.PHONY: install browser test smoke demo bench mutation clean-venv
 
 install: $(STAMP)
 
@@ -19,19 +19,33 @@ $(STAMP): pyproject.toml requirements-cpu.txt requirements-nodeps.txt
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
+# Debian's chromium for the browser test of `rcgrpo report` (playwright drives it and downloads nothing);
+# needs root for apt-get. Without it: RCGRPO_REQUIRE=megatron,vllm .venv/bin/python -m pytest tests (that test skips).
+browser:
+	@test -x /usr/bin/chromium || apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+	    || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
 # RCGRPO_REQUIRE: optional backends whose tests must run here (missing -> the run fails, not skips)
-test: $(STAMP)
-	RCGRPO_REQUIRE=megatron,vllm $(PY) -m pytest tests
+test: $(STAMP) browser
+	RCGRPO_REQUIRE=megatron,vllm,browser $(PY) -m pytest tests --durations=15
+
+# the README's first run, about a minute: tiny stage 1, 2 RC-GRPO steps, plot and HTML report
+smoke: $(STAMP)
+	$(VENV)/bin/rcgrpo train --config-name smoke_rl
+	$(VENV)/bin/rcgrpo plot runs/smoke_rl --out runs/smoke_rl/dynamics.png
+	$(VENV)/bin/rcgrpo report runs/smoke_rl -o runs/smoke_rl/report.html
 
 demo: $(STAMP)
 	$(VENV)/bin/rcgrpo score --ground-truth --summary --quiet
 	$(VENV)/bin/rcgrpo train --config-name rcgrpo_smollm_cpu data.dir=outputs/demo/data \
 	    model.path=outputs/demo/rctp_smollm_cpu/hf run_dir=outputs/demo/rcgrpo_smollm_cpu
 	$(VENV)/bin/rcgrpo plot outputs/demo/rcgrpo_smollm_cpu --out outputs/demo/dynamics.png
+	$(VENV)/bin/rcgrpo report outputs/demo/rcgrpo_smollm_cpu -o outputs/demo/report.html
 	@echo "datasets:  outputs/demo/data (stats.json)"
 	@echo "stage 1:   outputs/demo/rctp_smollm_cpu (metrics.jsonl, tensorboard/, hf/)"
 	@echo "stage 2:   outputs/demo/rcgrpo_smollm_cpu (metrics.jsonl, rollouts/step_N.jsonl, tensorboard/, hf/)"
 	@echo "plots:     outputs/demo/dynamics.png"
+	@echo "report:    outputs/demo/report.html (config, plots, every rollout; open it in a browser)"
 
 bench: $(STAMP)
 	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5

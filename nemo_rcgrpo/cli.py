@@ -5,6 +5,7 @@ Subcommands:
   prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
   train          a training recipe (--config-name NAME key=value ...), as nemo_rcgrpo/train.py
   plot           training-dynamics PNG from runs' metrics.jsonl
+  report         one self-contained HTML page of a run: config, plots, eval table, every rollout (filters)
   eval           evaluate a policy on BFCL v4 multi-turn (policy=... protocol=paper|bfcl out_dir=...)
   compare        several eval results side by side: Markdown table and bar chart
   serve          a vLLM server on a policy export, for runs with generation.vllm.url=http://HOST:PORT
@@ -79,11 +80,15 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4")
+    parser = argparse.ArgumentParser(
+        prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4",
+        epilog="first run (about a minute): rcgrpo train --config-name smoke_rl, then rcgrpo report runs/smoke_rl; "
+               "rcgrpo train --help lists the recipes and settings")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
-    sub.add_parser("train", help="train: --config-name NAME plus Hydra overrides (same as nemo_rcgrpo/train.py)")
+    sub.add_parser("train", help="train a recipe: --config-name NAME plus key=value overrides (--help lists recipes)")
     sub.add_parser("plot", help="plot training dynamics of runs: rcgrpo plot RUN [RUN ...] --out PNG")
+    sub.add_parser("report", help="one HTML page of a run (config, plots, eval, every rollout): rcgrpo report RUN -o FILE")
     sub.add_parser("eval", help="evaluate: policy=oracle|null|checkpoint|endpoint protocol=paper|bfcl out_dir=PATH")
     sub.add_parser("compare", help="compare eval results: rcgrpo compare RESULT [RESULT ...] --out PATH")
     sub.add_parser("serve", help="vLLM server for rollouts: rcgrpo serve MODEL [--port 8000 --tp 1 ...] (see --help)")
@@ -108,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
-                  "plot": "nemo_rcgrpo.utils.plots", "eval": "nemo_rcgrpo.evaluation.run",
+                  "plot": "nemo_rcgrpo.utils.plots", "report": "nemo_rcgrpo.utils.report", "eval": "nemo_rcgrpo.evaluation.run",
                   "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.layout"}
 
 

@@ -104,7 +104,7 @@ class MegatronConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    backend: str = "torch"  # torch (single process or torchrun DDP) | megatron (Megatron-Core TP/DP)
+    backend: str = "torch"  # torch (single process or torchrun DDP) | megatron (Megatron-Core TP/PP/DP)
     megatron: MegatronConfig = MegatronConfig()
 
 

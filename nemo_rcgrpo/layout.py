@@ -18,14 +18,17 @@ from typing import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.config import TrainConfig
-    from nemo_rcgrpo.utils.config import ConfigError, compose, split_argv
+    from nemo_rcgrpo.utils.cli_help import resolve
+    from nemo_rcgrpo.utils.config import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
     argv = [a for a in argv if a != "--json"]
     try:
-        name, overrides = split_argv(argv, "rcgrpo_llama8b")
-        cfg = TrainConfig.from_dict(compose(name, overrides))
+        resolved = resolve("layout", argv, TrainConfig)
+        if resolved is None:  # --help or --cfg job
+            return 0
+        name, cfg = resolved[0].name, resolved[1]
         plan = cfg.parallel_plan()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

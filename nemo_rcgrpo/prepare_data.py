@@ -43,7 +43,8 @@ from nemo_rcgrpo.data.splits import split_by_scenario
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
-from nemo_rcgrpo.utils.config import ConfigError, check_fields, compose, plain, reject_unknown, split_argv
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
+from nemo_rcgrpo.utils.cli_help import resolve
 
 
 @dataclass(frozen=True)
@@ -248,14 +249,16 @@ def run(cfg: PrepareDataConfig) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        # Some BFCL API messages print Python sets, whose order depends on the
-        # per-process string hash seed; a fixed seed makes the files byte-identical.
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
     try:
-        name, overrides = split_argv(argv, "prepare_data")
-        cfg = PrepareDataConfig.from_dict(compose(name, overrides))
+        resolved = resolve("prepare-data", argv, PrepareDataConfig)
+        if resolved is None:  # --help or --cfg job
+            return 0
+        cfg = resolved[1]
+        if os.environ.get("PYTHONHASHSEED") != "0":
+            # Some BFCL API messages print Python sets, whose order depends on the
+            # per-process string hash seed; a fixed seed makes the files byte-identical.
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
         stats = run(cfg)
     except (ConfigError, BFCLDataError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -23,21 +23,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.generation.vllm_client import GeneratorError
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
-    from nemo_rcgrpo.utils.config import ConfigError, compose, split_argv
+    from nemo_rcgrpo.utils.cli_help import resolve
+    from nemo_rcgrpo.utils.config import ConfigError
     from nemo_rcgrpo.utils.signals import StopRequested
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        name, overrides = split_argv(argv, "sft_smollm_cpu")
-        cfg = TrainConfig.from_dict(compose(name, overrides))
+        resolved = resolve("train", argv, TrainConfig)
+        if resolved is None:  # --help, or --cfg job (validated, printed, nothing run)
+            return 0
+        invocation, cfg = resolved
         if cfg.stage in ("grpo", "rcgrpo", "dapo_filter"):
             from nemo_rcgrpo.algorithms.rcgrpo import run_rl
 
-            result = run_rl(cfg)
+            result = run_rl(cfg, recipe=invocation.name)
         else:
             from nemo_rcgrpo.algorithms.sft import run_stage1
 
-            result = run_stage1(cfg)
+            result = run_stage1(cfg, recipe=invocation.name)
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
             ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -50,7 +50,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class RewardInfo:
-    """R = R_state x R_action (PAPER.md, Appendix D), with both components kept."""
+    """R = R_state x R_action (the RC-GRPO paper, Appendix D), with both components kept."""
 
     value: float
     state_ok: bool

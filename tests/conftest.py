@@ -7,7 +7,8 @@ import pytest
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
 
 # marker -> module that must be importable for the marked tests to run
-OPTIONAL_BACKENDS = {"megatron": "megatron.core", "vllm": "vllm"}
+OPTIONAL_BACKENDS = {"megatron": "megatron.core", "vllm": "vllm", "browser": "playwright"}
+CHROMIUM = "/usr/bin/chromium"  # Debian's chromium package (`make browser`); playwright drives it, downloads nothing
 
 
 def _available(module: str) -> bool:
@@ -38,11 +39,14 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason="no CUDA device (marker 'gpu')"))
     for marker, module in OPTIONAL_BACKENDS.items():
-        if _available(module):
+        if _available(module) and (marker != "browser" or os.path.exists(CHROMIUM)):
             continue
+        if marker == "browser" and _available(module):
+            module = CHROMIUM
         if marker in required:
             raise pytest.UsageError(f"RCGRPO_REQUIRE={marker} but {module} is not importable: "
-                                    f"run `make install` (it installs the {marker} extra)")
+                                    f"run `make install` (it installs the {marker} extra)"
+                                    + ("; `make browser` installs Debian's chromium" if marker == "browser" else ""))
         for item in items:
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=f"{module} is not installed (marker '{marker}')"))

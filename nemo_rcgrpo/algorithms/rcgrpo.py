@@ -1,6 +1,6 @@
 """Stage 2: GRPO, RC-GRPO and the dynamic-sampling baseline (``stage=grpo|rcgrpo|dapo_filter``).
 
-One step (PAPER.md, "The method"):
+One step (the RC-GRPO paper, "The method"):
   1. take ``tasks_per_step`` training tasks; G rollouts each;
   2. rcgrpo: sample a reward token per rollout (iid with P(high) = p, or
      stratified) and put it into the rollout's first user message;
@@ -51,6 +51,7 @@ from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, m
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
+from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
@@ -76,16 +77,17 @@ SUMMED_METRICS = ("loss_local", "pg_loss_sum", "kl_sum", "clipped_tokens", "rati
 
 
 class RLTrainer:
-    def __init__(self, cfg: TrainConfig, dist: DistInfo):
+    def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
         if dist.world_size > 1 and cfg.policy.backend != "megatron":
             raise ValueError("the torch RL loop runs in one process; for several processes use policy.backend=megatron")
-        self.cfg, self.dist = cfg, dist
+        self.cfg, self.dist, self.recipe = cfg, dist, recipe
         self.run_dir = Path(cfg.run_dir)
         seed_everything(cfg.seed)
         ensure_data(cfg, dist)
         self.tokenizer, model = load_tokenizer_and_model(cfg)
         self.renderer = make_renderer(cfg, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
+        self.parameters = sum(p.numel() for p in model.parameters())
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
         self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
@@ -317,13 +319,25 @@ class RLTrainer:
             m[f"success_{cat}"] = statistics.fmean(vals)
         return m
 
-    def dump(self, groups: list[list[Trajectory]], adv: torch.Tensor) -> None:
+    def dump(self, step: int, groups: list[list[Trajectory]], adv: torch.Tensor) -> None:
+        """rollouts/step_N.jsonl (N counts from 1, as metrics.jsonl and checkpoints/ do): one record per rollout; the
+        rendered prompt (reward goal included) is written once per group and token, on the first record that has
+        it, and the others name that record's line (``prompt_line``, from 1)."""
         out = self.run_dir / "rollouts"
         out.mkdir(parents=True, exist_ok=True)
-        with (out / f"step_{self.step}.jsonl").open("w") as f:
+        first_line: dict[tuple[int, str | None], int] = {}
+        with (out / f"step_{step}.jsonl").open("w") as f:
+            line = 0
             for g, group in enumerate(groups):
                 for j, t in enumerate(group):
-                    f.write(json.dumps({**t.record(), "group": g, "advantage": float(adv[g, j])}, default=str) + "\n")
+                    line += 1
+                    record = {"step": step, **t.record(), "group": g, "advantage": float(adv[g, j])}
+                    if (g, t.reward_token) in first_line:
+                        record["prompt_line"] = first_line[(g, t.reward_token)]
+                    else:
+                        first_line[(g, t.reward_token)] = line
+                        record["prompt"] = self.tokenizer.decode(t.token_ids[: t.prompt_length])
+                    f.write(json.dumps(record, default=str) + "\n")
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
@@ -343,7 +357,8 @@ class RLTrainer:
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / f"step_{self.step}.jsonl").open("w") as f:
             for t in trajs:
-                f.write(json.dumps(t.record(), default=str) + "\n")
+                record = {"step": self.step, **t.record(), "prompt": self.tokenizer.decode(t.token_ids[: t.prompt_length])}
+                f.write(json.dumps(record, default=str) + "\n")
         return out
 
     # ------------------------------------------------------------------ loop
@@ -357,6 +372,8 @@ class RLTrainer:
             save_run_config(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite)
         barrier(self.dist)
         ckpt = latest_checkpoint(self.run_dir) if t.resume else None
+        if self.dist.is_main:
+            self._banner(ckpt)
         if ckpt is None:
             return
         state = load_checkpoint(ckpt)
@@ -367,6 +384,19 @@ class RLTrainer:
         self.policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
         set_rng_state(state["rng"])
         self.step, self.task_cursor = ts["step"], ts["task_cursor"]
+
+    def _banner(self, ckpt: Path | None) -> None:
+        cfg, rl = self.cfg, self.cfg.rl
+        start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
+        tokens = {"rcgrpo": f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})"}.get(cfg.stage, "")
+        say(start_banner(
+            cfg, recipe=self.recipe, parameters=self.parameters, checkpoint=ckpt, start_step=start,
+            data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {list(cfg.env.categories)}, "
+                 f"{len(self.eval_ids)} held-out for evaluation"
+                 + (f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"),
+            steps=f"{cfg.trainer.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
+                  f"lr {cfg.trainer.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
+                  f"{rl.sampling.max_new_tokens} new tokens at most"))
 
     def run(self) -> dict[str, Any]:
         """The loop. The generator (a vLLM server) is closed however the run ends; a generator that fails is a
@@ -403,9 +433,9 @@ class RLTrainer:
                 groups, stats = self.collect(rng) if main else (None, None)
                 groups, stats = self._share(groups, stats)  # rank 0 rolls out; every rank trains on the same groups
                 metrics, adv = self.train_step(groups, stats)
-                if main:
-                    self.dump(groups, adv)
                 self.step += 1
+                if main:
+                    self.dump(self.step, groups, adv)
                 if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
                     t0 = time.perf_counter()
                     metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
@@ -414,6 +444,10 @@ class RLTrainer:
                 logger.log(self.step, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+                if main and not cfg.logging.progress:
+                    say(step_line(cfg.stage, self.step, total, metrics,
+                                  ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy",
+                                   "step_seconds")))
                 signum = stop.requested(self.dist)  # a signal arrived: this step is the last of the invocation
                 if self.step % cfg.trainer.save_every == 0 or self.step == end or signum:
                     save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
@@ -455,15 +489,17 @@ def maybe_run_stage1(cfg: TrainConfig) -> None:
     from nemo_rcgrpo.utils.config import compose
 
     run_dir = Path(cfg.model.path).parent
-    overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}", *cfg.rl.stage1_overrides]
+    overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
+                 f"logging.progress={str(cfg.logging.progress).lower()}", *cfg.rl.stage1_overrides]
     stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
-    run_stage1(stage1)
+    print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
+    run_stage1(stage1, recipe=cfg.rl.stage1_recipe)
 
 
-def run_rl(cfg: TrainConfig) -> dict[str, Any]:
+def run_rl(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:
     maybe_run_stage1(cfg)
     dist = init_distributed()
     try:
-        return RLTrainer(cfg, dist).run()
+        return RLTrainer(cfg, dist, recipe).run()
     finally:
         shutdown(dist)

@@ -1,4 +1,4 @@
-"""Reward-token sampling for RC-GRPO rollouts (PAPER.md, "Stage 2").
+"""Reward-token sampling for RC-GRPO rollouts (the RC-GRPO paper, "Stage 2").
 
 Every rollout j of a group is conditioned on r_j in {high, low}. The paper
 samples i.i.d. with P(high) = p (p = 0.5, the success share of the stage-1

@@ -34,6 +34,7 @@ from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer,
 from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
+from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
@@ -96,15 +97,15 @@ def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int
     return [collate([examples[i] for i in g], pad_id) for g in mine], groups
 
 
-def run_stage1(cfg: TrainConfig) -> dict[str, Any]:
+def run_stage1(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:
     dist = init_distributed()
     try:
-        return _run(cfg, dist)
+        return _run(cfg, dist, recipe)
     finally:
         shutdown(dist)
 
 
-def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
+def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]:
     seed_everything(cfg.seed)
     run_dir = Path(cfg.run_dir)
     data_path = ensure_data(cfg, dist)
@@ -149,6 +150,13 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
         start_step, tokens_seen = ts["step"], ts.get("tokens_seen", 0)
     if dist.is_main:
         (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+        say(start_banner(
+            cfg, recipe=recipe, parameters=sum(p.numel() for p in model.parameters()), checkpoint=ckpt,
+            start_step=start_step,
+            data=f"{data_path} ({cfg.data.split}): {len(examples)} examples of {data_stats['records']} "
+                 f"({data_stats['dropped_too_long']} longer than chat.max_length={cfg.chat.max_length})",
+            steps=f"{total_steps} optimizer steps of {t.global_batch_size} sequences ({steps_per_epoch} per epoch), "
+                  f"lr {t.lr:g} {t.schedule}"))
     logger = MetricsLogger(run_dir, rank=dist.rank, tensorboard=cfg.logging.tensorboard,
                            wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=start_step)
     pad_id = tokenizer.pad_token_id
@@ -180,6 +188,8 @@ def _run(cfg: TrainConfig, dist: DistInfo) -> dict[str, Any]:
                 logger.log(step + 1, last)
             bar.update(1)
             bar.set_postfix(loss=f"{last['loss']:.4f}")
+            if not cfg.logging.progress and dist.is_main:
+                say(step_line(cfg.stage, step + 1, total_steps, last, ("loss", "grad_norm", "lr", "step_seconds")))
             if (step + 1) % t.save_every == 0 or step + 1 == end_step or signum:
                 save_policy_checkpoint(policy, dist, run_dir, step + 1, keep_last=t.keep_last, tokenizer=tokenizer,
                                        record=record,

@@ -1,4 +1,4 @@
-"""The reward-goal token of RCTP-FT / RC-GRPO (PAPER.md, "Stage 1").
+"""The reward-goal token of RCTP-FT / RC-GRPO (the RC-GRPO paper, "Stage 1").
 
 ``[Reward Goal: <|high_reward|>]`` (success) or ``[Reward Goal: <|low_reward|>]``
 (failure) goes into the FIRST user message only (appended by default; the

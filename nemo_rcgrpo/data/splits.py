@@ -1,4 +1,4 @@
-"""Train/test split by scenario (PAPER.md, "Data": 720 train / 80 test).
+"""Train/test split by scenario (the RC-GRPO paper, "Data": 720 train / 80 test).
 
 Entries with the same number across the four categories are one scenario and
 always land on the same side, so no test scenario leaks into training through

@@ -386,6 +386,11 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         traj_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     random.seed(cfg.seed)
     policy = make_policy(cfg, suite)
+    print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {cfg.reward_token})"
+                                           if cfg.policy == "checkpoint" else "")
+          + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of {list(cfg.categories)}"
+          + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
+          + f"; results in {out_dir}", file=sys.stderr, flush=True)
     started = time.perf_counter()
     bar = tqdm(total=len(task_ids) * cfg.samples, initial=len(done), desc=f"eval {cfg.policy}/{cfg.protocol}",
                unit="episode", disable=not cfg.progress, file=sys.stderr)
@@ -459,12 +464,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
-    from nemo_rcgrpo.utils.config import compose, split_argv
+    from nemo_rcgrpo.utils.cli_help import resolve
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        name, overrides = split_argv(argv, "eval")
-        cfg = EvalConfig.from_dict(compose(name, overrides))
+        resolved = resolve("eval", argv, EvalConfig)
+        if resolved is None:  # --help or --cfg job
+            return 0
+        cfg = resolved[1]
         result = evaluate(cfg)
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, FileExistsError,
             ValueError) as e:

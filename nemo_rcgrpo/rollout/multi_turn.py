@@ -81,7 +81,19 @@ class Trajectory:
                 "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
                 "tool_errors": self.tool_errors, "generated_tokens": self.generated_tokens,
-                "error": self.error, "text": "\n---\n".join(self.texts)}
+                "error": self.error, "text": "\n---\n".join(self.texts), "reward_details": self.reward_details,
+                "messages": self.messages()}
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The generated conversation as a person reads it: each assistant message (decoded text and the calls read
+        from it) followed by the tool results it got."""
+        out: list[dict[str, Any]] = []
+        for i, text in enumerate(self.texts):
+            out.append({"role": "assistant", "content": text,
+                        "tool_calls": self.calls[i] if i < len(self.calls) else []})
+            for result in (self.observations[i] if i < len(self.observations) else []):
+                out.append({"role": "tool", "content": result})
+        return out
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Run metrics: ``metrics.jsonl`` always, TensorBoard and W&B (offline by default) when enabled.
 
-Only rank 0 writes. Every record has ``step``; values must be numbers.
+Only rank 0 writes. Every record has ``step``; values must be numbers. ``metrics.jsonl`` keeps the flat names;
+TensorBoard and W&B get them in namespaces (`namespaced`): ``train/``, ``rollout/``, ``timing/``, ``eval/``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,24 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+
+# rollout statistics (what the sampled trajectories were), by name or prefix; everything else not timing / eval
+# is an optimisation quantity (train/)
+_ROLLOUT = ("reward", "zero_variance_fraction", "success_", "entropy_reward_corr", "advantage_", "nonzero_advantage",
+            "response_tokens", "turns", "tool_error_rate", "truncated_share", "groups", "rollouts", "sampler_",
+            "token_mult_prob_error", "dropped_zero_variance", "sampled_groups")
+
+
+def namespaced(key: str) -> str:
+    """The TensorBoard / W&B tag of a metric: ``eval/``, ``timing/``, ``rollout/`` or ``train/`` + its name."""
+    if key.startswith("eval_"):
+        return f"eval/{key[5:]}"
+    if key.endswith("_seconds") or key == "tokens_per_s":
+        return f"timing/{key}"
+    if key.startswith(_ROLLOUT):
+        return f"rollout/{key}"
+    return f"train/{key}"
 
 
 class MetricsLogger:
@@ -49,9 +68,9 @@ class MetricsLogger:
         self._file.flush()
         if self._tb is not None:
             for k, v in clean.items():
-                self._tb.add_scalar(k, v, step)
+                self._tb.add_scalar(namespaced(k), v, step)
         if self._wandb is not None:
-            self._wandb.log(clean, step=step)
+            self._wandb.log({namespaced(k): v for k, v in clean.items()}, step=step)
 
     def close(self) -> None:
         if not self.enabled:

@@ -167,7 +167,7 @@ def main() -> int:
         print(f"would clone {REPO} at {sha[:12]} ({args.ref}) into a new folder, NEMO_RCGRPO_CACHE=<new folder>, "
               f"PIP_NO_CACHE_DIR=1, without {REPO / '.venv'} on PATH; then, timed one by one: "
               + "; ".join(f"make {t}" for t in args.targets)
-              + (f"\nnote: this checkout has uncommitted changes; the clone does not see them" if dirty else ""))
+              + ("\nnote: this checkout has uncommitted changes; the clone does not see them" if dirty else ""))
         return 0
     work = args.workdir or Path(tempfile.mkdtemp(prefix="rcgrpo-fresh-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 """Stage 2 renders its prompts as stage 1 was trained: the reward goal comes from the prepared data, a mismatch
 of tokens or env settings stops the run at start with one line naming the setting."""
 
-import pytest
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.train import main

@@ -69,8 +69,9 @@ def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
     metrics = read_metrics(uninterrupted)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     mixed_groups = 0
-    for step, m in zip((0, 1, 2), metrics):
+    for step, m in zip((1, 2, 3), metrics):
         records = _dump(uninterrupted, step)
+        assert all(r["step"] == step == m["step"] for r in records)  # one step number for dumps and metrics
         assert len(records) == 8 and m["rollouts"] == 8
         for g in (0, 1):
             group = [r for r in records if r["group"] == g]
@@ -89,7 +90,7 @@ def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
     assert mixed_groups >= 3  # of 6: the reward signal is there
     # step 1 trains from the reference weights: ratio 1 and KL 0, so with token aggregation
     #   loss = sum_b sum_t -A_b / N = -sum_b A_b n_b / N       (n_b generated tokens of rollout b, N = sum_b n_b)
-    records = _dump(uninterrupted, 0)
+    records = _dump(uninterrupted, 1)
     n = sum(r["generated_tokens"] for r in records)
     expected = -sum(r["advantage"] * r["generated_tokens"] for r in records) / n
     assert abs(expected) > 1e-4  # successes and failures differ in length: the sign of the loss is visible (7.8e-4)
@@ -168,7 +169,7 @@ def _same_as_uninterrupted(run_dir, uninterrupted):
     for x, y in zip(a, b):
         assert x["reward_mean"] == y["reward_mean"] and x["loss"] != 0
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7) and y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
-    for step in (0, 1, 2):
+    for step in (1, 2, 3):
         assert _dump(uninterrupted, step) == _dump(run_dir, step)
     wa = torch.load(uninterrupted / "checkpoints" / "step_3" / "model.pt", weights_only=True)
     wb = torch.load(run_dir / "checkpoints" / "step_3" / "model.pt", weights_only=True)
@@ -195,7 +196,7 @@ def test_kill_mid_run_then_resume(data_dir, tmp_path, uninterrupted):
     assert proc.returncode == -signal.SIGKILL and first.exists()
     assert len(read_metrics(run_dir)) < 3 and not (run_dir / "checkpoints" / "step_3").exists()
     assert main(args) == 0
-    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_0.jsonl", "step_1.jsonl", "step_2.jsonl"]
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_1.jsonl", "step_2.jsonl", "step_3.jsonl"]
     _same_as_uninterrupted(run_dir, uninterrupted)
 
 
@@ -245,7 +246,7 @@ def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, 
     assert m["eval_reward"] == 1.0 and m["eval_accuracy"] == 100.0 and m["eval_accuracy_base"] == 100.0
     assert "eval_seconds" in m and m["reward_seconds"] >= 0
     # training rollouts: exactly the high-token ones succeed (P = 1 and 0)
-    assert all(r["reward"] == (1.0 if r["reward_token"] == "high" else 0.0) for r in _dump(tmp_path / "rl", 0))
+    assert all(r["reward"] == (1.0 if r["reward_token"] == "high" else 0.0) for r in _dump(tmp_path / "rl", 1))
 
 
 def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
@@ -255,7 +256,7 @@ def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
                       "generation.scripted.success_rate=0.8")) == 0  # P(zero variance) = 0.8^4 + 0.2^4 = 0.41
     metrics = read_metrics(tmp_path / "d")
     assert sum(m["dropped_zero_variance_groups"] for m in metrics) > 0  # the filter acted
-    for step, m in enumerate(metrics):
+    for step, m in enumerate(metrics, start=1):
         records = _dump(tmp_path / "d", step)
         assert all(r["reward_token"] is None for r in records) and len(records) == 4 * m["groups"]
         assert all(len({r["reward"] for r in records if r["group"] == g}) == 2 for g in range(int(m["groups"])))

@@ -1,7 +1,6 @@
 """Real signals sent to real runs: the step finishes, a checkpoint is written, one line, exit 128 + signal."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -94,4 +93,4 @@ def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path):
     last = err.strip().splitlines()[-1]
     step = int(last.split("after step ")[1].split()[0])
     assert last.startswith("stopped by SIGTERM") and f"checkpoints/step_{step}" in last, last
-    assert _steps(run_dir) == list(range(1, step + 1)) and (run_dir / "rollouts" / f"step_{step - 1}.jsonl").exists()  # dumps count from 0
+    assert _steps(run_dir) == list(range(1, step + 1)) and (run_dir / "rollouts" / f"step_{step}.jsonl").exists()  # dumps count from 1, as metrics

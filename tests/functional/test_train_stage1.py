@@ -108,6 +108,7 @@ def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):
               "trainer.warmup_steps=0")
     assert main(_args(data_dir, run, "trainer.max_steps=2", *common)) == 0
     original = (run / "config.yaml").read_text()
+    assert "run     " + str(run) + ": fresh start" in capsys.readouterr().err  # the banner of the first run
 
     def refused(*extra, stage="sft"):
         assert main(_args(data_dir, run, *common, *extra, stage=stage)) == 2

@@ -116,8 +116,8 @@ def test_two_rcgrpo_steps_with_mixed_rewards(data_dir, tmp_path, layout):
     run_dir = tmp_path / "rl"
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2]
-    for step, m in enumerate(metrics):
-        records = [json.loads(l) for l in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    for m in metrics:
+        records = [json.loads(l) for l in (run_dir / "rollouts" / f"step_{m['step']}.jsonl").read_text().splitlines()]
         assert len(records) == 8 and m["rollouts"] == 8
         assert m["tokens"] == sum(r["generated_tokens"] for r in records)
         for g in (0, 1):

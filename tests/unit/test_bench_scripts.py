@@ -1,7 +1,6 @@
 """Every benchmark script imports, names the Markdown section it writes, and its section markers are unique."""
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest

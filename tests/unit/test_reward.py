@@ -1,4 +1,4 @@
-"""R = R_state x R_action on hand-made perturbations of one ground truth (PAPER.md, Appendix D)."""
+"""R = R_state x R_action on hand-made perturbations of one ground truth (the RC-GRPO paper, Appendix D)."""
 
 import pytest
 

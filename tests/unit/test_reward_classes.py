@@ -1,4 +1,4 @@
-"""R_state x R_action in every BFCL API class, alone and in two-class tasks (PAPER.md, Appendix D).
+"""R_state x R_action in every BFCL API class, alone and in two-class tasks (the RC-GRPO paper, Appendix D).
 
 test_reward.py perturbs one file-system task; here every one of the eight API
 classes gets its state changed, and in each two-class task (540 of the 800

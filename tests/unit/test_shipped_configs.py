@@ -5,16 +5,23 @@ import pytest
 
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.prepare_data import PrepareDataConfig
+from nemo_rcgrpo.utils.cli_help import recipes
 from nemo_rcgrpo.utils.config import ConfigError, compose, conf_dir
 
-TRAIN_RECIPES = sorted(p.stem for p in conf_dir().glob("*.yaml")
-                       if p.stem.startswith(("sft_", "rctp_", "grpo_", "rcgrpo_", "ablation_")))
+# every recipe `rcgrpo train --help` lists (all of conf/ built on stage1_defaults, bases left out)
+TRAIN_RECIPES = [name for name, _ in recipes("stage1_defaults")]
 
 
 def test_recipes_are_found():
     assert {"sft_smollm_cpu", "rctp_smollm_cpu", "sft_qwen7b", "sft_llama8b", "rctp_qwen7b", "rctp_llama8b",
             "rcgrpo_smollm_cpu", "rcgrpo_qwen7b", "rcgrpo_llama8b", "grpo_qwen7b", "grpo_llama8b"} <= set(TRAIN_RECIPES)
     assert len([n for n in TRAIN_RECIPES if n.startswith("ablation_")]) == 8
+    assert {"smoke_stage1", "smoke_rl"} <= set(TRAIN_RECIPES)
+    assert not {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "eval", "prepare_data"} & set(TRAIN_RECIPES)
+    # everything in conf/ is a train recipe, a base, or belongs to eval / prepare-data
+    others = {n for n, _ in recipes("eval")} | {"eval", "prepare_data"}
+    assert {p.stem for p in conf_dir().glob("*.yaml")} - set(TRAIN_RECIPES) - others == {
+        "stage1_defaults", "rl_defaults", "rl_gpu_defaults"}
 
 
 @pytest.mark.parametrize("name", TRAIN_RECIPES)
@@ -26,6 +33,9 @@ def test_train_recipe_validates(name, monkeypatch):
         assert cfg.stage == algo and cfg.model.path.endswith(f"{init}_{name.rsplit('_', 1)[1]}/hf")
         assert cfg.rl.tasks_per_step == (256 if algo == "rcgrpo" else 64)
         assert (cfg.trainer.lr, cfg.rl.group_size, cfg.rl.loss.kl_beta, cfg.rl.loss.clip_low) == (1e-6, 5, 0.1, 0.2)
+        return
+    if name.startswith("smoke_"):  # the README's first run: a tiny random model, seconds per step
+        assert cfg.model.path == "tiny-llama" or cfg.rl.stage1_recipe == "smoke_stage1"
         return
     assert cfg.stage == name.split("_")[0]
     if cfg.stage in ("grpo", "rcgrpo"):

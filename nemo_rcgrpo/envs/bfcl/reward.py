@@ -1,6 +1,6 @@
 """The paper's reward R = R_state x R_action and BFCL's official per-turn verdict.
 
-Reward (PAPER.md, Appendix D):
+Reward (the RC-GRPO paper, Appendix D):
   R_state  = 1 iff the public state of every involved API instance equals the
              state reached by replaying the ground truth from the same initial
              config (what BFCL's state checker compares: attributes not

@@ -1,0 +1,97 @@
+"""A newcomer's first commands: self-describing `--help`, `--cfg job`, a refused recipe-less `train`, and the
+README's one-minute smoke run from the command line in an empty folder (banner, per-step lines, outputs numbered
+from 1, a resume that says so)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nemo_rcgrpo.cli import main
+from nemo_rcgrpo.utils.cli_help import documented_settings, recipes
+from nemo_rcgrpo.utils.config import conf_dir
+
+RCGRPO = [sys.executable, "-m", "nemo_rcgrpo.cli"]
+
+
+@pytest.mark.parametrize("command,expected", [
+    ("train", ["smoke_rl", "rcgrpo_smollm_cpu", "rl.group_size=5", "trainer.lr=1.0e-5", "model.path=smollm2"]),
+    ("eval", ["eval_smollm_cpu", "protocol=paper", "max_turns=20"]),
+    ("prepare-data", ["seed=1234", "test_fraction=0.1"]),
+    ("layout", ["rcgrpo_llama8b", "layout.nodes=1", "policy.megatron.tp=1"]),
+])
+def test_help_lists_recipes_and_settings_with_defaults(command, expected, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    for text in expected:
+        assert text in out, text
+    if command == "train":  # one line per recipe with its description; bases are not recipes
+        lines = {l.split()[0]: l for l in out.splitlines() if l.startswith("  ") and l.split()}
+        assert "Smoke run" in lines["smoke_rl"] and "stage1_defaults" not in lines
+        assert {n for n, _ in recipes("stage1_defaults")} <= set(lines)
+        # the meaning is the YAML comment, the one place it is written
+        settings = {k: (v, c) for k, v, c in documented_settings(conf_dir() / "rl_defaults.yaml")}
+        assert settings["rl.group_size"] == ("5", "G") and settings["rl.loss"][0].startswith("{clip_low: 0.2")
+
+
+def test_train_without_a_recipe_refuses_and_lists_them(capsys):
+    for command in ("train", "layout"):
+        assert main([command, "trainer.max_steps=1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--config-name" in err and "smoke_rl" in err and "rcgrpo_llama8b" in err
+
+
+def test_cfg_job_prints_the_resolved_config_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config-name", "smoke_rl", "--cfg", "job", "rl.group_size=3"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["rl"]["group_size"] == 3 and cfg["run_dir"] == "runs/smoke_rl" and cfg["stage"] == "rcgrpo"
+    assert cfg["trainer"]["lr"] == 1e-4 and cfg["generation"]["backend"] == "hf"  # recipe over rl_defaults
+    assert list(tmp_path.iterdir()) == []  # no data, no run folder
+    assert main(["eval", "--cfg=job", "policy=oracle", "protocol=bfcl", "out_dir=x"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["protocol"] == "bfcl"
+    assert main(["train", "--config-name=smoke_rl", "--cfg", "all"]) == 2  # only `job`
+    assert main(["train", "--config-name=smoke_rl", "--cfg=job", "rl.group_sizes=3"]) == 2  # validated first
+    assert "did you mean rl.group_size" in capsys.readouterr().err
+
+
+def test_smoke_run_from_an_empty_folder(data_dir, tmp_path):
+    """`rcgrpo train --config-name smoke_rl` as the README's first screen runs it (the shared prepared data
+    stands in for the step that prepares data/bfcl_v4, 6 s): the stage-1 recipe first, then 2 RC-GRPO steps."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [*RCGRPO, "train", "--config-name", "smoke_rl", f"data.dir={data_dir}", "logging.progress=false"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    # the banner of each stage, then one line per step
+    assert "training rl.stage1_recipe=smoke_stage1 first" in err
+    assert "recipe  smoke_stage1: stage rctp" in err and "recipe  smoke_rl: stage rcgrpo" in err
+    assert "model   tiny-llama: 6.6M parameters" in err and "16 examples of " in err
+    assert err.count("fresh start") == 2 and "a log line per step" in err
+    assert [l.split(":")[0] for l in err.splitlines() if " step " in l and l.startswith(("rctp", "rcgrpo"))] == [
+        "rctp step 1/4", "rctp step 2/4", "rctp step 3/4", "rctp step 4/4", "rcgrpo step 1/2", "rcgrpo step 2/2"]
+    run = tmp_path / "runs" / "smoke_rl"
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and "eval_accuracy" in metrics[1]
+    # one step number everywhere: metrics, rollouts/, eval/, checkpoints/
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_1.jsonl", "step_2.jsonl"]
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["step_2.jsonl"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    records = [json.loads(l) for l in (run / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and all(r["step"] == 2 for r in records)
+    for r in records:  # prompt once per group and token, or the line that has it; every message; the reward parts
+        holder = r if "prompt" in r else records[r["prompt_line"] - 1]
+        assert (holder["group"], holder["reward_token"]) == (r["group"], r["reward_token"])
+        assert f"[Reward Goal: <|{r['reward_token']}_reward|>]" in holder["prompt"]
+        assert [m["role"] for m in r["messages"]].count("assistant") == r["num_turns"]
+        assert {"reward", "state_ok", "actions_ok", "advantage", "reward_details"} <= set(r)
+    assert (run / "hf" / "config.json").is_file() and (tmp_path / "runs" / "smoke_stage1" / "hf").is_dir()
+    # the same command again: the banner says it resumes; nothing is left to train
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumes from runs/smoke_rl/checkpoints/step_2 (step 2)" in again.stderr
+    assert "training rl.stage1_recipe" not in again.stderr
