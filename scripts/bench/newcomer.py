@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -78,7 +79,7 @@ def main() -> int:
     total = sum(s for _, _, s in rows_out)
     finished = not failed and produced["metrics steps"] == [1, 2] and produced["plot"] and produced["report"]
     rows = [START, "## A newcomer's first run, timed (the README's first screen; `scripts/bench/newcomer.py`)", "",
-            f"- Date: {dt.date.today()}; machine: {cpu_name()}, {memory_gib()}, Python {platform.python_version()}; "
+            f"- Date: {dt.date.today()}; machine: {cpu_name()}, {os.cpu_count()} cores, {memory_gib()}, Python {platform.python_version()}; "
             f"commit {commit}, a clean clone, an empty model cache, no pip cache (packages from these machines' "
             "registry mirror), commands exactly as the README gives them, one after another.", "",
             "| command | exit | wall seconds |", "|---|---:|---:|"]
