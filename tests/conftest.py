@@ -26,8 +26,9 @@ def _cuda() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """Tests of an optional backend skip, with the reason shown, where it is not installed (``gpu``: where no CUDA
-    device is visible); RCGRPO_REQUIRE=megatron,vllm (set by `make test`; add gpu on a GPU machine) turns a missing
-    backend into a failure."""
+    device is visible; ``browser``: where playwright or /usr/bin/chromium is missing); RCGRPO_REQUIRE=megatron,vllm
+    (set by `make test`, with browser where chromium is installed; add gpu on a GPU machine) turns a missing backend
+    into a failure."""
     required = {m for m in os.environ.get("RCGRPO_REQUIRE", "").split(",") if m}
     unknown = required - set(OPTIONAL_BACKENDS) - {"gpu"}
     if unknown:
@@ -44,9 +45,11 @@ def pytest_collection_modifyitems(config, items):
         if marker == "browser" and _available(module):
             module = CHROMIUM
         if marker in required:
-            raise pytest.UsageError(f"RCGRPO_REQUIRE={marker} but {module} is not importable: "
-                                    f"run `make install` (it installs the {marker} extra)"
-                                    + ("; `make browser` installs Debian's chromium" if marker == "browser" else ""))
+            if module == CHROMIUM:
+                raise pytest.UsageError(f"RCGRPO_REQUIRE=browser but {CHROMIUM} is missing: `make browser` "
+                                        "installs Debian's chromium (apt-get, as root)")
+            raise pytest.UsageError(f"RCGRPO_REQUIRE={marker} but {module} is not importable: run `make install` "
+                                    f"(it installs the {'dev' if marker == 'browser' else marker} extra)")
         for item in items:
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=f"{module} is not installed (marker '{marker}')"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import statistics
 import sys
@@ -492,7 +493,8 @@ def maybe_run_stage1(cfg: TrainConfig) -> None:
     overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
                  f"logging.progress={str(cfg.logging.progress).lower()}", *cfg.rl.stage1_overrides]
     stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
-    print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
+        print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
     run_stage1(stage1, recipe=cfg.rl.stage1_recipe)
 
 

@@ -286,7 +286,9 @@ class CheckpointPolicy:
                               official_valid=t.official_valid, official_error=t.official_error,
                               truncated=t.truncated, details=t.reward_details, num_turns=t.num_turns,
                               tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
-                              observations=t.observations, extra={"text": t.texts})
+                              observations=t.observations,
+                              extra={"text": t.texts, "reward_details": t.reward_details, "messages": t.messages(),
+                                     "prompt": self.engine.tokenizer.decode(t.token_ids[: t.prompt_length])})
                 on_done(rec)
                 out.append(rec)
         return out
@@ -386,7 +388,8 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         traj_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     random.seed(cfg.seed)
     policy = make_policy(cfg, suite)
-    print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {cfg.reward_token})"
+    token = getattr(policy, "description", {}).get("reward_token", cfg.reward_token)  # `auto` resolved
+    print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {token})"
                                            if cfg.policy == "checkpoint" else "")
           + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of {list(cfg.categories)}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")

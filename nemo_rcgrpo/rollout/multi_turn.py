@@ -68,6 +68,7 @@ class Trajectory:
     calls: list[list[Any]] = field(default_factory=list)  # per assistant message: {"name", "arguments"} or {"error"}
     observations: list[list[str]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # decoded assistant messages
+    followups: list[list[dict[str, str]]] = field(default_factory=list)  # per assistant message: later user turns
     error: str | None = None  # an exception that ended this rollout alone (reward 0)
 
     @property
@@ -75,24 +76,25 @@ class Trajectory:
         return sum(self.loss_mask)
 
     def record(self) -> dict[str, Any]:
-        """A JSON-serialisable summary for the per-step rollout dump."""
+        """A JSON-serialisable summary for the per-step rollout dump: ``turns`` the calls read from each assistant
+        message (what the reward replays), ``messages`` the conversation after the prompt (texts, calls, tool
+        results and later user turns)."""
         return {"task_id": self.task_id, "category": self.category, "group": self.group,
-                "reward_token": self.reward_token, "turns": self.calls, "observations": self.observations,
-                "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
+                "reward_token": self.reward_token, "turns": self.calls, "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
                 "tool_errors": self.tool_errors, "generated_tokens": self.generated_tokens,
-                "error": self.error, "text": "\n---\n".join(self.texts), "reward_details": self.reward_details,
-                "messages": self.messages()}
+                "error": self.error, "reward_details": self.reward_details, "messages": self.messages()}
 
     def messages(self) -> list[dict[str, Any]]:
-        """The generated conversation as a person reads it: each assistant message (decoded text and the calls read
-        from it) followed by the tool results it got."""
+        """The conversation after the prompt as a person reads it: each assistant message (decoded text and the calls
+        read from it), the tool results it got, and the user turns that came next (per-turn episodes)."""
         out: list[dict[str, Any]] = []
         for i, text in enumerate(self.texts):
             out.append({"role": "assistant", "content": text,
                         "tool_calls": self.calls[i] if i < len(self.calls) else []})
             for result in (self.observations[i] if i < len(self.observations) else []):
                 out.append({"role": "tool", "content": result})
+            out += self.followups[i] if i < len(self.followups) else []
         return out
 
 
@@ -222,6 +224,9 @@ class RolloutEngine:
             return
         start = len(s.messages)
         s.messages += result.messages
+        s.traj.followups += [[] for _ in range(len(s.traj.texts) - len(s.traj.followups) - 1)]  # align with texts
+        s.traj.followups.append([{"role": m["role"], "content": m.get("content") or ""}
+                                 for m in result.messages if m.get("role") not in ("tool", "assistant")])
         if result.tools_changed:
             s.tools = s.env.tools
         after = Tokenized(self.renderer.after_stop_ids(), [])

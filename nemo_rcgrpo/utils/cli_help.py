@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
+
 from nemo_rcgrpo.utils.config import ConfigError, compose, conf_dir, split_argv
 
 
@@ -21,20 +23,29 @@ class Command:
     usage: str
     root: str  # the defaults file every recipe of this command builds on
     default_name: str | None  # None: --config-name is required
-    settings: tuple[tuple[str, str, tuple[str, ...]], ...]  # (title, defaults file, key prefixes or () for all)
+    # (title, defaults file relative to conf/, key prefix the file's keys live under, key prefixes shown or () for all)
+    settings: tuple[tuple[str, str, str, tuple[str, ...]], ...]
+    schema: str | None = None  # "module:Class" whose defaults fill in the keys no YAML file writes
 
 
+_TRAIN_SETTINGS = (
+    ("stage 1 and shared (conf/stage1_defaults.yaml)", "stage1_defaults", "", ()),
+    ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", "", ()),
+    ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation.", ()),
+    ("generation=scripted (conf/generation/scripted.yaml)", "generation/scripted", "generation.", ()),
+)
 COMMANDS = {
     "train": Command("rcgrpo train --config-name RECIPE [key=value ...]   (also: torchrun nemo_rcgrpo/train.py ...)",
-                     "stage1_defaults", None,
-                     (("stage 1 and shared (conf/stage1_defaults.yaml)", "stage1_defaults", ()),
-                      ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", ()))),
+                     "stage1_defaults", None, _TRAIN_SETTINGS, "nemo_rcgrpo.config:TrainConfig"),
     "layout": Command("rcgrpo layout --config-name RECIPE [key=value ...] [--json]", "stage1_defaults", None,
-                      (("GPU layout (conf/stage1_defaults.yaml)", "stage1_defaults", ("layout.", "policy.")),)),
+                      (("GPU layout (conf/stage1_defaults.yaml)", "stage1_defaults", "", ("layout.", "policy.")),
+                       ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation.",
+                        ("generation.vllm.tp", "generation.vllm.devices", "generation.vllm.url")))),
     "eval": Command("rcgrpo eval [--config-name RECIPE] policy=oracle|null|checkpoint|endpoint out_dir=PATH "
-                    "[key=value ...]", "eval", "eval", (("evaluation (conf/eval.yaml)", "eval", ()),)),
+                    "[key=value ...]", "eval", "eval", (("evaluation (conf/eval.yaml)", "eval", "", ()),),
+                    "nemo_rcgrpo.evaluation.config:EvalConfig"),
     "prepare-data": Command("rcgrpo prepare-data [key=value ...]", "prepare_data", "prepare_data",
-                            (("data preparation (conf/prepare_data.yaml)", "prepare_data", ()),)),
+                            (("data preparation (conf/prepare_data.yaml)", "prepare_data", "", ()),)),
 }
 
 
@@ -46,20 +57,24 @@ class Invocation:
 
 
 def _parents(text: str) -> list[str]:
-    """Config names in a file's ``defaults:`` list (not ``_self_``, not group options such as ``generation: hf``)."""
-    names, inside = [], False
+    """Config names in a file's ``defaults`` list (not ``_self_``, not group options such as ``generation: hf``)."""
+    try:
+        defaults = (yaml.safe_load(text) or {}).get("defaults") or []
+    except yaml.YAMLError:
+        return []
+    return [d.lstrip("/") for d in defaults if isinstance(d, str) and d != "_self_"]
+
+
+def _description(text: str) -> str:
+    """The file's leading comment paragraph, up to its first full stop."""
+    lines = []
     for line in text.splitlines():
-        if re.match(r"^defaults:\s*$", line):
-            inside = True
-            continue
-        if inside:
-            m = re.match(r"^\s+-\s+([A-Za-z0-9_]+)\s*(#.*)?$", line)
-            if m:
-                if m.group(1) != "_self_":
-                    names.append(m.group(1))
-            elif not re.match(r"^\s+-", line) and line.strip() and not line.lstrip().startswith("#"):
-                inside = False
-    return names
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    words = " ".join(l for l in lines if l)
+    m = re.search(r"\.(\s|$)", words)
+    return words[: m.start() + 1] if m else words
 
 
 def recipes(root: str, directory: Path | None = None) -> list[tuple[str, str]]:
@@ -72,29 +87,57 @@ def recipes(root: str, directory: Path | None = None) -> list[tuple[str, str]]:
             return True
         return name in texts and name not in seen and any(reaches(p, seen | {name}) for p in _parents(texts[name]))
 
-    out = []
-    for name, text in texts.items():
-        if name.endswith("_defaults") or not reaches(name) or (name == root and root.endswith("_defaults")):
-            continue
-        first = next((l.lstrip("# ").strip() for l in text.splitlines() if l.startswith("#")), "")
-        out.append((name, first))
-    return out
+    return [(name, _description(text)) for name, text in texts.items()
+            if not name.endswith("_defaults") and reaches(name) and not (name == root and root.endswith("_defaults"))]
 
 
 def _split_comment(rest: str) -> tuple[str, str]:
-    """``value  # comment`` -> (value, comment); a ``#`` inside quotes is part of the value."""
-    quote = None
-    for i, ch in enumerate(rest):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or rest[i - 1].isspace()):
-            return rest[:i].strip(), rest[i + 1:].strip()
-    return rest.strip(), ""
+    """``value  # comment`` -> (value, comment). A value that starts with a quote keeps a ``#`` inside the quotes
+    (YAML's rule; ``\\"`` inside double quotes, ``''`` inside single ones); elsewhere ``#`` after a space starts the
+    comment."""
+    text = rest.strip()
+    if text.startswith("#"):  # a section (no value) with a comment
+        return "", text[1:].strip()
+    i = 0
+    if text[:1] in ("'", '"'):
+        quote, i = text[0], 1
+        while i < len(text):
+            if quote == '"' and text[i] == "\\":
+                i += 2
+                continue
+            if text[i] == quote:
+                if quote == "'" and text[i + 1:i + 2] == "'":
+                    i += 2
+                    continue
+                break
+            i += 1
+    m = re.search(r"\s#", text[i:])
+    if m is None:
+        return text, ""
+    return text[: i + m.start()].strip(), text[i + m.end():].strip()
 
 
-def documented_settings(path: Path) -> list[tuple[str, str, str]]:
+def _written(value: Any) -> str:
+    """A value as YAML writes it in flow style (true, null, [a, b])."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _leaves(key: str, value: str) -> list[tuple[str, str]]:
+    """A flow mapping (``{clip_low: 0.2, kl_beta: 0.1}``) as its dotted leaves; anything else as it is written."""
+    if value.startswith("{"):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = None
+        if isinstance(parsed, dict):
+            out = []
+            for k, v in parsed.items():
+                out += _leaves(f"{key}.{k}", _written(v)) if isinstance(v, dict) else [(f"{key}.{k}", _written(v))]
+            return out
+    return [(key, value)]
+
+
+def documented_settings(path: Path, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default as written, comment) of every leaf of a defaults YAML file, in file order."""
     out: list[tuple[str, str, str]] = []
     stack: list[tuple[int, str]] = []
@@ -117,29 +160,51 @@ def documented_settings(path: Path) -> list[tuple[str, str, str]]:
         if value == "":
             stack.append((indent, m.group(1)))
             continue
-        out.append((".".join([k for _, k in stack] + [m.group(1)]), value, comment))
+        key = prefix + ".".join([k for _, k in stack] + [m.group(1)])
+        out += [(k, v, comment) for k, v in _leaves(key, value)]
     return out
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _schema_defaults(spec: str) -> dict[str, Any]:
+    import importlib
+
+    module, name = spec.split(":")
+    return _flat(getattr(importlib.import_module(module), name)().to_dict())
 
 
 def help_text(command: str, directory: Path | None = None) -> str:
     spec = COMMANDS[command]
     directory = directory or conf_dir()
     lines = [f"usage: {spec.usage}", "       add --cfg job to print the resolved config and exit", ""]
-    found = recipes(spec.root, directory)
     if command in ("train", "layout", "eval"):
+        found = recipes(spec.root, directory)
         lines.append(f"recipes ({directory}):")
         width = max((len(n) for n, _ in found), default=0)
         lines += [f"  {n.ljust(width)}  {d}" for n, d in found]
         lines.append("")
-    for title, file, prefixes in spec.settings:
-        rows = [r for r in documented_settings(directory / f"{file}.yaml")
-                if not prefixes or r[0].startswith(prefixes)]
+    shown: set[str] = set()
+    for title, file, prefix, only in spec.settings:
+        rows = [r for r in documented_settings(directory / f"{file}.yaml", prefix) if not only or r[0].startswith(only)]
+        shown |= {k for k, _, _ in rows}
         lines.append(f"settings, {title}: key=default  meaning")
         width = min(max((len(k) + len(v) for k, v, _ in rows), default=0) + 1, 52)
-        for key, value, comment in rows:
-            item = f"{key}={value}"
-            lines.append(f"  {item.ljust(width)}  {comment}".rstrip())
+        lines += [f"  {f'{k}={v}'.ljust(width)}  {c}".rstrip() for k, v, c in rows]
         lines.append("")
+    if spec.schema and command != "layout":
+        rest = {k: v for k, v in _schema_defaults(spec.schema).items() if k not in shown}
+        if rest:
+            lines.append(f"settings no YAML file writes (defaults of {spec.schema.replace(':', '.')}):")
+            lines += [f"  {k}={_written(v)}" for k, v in rest.items()]
+            lines.append("")
     lines.append("Overrides are Hydra's: key=value for a known key, +key=value to add one; a wrong key gets a one-line "
                  "error with the nearest known keys.")
     return "\n".join(lines)
@@ -181,8 +246,8 @@ def resolve(command: str, argv: Sequence[str], schema: Any) -> tuple[Invocation,
         return None
     composed = compose(invocation.name, invocation.overrides)
     cfg = schema.from_dict(composed)
-    if invocation.print_config:
-        print_config(composed)
+    if invocation.print_config:  # the validated config, as the run would write it to run_dir/config.yaml
+        print_config(cfg.to_dict() if hasattr(cfg, "to_dict") else composed)
         return None
     return invocation, cfg
 

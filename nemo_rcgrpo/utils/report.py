@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import html
 import io
 import json
+import math
 import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from nemo_rcgrpo.utils.logging import read_metrics
+from nemo_rcgrpo.utils.run_dir import config_files
+
+MAX_ROLLOUTS = 3000  # without --last-steps / --all: the last steps whose rollouts fit (a page a browser can hold)
 
 
 class ReportError(ValueError):
@@ -64,17 +69,39 @@ def _episode(record: dict[str, Any], source: str, step: int | None) -> dict[str,
             "details": record.get("reward_details")}
 
 
-def collect(run_dir: Path, last_steps: int | None = None) -> dict[str, Any]:
-    """Everything the page shows, as plain data."""
+def _fitting(steps: list[tuple[int, Path]], budget: int) -> list[tuple[int, Path]]:
+    """The last steps whose rollouts fit in ``budget`` lines (at least one step)."""
+    kept, total = [], 0
+    for step, path in reversed(steps):
+        lines = sum(1 for line in path.open(errors="replace") if line.strip())
+        if kept and total + lines > budget:
+            break
+        kept.insert(0, (step, path))
+        total += lines
+    return kept
+
+
+def collect(run_dir: Path, last_steps: int | None = None, everything: bool = False) -> dict[str, Any]:
+    """Everything the page shows, as plain data. Without ``last_steps`` or ``everything``, a long run keeps the
+    last steps whose training rollouts fit in MAX_ROLLOUTS (``note`` says so)."""
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a folder")
-    config = next((p for p in (run_dir / "config.yaml", run_dir / "results.json") if p.is_file()), None)
+    if last_steps is not None and last_steps < 1:
+        raise ReportError(f"--last-steps {last_steps}: give at least 1")
+    configs = config_files(run_dir)
     metrics = read_metrics(run_dir)
     episodes: list[dict[str, Any]] = []
+    train_steps = _numbered(run_dir / "rollouts")
+    if last_steps is not None:
+        kept = train_steps[-last_steps:]
+    else:
+        kept = train_steps if everything else _fitting(train_steps, MAX_ROLLOUTS)
+    note = "" if len(kept) == len(train_steps) else (
+        f"rollouts of the last {len(kept)} of {len(train_steps)} steps (from step {kept[0][0]}); "
+        "rcgrpo report --all (or --last-steps N) for more")
+    first = kept[0][0] if kept else 0
     for kind in ("rollouts", "eval"):
-        steps = _numbered(run_dir / kind)
-        if last_steps is not None:
-            steps = steps[-last_steps:]
+        steps = kept if kind == "rollouts" else [(n, p) for n, p in _numbered(run_dir / kind) if n >= first]
         for step, path in steps:
             records = _jsonl(path)
             for r in records:  # resolve the prompt pointers of a training dump (prompt once per group and token)
@@ -86,20 +113,32 @@ def collect(run_dir: Path, last_steps: int | None = None) -> dict[str, Any]:
         results = json.loads((run_dir / "results.json").read_text())
         if (run_dir / "trajectories.jsonl").is_file():
             episodes += [_episode(r, "eval", None) for r in _jsonl(run_dir / "trajectories.jsonl")]
-    if config is None and not metrics and not episodes:
+    if not configs and results is None and not metrics and not episodes:
         raise ReportError(f"{run_dir} holds no run: no config.yaml, results.json, metrics.jsonl or rollouts")
-    config_text = ""
-    if (run_dir / "config.yaml").is_file():
-        config_text = (run_dir / "config.yaml").read_text()
+    config_name, config_text = "", ""
+    if configs:  # the newest invocation's (a resume with resume_may_change writes config.N.yaml)
+        config_name, config_text = configs[-1].name, configs[-1].read_text()
     elif results is not None:
-        config_text = json.dumps(results.get("config", {}), indent=1)
+        config_name, config_text = "results.json: config", json.dumps(results.get("config", {}), indent=1)
     evals = [{k: v for k, v in m.items() if k == "step" or k.startswith("eval_")} for m in metrics
              if any(k.startswith("eval_accuracy") for k in m)]
     if results is not None:
         evals.append({"step": "final", "eval_accuracy": results.get("overall"),
                       **{f"eval_accuracy_{c}": v.get("accuracy") for c, v in (results.get("categories") or {}).items()}})
-    return {"name": run_dir.resolve().name, "path": str(run_dir), "config": config_text, "evals": evals,
-            "episodes": episodes, "steps": len(metrics), "last": metrics[-1] if metrics else {}}
+    return {"name": run_dir.resolve().name, "path": str(run_dir), "config": config_text, "config_name": config_name,
+            "evals": evals, "episodes": episodes, "steps": len(metrics), "last": metrics[-1] if metrics else {},
+            "note": note}
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as null (JSON has neither; one would make the page's data unreadable)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _plot_png(run_dir: Path) -> str | None:
@@ -145,6 +184,8 @@ img{max-width:100%}
 _SCRIPT = r"""
 const data = JSON.parse(document.getElementById('report-data').textContent);
 const eps = data.episodes;
+const PAGE = 200;
+let limit = PAGE;
 const $ = (id) => document.getElementById(id);
 function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined && text !== null) e.textContent = String(text); if (cls) e.className = cls; return e; }
 function fill(select, values) { for (const v of values) { const o = el('option', v); o.value = v; select.appendChild(o); } }
@@ -152,6 +193,27 @@ function key(v) { return v === null || v === undefined ? 'none' : String(v); }
 fill($('f-step'), [...new Set(eps.map(e => e.source + ' ' + key(e.step)))]);
 fill($('f-task'), [...new Set(eps.map(e => key(e.task)))].sort());
 fill($('f-token'), [...new Set(eps.map(e => key(e.token)))].sort());
+function body(d, e) {  // built when a rollout is first opened: the page holds thousands
+  d.appendChild(el('div', `R_state ${key(e.state_ok)} · R_action ${key(e.actions_ok)}` + (e.truncated ? ` · truncated: ${e.truncated}` : '') + (e.error ? ` · error: ${e.error}` : '')));
+  if (e.prompt) { const p = el('details'); p.appendChild(el('summary', 'prompt (as the model saw it)')); p.appendChild(el('pre', e.prompt)); d.appendChild(p); }
+  for (const m of e.messages || []) {
+    d.appendChild(el('div', m.role, 'role'));
+    d.appendChild(el('pre', m.content, 'msg ' + m.role));
+    if (m.tool_calls && m.tool_calls.length) d.appendChild(el('pre', 'calls: ' + JSON.stringify(m.tool_calls)));
+  }
+  if (e.details && Object.keys(e.details).length) d.appendChild(el('pre', 'reward details: ' + JSON.stringify(e.details, null, 1)));
+}
+function card(e) {
+  const d = el('details', undefined, 'ep'); d.dataset.task = key(e.task); d.dataset.token = key(e.token);
+  d.dataset.reward = key(e.reward);
+  const s = el('summary');
+  s.appendChild(el('span', `${e.source} step ${key(e.step)} · ${key(e.task)} · group ${key(e.group)} · token ${key(e.token)} · `));
+  s.appendChild(el('span', `reward ${key(e.reward)}`, e.reward === 1 ? 'ok' : 'bad'));
+  if (e.advantage !== null && e.advantage !== undefined) s.appendChild(el('span', ` · advantage ${Number(e.advantage).toFixed(3)}`));
+  d.appendChild(s);
+  d.addEventListener('toggle', () => { if (d.open && !d.dataset.built) { d.dataset.built = '1'; body(d, e); } });
+  return d;
+}
 function render() {
   const step = $('f-step').value, task = $('f-task').value, token = $('f-token').value, reward = $('f-reward').value;
   const list = $('episodes'); list.replaceChildren();
@@ -163,33 +225,22 @@ function render() {
     if (reward === '1' && e.reward !== 1) continue;
     if (reward === '<1' && e.reward === 1) continue;
     shown += 1;
-    const d = el('details', undefined, 'ep'); d.dataset.task = key(e.task); d.dataset.token = key(e.token);
-    d.dataset.reward = key(e.reward);
-    const s = el('summary');
-    s.appendChild(el('span', `${e.source} step ${key(e.step)} · ${key(e.task)} · group ${key(e.group)} · token ${key(e.token)} · `));
-    s.appendChild(el('span', `reward ${key(e.reward)}`, e.reward === 1 ? 'ok' : 'bad'));
-    if (e.advantage !== null && e.advantage !== undefined) s.appendChild(el('span', ` · advantage ${Number(e.advantage).toFixed(3)}`));
-    d.appendChild(s);
-    d.appendChild(el('div', `R_state ${key(e.state_ok)} · R_action ${key(e.actions_ok)}` + (e.truncated ? ` · truncated: ${e.truncated}` : '') + (e.error ? ` · error: ${e.error}` : '')));
-    if (e.prompt) { const p = el('details'); p.appendChild(el('summary', 'prompt (as the model saw it)')); p.appendChild(el('pre', e.prompt)); d.appendChild(p); }
-    for (const m of e.messages || []) {
-      d.appendChild(el('div', m.role, 'role'));
-      d.appendChild(el('pre', m.content, 'msg ' + m.role));
-      if (m.tool_calls && m.tool_calls.length) d.appendChild(el('pre', 'calls: ' + JSON.stringify(m.tool_calls)));
-    }
-    if (e.details && Object.keys(e.details).length) d.appendChild(el('pre', 'reward details: ' + JSON.stringify(e.details, null, 1)));
-    list.appendChild(d);
+    if (shown <= limit) list.appendChild(card(e));
   }
   $('count').textContent = `${shown} of ${eps.length} rollouts`;
+  $('more').hidden = shown <= limit;
+  $('more').textContent = `show ${Math.min(PAGE, shown - limit)} more (${Math.min(limit, shown)} shown)`;
 }
-for (const id of ['f-step', 'f-task', 'f-token', 'f-reward']) $(id).addEventListener('change', render);
+for (const id of ['f-step', 'f-task', 'f-token', 'f-reward']) $(id).addEventListener('change', () => { limit = PAGE; render(); });
+$('more').addEventListener('click', () => { limit += PAGE; render(); });
 render();
 """
 
 
 def render_html(report: dict[str, Any], plot_png: str | None) -> str:
     # JSON inside <script>: "</" and "<!--" are escaped so no text can end the element; the script reads it as data
-    payload = json.dumps({"episodes": report["episodes"]}, default=str).replace("<", "\\u003c")
+    payload = json.dumps(_finite({"episodes": report["episodes"]}), default=str, allow_nan=False).replace("<", "\\u003c")
+    script_hash = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()  # CSP: this script only
     last = ", ".join(f"{k} {v:.4g}" for k, v in report["last"].items()
                      if k in ("loss", "reward_mean", "zero_variance_fraction", "eval_accuracy"))
     plot = (f"<img alt='training dynamics' src='data:image/png;base64,{plot_png}'>" if plot_png
@@ -197,7 +248,7 @@ def render_html(report: dict[str, Any], plot_png: str | None) -> str:
     name = html.escape(report["name"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{name} · nemo_rcgrpo report</title>
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'">
 <style>{_STYLE}</style></head><body>
 <h1>{name}</h1>
 <p>{html.escape(report['path'])} · {report['steps']} logged steps{' · last: ' + html.escape(last) if last else ''}</p>
@@ -211,17 +262,20 @@ def render_html(report: dict[str, Any], plot_png: str | None) -> str:
 <label>reward <select id="f-reward"><option value="all">all</option><option value="1">1 (success)</option>
 <option value="&lt;1">below 1</option></select></label>
 <span id="count"></span></div>
-<div id="episodes"></div>
-<h2>Config</h2><pre id="config">{html.escape(report['config'])}</pre>
+{f"<p id='note'>{html.escape(report['note'])}</p>" if report['note'] else ""}
+<div id="episodes"></div><button id="more" hidden></button>
+<h2>Config ({html.escape(report['config_name'] or 'none')})</h2><pre id="config">{html.escape(report['config'])}</pre>
 <script type="application/json" id="report-data">{payload}</script>
 <script>{_SCRIPT}</script>
 </body></html>
 """
 
 
-def write_report(run_dir: str | Path, out: str | Path, last_steps: int | None = None) -> Path:
+def write_report(run_dir: str | Path, out: str | Path, last_steps: int | None = None, everything: bool = False) -> Path:
     run_dir = Path(run_dir)
-    report = collect(run_dir, last_steps)
+    report = collect(run_dir, last_steps, everything)
+    if report["note"]:
+        print(f"note: {report['note']}", file=sys.stderr)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
@@ -235,10 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "dynamics plot, eval table, every rollout with filters (stage 2 and eval runs)")
     p.add_argument("run_dir", help="a training run folder (run_dir) or an evaluation's out_dir")
     p.add_argument("-o", "--out", default=None, help="the HTML file (default: RUN_DIR/report.html)")
-    p.add_argument("--last-steps", type=int, default=None, help="only the rollouts of the last N steps (large runs)")
+    p.add_argument("--last-steps", type=int, default=None, help="the rollouts of the last N steps (default: the "
+                   f"last steps whose rollouts fit in {MAX_ROLLOUTS})")
+    p.add_argument("--all", action="store_true", help="every step's rollouts, however many")
     args = p.parse_args(argv)
     try:
-        out = write_report(args.run_dir, args.out or Path(args.run_dir) / "report.html", args.last_steps)
+        out = write_report(args.run_dir, args.out or Path(args.run_dir) / "report.html", args.last_steps, args.all)
     except (ReportError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

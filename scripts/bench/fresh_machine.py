@@ -1,4 +1,4 @@
-"""Benchmark: the README's Quick start on a fresh checkout, timed: `make install`, `make test`, `make demo`.
+"""Benchmark: the README's install and `make` targets on a fresh checkout, timed: `make install`, `make test`, `make demo`.
 
 A clean `git clone` of this repository at --ref (default HEAD: committed work only,
 not the working tree) into a new temporary folder, an empty model cache
@@ -191,7 +191,7 @@ def main() -> int:
     versions = venv_versions(clone, env)
     load = os.getloadavg()[0]
     pip_index = os.environ.get("PIP_INDEX_URL") or "pip's configured index"
-    rows = [START, "## A fresh machine, timed (the README's Quick start; `scripts/bench/fresh_machine.py`)", "",
+    rows = [START, "## A fresh machine, timed (the README's install and make targets; `scripts/bench/fresh_machine.py`)", "",
             f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores, {memory_gib()}; "
             f"{versions}; 1-min load average {load:.1f} at the end.",
             f"- A clean `git clone` of commit {sha[:12]} ({clone_s:.0f} s), an empty model cache (`NEMO_RCGRPO_CACHE` "

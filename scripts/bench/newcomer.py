@@ -80,8 +80,8 @@ def main() -> int:
     finished = not failed and produced["metrics steps"] == [1, 2] and produced["plot"] and produced["report"]
     rows = [START, "## A newcomer's first run, timed (the README's first screen; `scripts/bench/newcomer.py`)", "",
             f"- Date: {dt.date.today()}; machine: {cpu_name()}, {os.cpu_count()} cores, {memory_gib()}, Python {platform.python_version()}; "
-            f"commit {commit}, a clean clone, an empty model cache, no pip cache (packages from these machines' "
-            "registry mirror), commands exactly as the README gives them, one after another.", "",
+            f"commit {commit}, a clean clone, an empty model cache, no pip cache (packages from a PyPI mirror), "
+            "commands exactly as the README gives them, one after another.", "",
             "| command | exit | wall seconds |", "|---|---:|---:|"]
     rows += [f"| `{c}` | {rc} | {s:.1f} |" for c, rc, s in rows_out]
     rows += [f"| **total** | | **{total:.1f}** |", "",

@@ -30,6 +30,8 @@ def run(data_dir, tmp_path_factory):
     victim = next(r for r in records if r["messages"] and r["messages"][0]["role"] == "assistant")
     victim["messages"][0]["content"] = HOSTILE + victim["messages"][0]["content"]
     victim["messages"].append({"role": "tool", "content": HOSTILE})
+    victim["error"] = HOSTILE  # and in a field the summary line shows
+    victim["reward_details"] = {"note": HOSTILE, "nan": float("nan")}  # JSON has no NaN: the page must still load
     dump.write_text("".join(json.dumps(r) + "\n" for r in records))
     return run_dir
 
@@ -71,15 +73,16 @@ def test_report_in_a_headless_browser(run, tmp_path):
         assert page.locator("img[alt='training dynamics']").count() == 1
         assert page.locator("#evals tr").count() == 3  # header + steps 1 and 2
         # a known rollout: its task, reward and its first tool result are on the page once opened
-        known = next(r for r in dumped if r["observations"] and r["observations"][0])
+        known = next(r for r in dumped if any(m["role"] == "tool" and m["content"] != HOSTILE for m in r["messages"]))
+        result = next(m["content"] for m in known["messages"] if m["role"] == "tool")
         page.select_option("#f-step", f"train {known['step']}")
         page.select_option("#f-task", known["task_id"])
         cards = page.locator("details.ep")
-        texts = [cards.nth(i).inner_text() for i in range(cards.count())]
-        assert len(texts) == sum(r["step"] == known["step"] and r["task_id"] == known["task_id"] for r in dumped)
+        assert cards.count() == sum(r["step"] == known["step"] and r["task_id"] == known["task_id"] for r in dumped)
+        assert result not in page.locator("#episodes").inner_text()  # bodies are built when a rollout is opened
         for i in range(cards.count()):
-            cards.nth(i).evaluate("d => d.open = true")
-        assert any(known["observations"][0][0] in cards.nth(i).inner_text() for i in range(cards.count()))
+            cards.nth(i).locator("summary").first.click()
+        assert result in page.locator("#episodes").inner_text()
         # filters: reward 1 and token high select exactly those rollouts of the dumps
         page.select_option("#f-step", "all")
         page.select_option("#f-task", "all")
@@ -96,17 +99,30 @@ def test_report_in_a_headless_browser(run, tmp_path):
         page.select_option("#f-reward", "all")
         assert page.locator("details.ep b").count() == 0 and page.locator("details.ep img").count() == 0
         for i in range(cards.count()):
-            cards.nth(i).evaluate("d => d.open = true")
-        assert HOSTILE in page.locator("#episodes").inner_text()
+            cards.nth(i).locator("summary").first.click()
+        assert page.locator("#episodes").inner_text().count(HOSTILE) >= 3  # message, tool result, error
         page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
         assert errors == [] and page.evaluate("window.pwned") is None
         browser.close()
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_long_runs_keep_the_last_steps_that_fit(run, monkeypatch):
+    import nemo_rcgrpo.utils.report as report
+
+    monkeypatch.setattr(report, "MAX_ROLLOUTS", 10)  # 8 rollouts a step: only the last step fits
+    kept = collect(run)
+    assert {e["step"] for e in kept["episodes"]} == {2} and "last 1 of 2 steps" in kept["note"]
+    assert {e["step"] for e in collect(run, everything=True)["episodes"]} == {1, 2}
+    assert {e["step"] for e in collect(run, last_steps=2)["episodes"]} == {1, 2} and not collect(run, 2)["note"]
+
+
 def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     assert report_main([str(tmp_path / "absent")]) == 2
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty")]) == 2
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("stage: rcgrpo\n")
+    assert report_main([str(tmp_path / "run"), "--last-steps", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("error:") == 2 and "holds no run" in err
+    assert err.count("error:") == 3 and "holds no run" in err and "give at least 1" in err

@@ -124,7 +124,7 @@ def test_two_rcgrpo_steps_with_mixed_rewards(data_dir, tmp_path, layout):
             group = [r for r in records if r["group"] == g]
             assert [r["advantage"] for r in group] == pytest.approx(hand_advantages([r["reward"] for r in group]),
                                                                     abs=1e-6)
-        if step == 0:
+        if m["step"] == 1:
             assert len({r["reward"] for r in records}) == 2  # mixed rewards in the first step
             expected = -sum(r["advantage"] * r["generated_tokens"] for r in records) / m["tokens"]
             assert abs(expected) > 1e-4 and m["loss"] == pytest.approx(expected, abs=1e-6), (m["loss"], expected)
