@@ -10,6 +10,7 @@ Subcommands:
   compare        several eval results side by side: Markdown table and bar chart
   serve          a vLLM server on a policy export, for runs with generation.vllm.url=http://HOST:PORT
   layout         a recipe's GPU layout as shell variables (for the launchers)
+  plugins        every pluggable kind (@register) and its registered names, a user's modules included
   convert        weights: HF folder <-> Megatron-Core state dicts (hf-to-megatron IN OUT --tp N | megatron-to-hf IN OUT)
 """
 
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("compare", help="compare eval results: rcgrpo compare RESULT [RESULT ...] --out PATH")
     sub.add_parser("serve", help="vLLM server for rollouts: rcgrpo serve MODEL [--port 8000 --tp 1 ...] (see --help)")
     sub.add_parser("layout", help="GPU layout of a recipe as shell variables: --config-name NAME [overrides]")
+    sub.add_parser("plugins", help="every pluggable kind and its registered names: rcgrpo plugins [plugins=[mod,...]]")
 
     p = sub.add_parser("score", help="score recorded tool calls with the paper's reward and BFCL's checker")
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
@@ -114,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
                   "plot": "nemo_rcgrpo.utils.plots", "report": "nemo_rcgrpo.utils.report", "eval": "nemo_rcgrpo.evaluation.run",
-                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.layout"}
+                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.layout",
+                  "plugins": "nemo_rcgrpo.registry"}
 
 
 def main(argv: list[str] | None = None) -> int:

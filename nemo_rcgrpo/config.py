@@ -16,6 +16,7 @@ from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
+from nemo_rcgrpo.registry import load_plugins, names
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 
 STAGE1 = ("sft", "rctp")
@@ -231,6 +232,7 @@ class TrainConfig:
     seed: int = 1234
     run_dir: str = "runs/default"
     overwrite: bool = False  # with trainer.resume=false: remove the run already in run_dir and start over
+    plugins: tuple[str, ...] = ()  # modules imported before validation: their @register entries (nemo_rcgrpo.registry)
     model: ModelConfig = ModelConfig()
     chat: ChatConfig = ChatConfig()
     data: DataConfig = DataConfig()
@@ -245,6 +247,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
+        load_plugins(cfg.get("plugins") or ())  # before validation: a plugin's names are valid choices
         config = _build(cls, cfg, "")
         config.validate()
         return config
@@ -265,9 +268,7 @@ class TrainConfig:
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
         _choice("policy.backend", self.policy.backend, ("torch", "megatron"))
         self._validate_megatron()
-        from nemo_rcgrpo.generation import GENERATORS
-
-        _choice("generation.backend", self.generation.backend, tuple(GENERATORS))
+        _choice("generation.backend", self.generation.backend, names("generator"))
         if self.generation.max_batch_size <= 0:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
         if self.generation.backend == "vllm":
@@ -337,25 +338,20 @@ class TrainConfig:
             raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
 
     def _validate_scripted(self) -> None:
-        from nemo_rcgrpo.data.failures import FAILURE_OPERATORS
-
         s = self.generation.scripted
-        _choice("generation.scripted.failure_type", s.failure_type, tuple(FAILURE_OPERATORS))
+        _choice("generation.scripted.failure_type", s.failure_type, names("failure"))
         for key in ("success_rate", "success_high", "success_low"):
             value = getattr(s, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
 
     def _validate_rl(self) -> None:
-        from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
-        from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
-
-        rl = self.rl
-        _choice("rl.reward_token_sampling", rl.reward_token_sampling, tuple(REWARD_TOKEN_SAMPLERS))
-        _choice("rl.advantage.baseline", rl.advantage.baseline, ("mean", "leave_one_out"))
-        _choice("rl.advantage.scale", rl.advantage.scale, ("std", "none"))
-        _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, tuple(KL_ESTIMATORS))
-        _choice("rl.loss.aggregation", rl.loss.aggregation, ("token", "sequence"))
+        rl = self.rl  # the choices of pluggable parts are the registry's names (a plugin's included)
+        _choice("rl.reward_token_sampling", rl.reward_token_sampling, names("reward_token_sampler"))
+        _choice("rl.advantage.baseline", rl.advantage.baseline, names("advantage_baseline"))
+        _choice("rl.advantage.scale", rl.advantage.scale, names("advantage_scale"))
+        _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, names("kl_estimator"))
+        _choice("rl.loss.aggregation", rl.loss.aggregation, names("loss_aggregation"))
         _choice("rl.split", rl.split, ("train", "test"))
         _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
         _choice("rl.dapo_shortfall", rl.dapo_shortfall, ("train", "error"))

@@ -37,13 +37,14 @@ import yaml
 from tqdm import tqdm
 
 from nemo_rcgrpo.data.chat_format import TokenCounter
-from nemo_rcgrpo.data.failures import FAILURE_OPERATORS, assign_types, load_rollout_failures, make_failure
+from nemo_rcgrpo.data.failures import assign_types, load_rollout_failures, make_failure
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.splits import split_by_scenario
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
+from nemo_rcgrpo.registry import load_plugins, names
 from nemo_rcgrpo.utils.cli_help import resolve
 
 
@@ -62,6 +63,7 @@ class PrepareDataConfig:
     out_dir: str = "data/bfcl_v4"
     overwrite: bool = False
     seed: int = 1234
+    plugins: tuple[str, ...] = ()  # modules imported before validation, e.g. with their own failure types
     mode: str = "merged"
     categories: tuple[str, ...] = CATEGORIES
     test_fraction: float = 0.1
@@ -75,6 +77,7 @@ class PrepareDataConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "PrepareDataConfig":
+        load_plugins(cfg.get("plugins") or ())  # before validation: a plugin's failure types are valid choices
         reject_unknown("", cfg, {f.name for f in fields(cls)})
         values = check_fields(cls, dict(cfg))
         for key, sub in (("closing", ClosingTexts), ("failures", FailureConfig), ("reward_goal", RewardGoal)):
@@ -106,9 +109,9 @@ class PrepareDataConfig:
             raise ConfigError(f"calls_per_message={self.calls_per_message!r}: choose 'turn' or 'one'")
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
-        unknown = set(self.failures.types) - set(FAILURE_OPERATORS)
+        unknown = set(self.failures.types) - set(names("failure"))
         if unknown:
-            raise ConfigError(f"failures.types: unknown {sorted(unknown)}; known: {sorted(FAILURE_OPERATORS)}")
+            raise ConfigError(f"failures.types: unknown {sorted(unknown)}; registered: {list(names('failure'))}")
         if not 0.0 <= self.failures.rollout_fraction <= 1.0:
             raise ConfigError(f"failures.rollout_fraction={self.failures.rollout_fraction}: must be in [0, 1]")
         if self.failures.rollout_fraction > 0 and not self.failures.rollout_files:

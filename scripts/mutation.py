@@ -92,7 +92,7 @@ TARGETS: dict[str, Target] = {
 # Survivors that no test can kill. Key: (module, function, the mutated line, occurrence) as the report prints
 # them; occurrence tells apart mutants that give the same line in one function (two `return x` -> `return None`).
 EQUIVALENT: dict[tuple[str, str, str, int], str] = {
-    ("advantages", "group_advantages", "std = r.std(dim=1, keepdim=True) if g > 1 else torch.zeros_like(r[:, :(2)])", 1):
+    ("advantages", "std_scale", "std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :(2)])", 1):
         "the branch runs only for g <= 1, where r[:, :2] and r[:, :1] have the same shape [N, g] (values unused)",
     ("losses", "grpo_loss", 'adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze((1))', 1):
         "advantages are [B]: on a 1-D tensor unsqueeze(1) and unsqueeze(-1) are the same [B, 1]",

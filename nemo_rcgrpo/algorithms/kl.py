@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import torch
 
+from nemo_rcgrpo.registry import _TABLES, register
 
+
+@register("kl_estimator", "k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return logprobs - ref_logprobs
 
 
+@register("kl_estimator", "k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
@@ -25,9 +29,10 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 K3_MAX = 10.0
 
 
+@register("kl_estimator", "k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)  # exp overflow guard
     return (torch.exp(d) - d - 1.0).clamp(max=K3_MAX)
 
 
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS = _TABLES["kl_estimator"]  # the registry's table: k1, k2, k3 and any a plugin adds

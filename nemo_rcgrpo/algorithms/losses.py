@@ -9,6 +9,21 @@ from __future__ import annotations
 
 import torch
 
+from nemo_rcgrpo.registry import lookup, register
+
+
+@register("loss_aggregation", "token")
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, batch: dict) -> torch.Tensor:
+    """sum_t mask * loss_t / num_valid_tokens (the update's token count)."""
+    return (per_token * mask).sum() / max(num_valid_tokens, 1.0)
+
+
+@register("loss_aggregation", "sequence")
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, batch: dict) -> torch.Tensor:
+    """sum_b [sum_t mask * loss_t / len_b] / num_sequences (the update's sequence count)."""
+    lengths = mask.sum(dim=1).clamp(min=1.0)  # [B]
+    return ((per_token * mask).sum(dim=1) / lengths).sum() / float(batch["num_sequences"])
+
 
 def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float):
     """Negative log-likelihood of the assistant tokens (stage 1: SFT and RCTP-FT).
@@ -44,8 +59,6 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
         token:    sum_t mask * loss_t / num_valid_tokens          (the update's token count)
         sequence: sum_b [sum_t mask * loss_t / len_b] / num_sequences
     """
-    from nemo_rcgrpo.algorithms.kl import KL_ESTIMATORS
-
     mask = batch["loss_mask"].to(token_logprobs.dtype)  # [B, T]
     adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
     old_logprobs = batch.get("old_logprobs")
@@ -60,15 +73,9 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
         if gap is None:
             raise ValueError("tis_cap needs the generator's sampler_logprobs in the batch")
         pg = pg * torch.exp(gap).clamp(max=tis_cap)  # [B, T]
-    kl = KL_ESTIMATORS[kl_estimator](token_logprobs, batch["ref_logprobs"]) * mask  # [B, T]
+    kl = lookup("kl_estimator", kl_estimator)(token_logprobs, batch["ref_logprobs"]) * mask  # [B, T]
     per_token = pg + kl_beta * kl  # [B, T]
-    if aggregation == "token":
-        loss = (per_token * mask).sum() / max(num_valid_tokens, 1.0)
-    elif aggregation == "sequence":
-        lengths = mask.sum(dim=1).clamp(min=1.0)  # [B]
-        loss = ((per_token * mask).sum(dim=1) / lengths).sum() / float(batch["num_sequences"])
-    else:
-        raise ValueError(f"aggregation={aggregation!r}: choose 'token' or 'sequence'")
+    loss = lookup("loss_aggregation", aggregation)(per_token, mask, num_valid_tokens, batch)
     with torch.no_grad():
         is_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
         n = mask.sum()

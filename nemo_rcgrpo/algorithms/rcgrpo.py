@@ -491,7 +491,8 @@ def maybe_run_stage1(cfg: TrainConfig) -> None:
 
     run_dir = Path(cfg.model.path).parent
     overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
-                 f"logging.progress={str(cfg.logging.progress).lower()}", *cfg.rl.stage1_overrides]
+                 f"logging.progress={str(cfg.logging.progress).lower()}", f"plugins=[{','.join(cfg.plugins)}]",
+                 *cfg.rl.stage1_overrides]
     stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
     if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
         print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)

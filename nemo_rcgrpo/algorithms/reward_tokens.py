@@ -16,16 +16,15 @@ import math
 import random
 from typing import Callable
 
+from nemo_rcgrpo.registry import _TABLES, register
+
 RewardTokenSampler = Callable[[int, int, float, random.Random], list[list[bool]]]
-REWARD_TOKEN_SAMPLERS: dict[str, RewardTokenSampler] = {}
+REWARD_TOKEN_SAMPLERS: dict[str, RewardTokenSampler] = _TABLES["reward_token_sampler"]  # the registry's table
 
 
 def register_sampler(name: str):
-    def wrap(fn: RewardTokenSampler) -> RewardTokenSampler:
-        REWARD_TOKEN_SAMPLERS[name] = fn
-        return fn
-
-    return wrap
+    """``@register("reward_token_sampler", name)``."""
+    return register("reward_token_sampler", name)
 
 
 def _check(group_size: int, p_high: float) -> None:

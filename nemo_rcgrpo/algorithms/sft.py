@@ -80,6 +80,7 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
         if Path(cfg.data.dir).exists():
             raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
                                     f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
+        # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
         cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
                f"seed={cfg.seed}", "tokenizer=null"]
         subprocess.run(cmd, check=True)

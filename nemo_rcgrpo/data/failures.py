@@ -19,18 +19,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 from nemo_rcgrpo.data.trajectories import Plan, PlayedTrajectory, play, replay_messages
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask, ToolDoc
+from nemo_rcgrpo.registry import _TABLES, register
 from nemo_rcgrpo.types import ToolCall
 
 Perturbation = Callable[[BFCLTask, Plan, random.Random], "tuple[Plan, str] | None"]
-FAILURE_OPERATORS: dict[str, Perturbation] = {}
+FAILURE_OPERATORS: dict[str, Perturbation] = _TABLES["failure"]  # the registry's table
 
 
 def register_failure(name: str) -> Callable[[Perturbation], Perturbation]:
-    def wrap(fn: Perturbation) -> Perturbation:
-        FAILURE_OPERATORS[name] = fn
-        return fn
-
-    return wrap
+    """``@register("failure", name)``."""
+    return register("failure", name)
 
 
 def _positions(plan: Plan) -> list[tuple[int, int]]:
@@ -152,6 +150,9 @@ class Failure:
     source: str  # perturbation | rollout
 
 
+SHIPPED_FAILURES = tuple(FAILURE_OPERATORS)  # the types above, in order (fallbacks)
+
+
 def make_failure(
     task: BFCLTask,
     plan: Plan,
@@ -160,8 +161,9 @@ def make_failure(
     play_kwargs: Mapping[str, Any],
     max_tries: int = 20,
 ) -> Failure | None:
-    """A verified (reward 0) failure of ``task``: the preferred type first, then the others."""
-    order = [preferred] + [name for name in FAILURE_OPERATORS if name != preferred]
+    """A verified (reward 0) failure of ``task``: the preferred type first, then the shipped ones (not a plugin's:
+    the same seed gives the same data whatever is installed)."""
+    order = [preferred] + [name for name in SHIPPED_FAILURES if name != preferred]
     for name in order:
         operator = FAILURE_OPERATORS[name]
         for _ in range(max_tries):

@@ -46,6 +46,7 @@ class EvalConfig:
     overwrite: bool = False
     resume: bool = False  # finish an incomplete evaluation in out_dir (episodes already scored are kept)
     seed: int = 1234
+    plugins: tuple[str, ...] = ()  # modules imported before validation (nemo_rcgrpo.registry)
     # which tasks
     data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)
     split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
@@ -74,6 +75,9 @@ class EvalConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "EvalConfig":
         cfg = dict(cfg)
+        from nemo_rcgrpo.registry import load_plugins
+
+        load_plugins(cfg.get("plugins") or ())  # before validation
         if "policy" in cfg and cfg["policy"] is None:  # Hydra reads `policy=null` as YAML null
             cfg["policy"] = "null"
         config = _build(cls, cfg, "")

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from nemo_rcgrpo.utils.config import ConfigError, compose, conf_dir, split_argv
+from nemo_rcgrpo.utils.config import ConfigError, add_config_dir, compose, conf_dir, config_dirs, split_argv
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,11 @@ def _description(text: str) -> str:
 
 def recipes(root: str, directory: Path | None = None) -> list[tuple[str, str]]:
     """(name, description) of every config in ``directory`` built on ``root``; bases (``*_defaults``) left out."""
-    directory = directory or conf_dir()
-    texts = {p.stem: p.read_text() for p in sorted(directory.glob("*.yaml"))}
+    dirs = [directory] if directory is not None else config_dirs()
+    texts: dict[str, str] = {}
+    for folder in reversed(dirs):  # a user's recipe of the same name as a shipped one wins
+        texts.update({p.stem: p.read_text() for p in sorted(folder.glob("*.yaml"))})
+    texts = dict(sorted(texts.items()))
 
     def reaches(name: str, seen: frozenset = frozenset()) -> bool:
         if name == root:
@@ -183,11 +186,13 @@ def _schema_defaults(spec: str) -> dict[str, Any]:
 
 def help_text(command: str, directory: Path | None = None) -> str:
     spec = COMMANDS[command]
+    where = str(directory) if directory is not None else ", ".join(str(d) for d in config_dirs())
     directory = directory or conf_dir()
-    lines = [f"usage: {spec.usage}", "       add --cfg job to print the resolved config and exit", ""]
+    lines = [f"usage: {spec.usage}", "       add --cfg job to print the resolved config and exit; --config-dir DIR "
+             "adds a folder of your recipes (they can build on these)", ""]
     if command in ("train", "layout", "eval"):
-        found = recipes(spec.root, directory)
-        lines.append(f"recipes ({directory}):")
+        found = recipes(spec.root, None if where != str(directory) else directory)
+        lines.append(f"recipes ({where}):")
         width = max((len(n) for n, _ in found), default=0)
         lines += [f"  {n.ljust(width)}  {d}" for n, d in found]
         lines.append("")
@@ -214,6 +219,11 @@ def parse_invocation(command: str, argv: Sequence[str]) -> Invocation | None:
     """``--help`` / ``--cfg job`` / ``--config-name`` and Hydra overrides; None when help was printed."""
     spec = COMMANDS[command]
     rest, show, args = [], False, list(argv)
+    for i, arg in enumerate(args):  # first: --help lists the user's recipes too
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            add_config_dir(args[i + 1])
+        elif arg.startswith("--config-dir="):
+            add_config_dir(arg.split("=", 1)[1])
     while args:
         arg = args.pop(0)
         if arg in ("-h", "--help"):
@@ -224,7 +234,8 @@ def parse_invocation(command: str, argv: Sequence[str]) -> Invocation | None:
             if value != "job":
                 raise ConfigError("--cfg takes one value: job (print the resolved config and exit)")
             show = True
-        elif arg.startswith("-") and not (arg in ("--config-name", "-cn") or arg.startswith("--config-name=")):
+        elif arg.startswith("-") and not (arg in ("--config-name", "-cn", "--config-dir", "-cd")
+                                          or arg.startswith(("--config-name=", "--config-dir="))):
             raise ConfigError(f"unknown option {arg!r}; give settings as key=value overrides (rcgrpo {command} --help)")
         else:
             rest.append(arg)
@@ -245,7 +256,7 @@ def resolve(command: str, argv: Sequence[str], schema: Any) -> tuple[Invocation,
     if invocation is None:
         return None
     composed = compose(invocation.name, invocation.overrides)
-    cfg = schema.from_dict(composed)
+    cfg = schema.from_dict(composed)  # loads the config's plugins before it validates
     if invocation.print_config:  # the validated config, as the run would write it to run_dir/config.yaml
         print_config(cfg.to_dict() if hasattr(cfg, "to_dict") else composed)
         return None

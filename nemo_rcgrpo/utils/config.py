@@ -30,7 +30,8 @@ def conf_dir() -> Path:
 
 
 def split_argv(argv: Sequence[str], default_name: str) -> tuple[str, list[str]]:
-    """``--config-name X`` / ``--config-name=X`` plus Hydra overrides."""
+    """``--config-name X`` / ``--config-name=X`` plus Hydra overrides; ``--config-dir DIR`` (Hydra's flag) adds a
+    folder of the user's recipes (`add_config_dir`)."""
     name, overrides, args = default_name, [], list(argv)
     while args:
         arg = args.pop(0)
@@ -40,11 +41,36 @@ def split_argv(argv: Sequence[str], default_name: str) -> tuple[str, list[str]]:
             name = args.pop(0)
         elif arg.startswith("--config-name="):
             name = arg.split("=", 1)[1]
+        elif arg in ("--config-dir", "-cd"):
+            if not args:
+                raise ConfigError("--config-dir needs a folder")
+            add_config_dir(args.pop(0))
+        elif arg.startswith("--config-dir="):
+            add_config_dir(arg.split("=", 1)[1])
         elif arg.startswith("-"):
             raise ConfigError(f"unknown option {arg!r}; give settings as key=value overrides")
         else:
             overrides.append(arg)
     return name, overrides
+
+
+_USER_DIRS: list[Path] = []  # --config-dir: the user's recipe folders, searched before the shipped conf/
+
+
+def add_config_dir(path: str | Path) -> Path:
+    """A folder of the user's recipes (``--config-dir DIR``), layered over the shipped ``conf/``: a recipe there can
+    build on a shipped one (``defaults: [rcgrpo_smollm_cpu, _self_]``) and the shipped groups (``generation=vllm``)."""
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"--config-dir {path}: not a folder")
+    if folder not in _USER_DIRS:
+        _USER_DIRS.insert(0, folder)
+    return folder
+
+
+def config_dirs() -> list[Path]:
+    """Where recipes are looked up, first match first: the user's folders, then the shipped conf/."""
+    return [*_USER_DIRS, conf_dir()]
 
 
 def compose(config_name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -54,13 +80,20 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    directory = conf_dir()
-    if not (directory / f"{config_name}.yaml").is_file():
-        names = sorted(p.stem for p in directory.glob("*.yaml"))
-        raise ConfigError(f"no config named {config_name!r} in {directory}; available: {names}")
+    dirs = config_dirs()
+    primary = next((d for d in dirs if (d / f"{config_name}.yaml").is_file()), None)
+    if primary is None:
+        names = sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+        where = ", ".join(str(d) for d in dirs)
+        raise ConfigError(f"no config named {config_name!r} in {where}; available: {names}")
+    if any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        raise ConfigError("hydra.searchpath is set by --config-dir DIR (your recipe folders over conf/); use that")
+    # Hydra looks in the recipe's own folder first, then in these, in order (quoted: a path may hold , = [ ')
+    quoted = ["'file://" + str(d).replace("\\", "\\\\").replace("'", "\\'") + "'" for d in dirs if d != primary]
+    search = ["hydra.searchpath=[" + ",".join(quoted) + "]"] if quoted else []
     try:
-        with initialize_config_dir(config_dir=str(directory), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        with initialize_config_dir(config_dir=str(primary), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=[*overrides, *search])
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).splitlines()[0]

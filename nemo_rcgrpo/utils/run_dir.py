@@ -42,6 +42,9 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval"
                "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json")
 
 
+# settings added after runs were saved: a run saved without one resumes while it stays empty
+NEWER_EMPTY_OK = ("plugins",)
+
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
         out: dict[str, Any] = {}
@@ -73,6 +76,8 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
     out = []
     for key in sorted(set(a) | set(b)):
         if _free(key, allowed):
+            continue
+        if key in NEWER_EMPTY_OK and key not in a and b.get(key) in ([], ()):  # newer than that run, left empty
             continue
         if a.get(key, "<unset>") != b.get(key, "<unset>"):
             out.append(f"{key} is {a.get(key, '<unset>')!r} there and {b.get(key, '<unset>')!r} now")

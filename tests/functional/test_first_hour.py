@@ -4,6 +4,7 @@ from 1, a resume that says so)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,31 @@ def test_smoke_run_from_an_empty_folder(data_dir, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumes from runs/smoke_rl/checkpoints/step_2 (step 2)" in again.stderr
     assert "training rl.stage1_recipe" not in again.stderr
+
+
+def test_a_users_recipe_folder_builds_on_the_shipped_recipes(tmp_path, capsys, monkeypatch):
+    import nemo_rcgrpo.utils.config as config
+
+    monkeypatch.setattr(config, "_USER_DIRS", [])  # --config-dir is remembered for the process
+    mine = tmp_path / "my_conf"
+    mine.mkdir()
+    (mine / "my_smoke.yaml").write_text("# My smoke run: three rollouts a group.\ndefaults:\n  - smoke_rl\n  - _self_\n"
+                                        "rl:\n  group_size: 3\n")
+    (mine / "my_vllm.yaml").write_text("defaults:\n  - my_smoke\n  - override generation: vllm\n  - _self_\n")
+    assert main(["train", "--config-dir", str(mine), "--help"]) == 0
+    assert re.search(r"^  my_smoke +My smoke run: three rollouts a group\.$", capsys.readouterr().out, re.M)
+    assert main(["train", "--config-dir", str(mine), "--config-name", "my_smoke", "--cfg", "job"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["rl"]["group_size"] == 3 and cfg["rl"]["tasks_per_step"] == 2 and cfg["run_dir"] == "runs/smoke_rl"
+    assert main(["train", f"--config-dir={mine}", "--config-name", "my_vllm", "--cfg", "job"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)  # a shipped group chosen from the user's recipe
+    assert cfg["generation"]["backend"] == "vllm" and cfg["rl"]["group_size"] == 3
+    assert main(["train", "--config-name", "smoke_stage1", "--cfg", "job"]) == 0  # shipped recipes still found
+    assert yaml.safe_load(capsys.readouterr().out)["stage"] == "rctp"
+    (mine / "smoke_stage1.yaml").write_text("defaults:\n  - stage1_defaults\n  - _self_\nstage: sft\n")
+    assert main(["train", "--config-name", "smoke_stage1", "--cfg", "job"]) == 0  # a user's recipe of that name wins
+    assert yaml.safe_load(capsys.readouterr().out)["stage"] == "sft"
+    assert main(["train", "--config-name", "smoke_rl", "hydra.searchpath=[x]"]) == 2
+    assert "set by --config-dir" in capsys.readouterr().err
+    assert main(["train", "--config-dir", str(tmp_path / "absent"), "--config-name", "my_smoke"]) == 2
+    assert "not a folder" in capsys.readouterr().err

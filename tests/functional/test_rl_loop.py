@@ -274,3 +274,27 @@ def test_dapo_filter_stops_when_no_group_has_variance(data_dir, tmp_path, capsys
     assert err.startswith("error: dapo_filter: 0 of rl.tasks_per_step=2 groups have reward variance after 2 rounds "
                           "(4 zero-variance groups dropped"), err
     assert not (tmp_path / "e" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "e")
+
+
+def test_a_users_advantage_baseline_loaded_by_name(data_dir, tmp_path, monkeypatch):
+    """plugins=[module] (outside the package) registers a baseline; the run trains with it: the dumped advantages
+    are the plugin's formula of the dumped rewards, not the shipped mean baseline's."""
+    import nemo_rcgrpo.registry as registry
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
+    try:
+        assert main(_args(data_dir, tmp_path / "p", "trainer.max_steps=1", "plugins=[rc_plugin_example]",
+                          "rl.advantage.baseline=median_example")) == 0
+        records = _dump(tmp_path / "p", 1)
+        differs = 0
+        for g in (0, 1):
+            r = torch.tensor([x["reward"] for x in records if x["group"] == g], dtype=torch.float64)
+            expected = ((r - r.median()) / (r.std() + 1e-6)).tolist()
+            assert [x["advantage"] for x in records if x["group"] == g] == pytest.approx(expected, abs=1e-6)
+            differs += expected != pytest.approx(hand_advantages(r.tolist()), abs=1e-6)
+        assert differs  # the plugin's baseline is not the mean one on these rewards
+    finally:
+        registry.table("advantage_baseline").pop("median_example", None)
+        registry.table("kl_estimator").pop("zero_example", None)
+        registry._loaded.discard("rc_plugin_example")
+        sys.modules.pop("rc_plugin_example", None)

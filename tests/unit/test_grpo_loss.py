@@ -199,5 +199,5 @@ def test_unknown_aggregation_and_estimator():
     logp, batch = _batch()
     with pytest.raises(ValueError, match="aggregation='mean'"):
         grpo_loss(logp, batch, 9.0, aggregation="mean")
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="kl_estimator='k4': no kl_estimator of that name; registered: \\['k1', 'k2', 'k3'"):
         grpo_loss(logp, batch, 9.0, kl_estimator="k4")

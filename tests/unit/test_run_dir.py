@@ -90,3 +90,10 @@ def test_overwrite_with_resume_is_refused(tmp_path):
     prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
     with pytest.raises(ConfigError, match="overwrite=true starts the run over and needs trainer.resume=false"):
         prepare_run_dir(tmp_path, BASE, resume=True, overwrite=True)
+
+
+def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
+    newer = {**BASE, "plugins": []}
+    assert differences(BASE, newer, ()) == []  # a run saved before `plugins` existed resumes
+    assert differences(BASE, {**BASE, "plugins": ["mine"]}, ()) == ["plugins is '<unset>' there and ['mine'] now"]
+    assert differences(newer, BASE, ()) == ["plugins is [] there and '<unset>' now"]

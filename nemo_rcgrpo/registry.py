@@ -1,0 +1,166 @@
+"""One registration idiom for the parts a user can bring: ``@register(kind, name)``.
+
+    from nemo_rcgrpo import register
+
+    @register("advantage_baseline", "median")
+    def median_baseline(rewards):             # rewards: [num_groups, G] float64
+        return rewards - rewards.median(dim=1, keepdim=True).values
+
+and then ``rl.advantage.baseline=median plugins=[my_module]`` on any command. A module named in ``plugins`` (every
+command's setting) and every entry point of the group ``nemo_rcgrpo.plugins`` is imported before the config is
+validated, so the names it registers are valid choices there; a wrong name gets one line listing the registered
+ones. ``rcgrpo plugins [plugins=[mod,...]]`` prints every kind and its names.
+
+``KINDS`` says, per kind, what a registered object must be and which setting chooses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable, Sequence
+
+from nemo_rcgrpo.utils.config import ConfigError
+
+KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
+    "reward_token_sampler": ("rl.reward_token_sampling",
+                             "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)"),
+    "advantage_baseline": ("rl.advantage.baseline", "fn(rewards [N, G] float64) -> centred rewards [N, G]"),
+    "advantage_scale": ("rl.advantage.scale", "fn(rewards [N, G], centred [N, G], eps) -> advantages [N, G]"),
+    "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
+    "loss_aggregation": ("rl.loss.aggregation",
+                         "fn(per_token [B, T], mask [B, T], num_valid_tokens, batch) -> scalar loss"),
+    "generator": ("generation.backend", "factory(train config, policy model, tokenizer) -> Generator"),
+    "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
+                "fn(task, plan, rng) -> (perturbed plan, description) or None"),
+}
+# where the shipped entries of each kind are registered (imported on first use of the kind)
+_BUILTINS = {"reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
+             "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
+             "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
+             "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
+             "failure": "nemo_rcgrpo.data.failures"}
+ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
+_TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+_loaded: set[str] = set()
+
+
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; the kinds are {list(KINDS)}")
+    return kind
+
+
+def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], Any]:
+    """Decorator: ``obj`` becomes the ``name`` of ``kind``. A name taken by another object is refused unless
+    ``replace`` (registering the same object again, as a re-imported module does, is fine)."""
+    table = _TABLES[_kind(kind)]
+    importlib.import_module(_BUILTINS[kind])  # the shipped names first (a no-op while that module registers them)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register({kind!r}, {name!r}): the name must be a non-empty string")
+
+    def wrap(obj: Any) -> Any:
+        old = table.get(name)
+        qualname = getattr(obj, "__qualname__", "")
+        same = old is obj or (old is not None and "<" not in qualname  # lambdas and closures are never "the same"
+                              and getattr(old, "__qualname__", None) == qualname
+                              and getattr(old, "__module__", None) == getattr(obj, "__module__", 0))
+        if old is not None and not same and not replace:
+            where = f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', old)}"
+            raise ValueError(f"{kind} {name!r} is already registered ({where}); pick another name or "
+                             f"register({kind!r}, {name!r}, replace=True)")
+        table[name] = obj
+        return obj
+
+    return wrap
+
+
+def table(kind: str) -> dict[str, Any]:
+    """The live name -> object table of a kind (the shipped entries included)."""
+    _kind(kind)
+    importlib.import_module(_BUILTINS[kind])
+    return _TABLES[kind]
+
+
+def names(kind: str) -> tuple[str, ...]:
+    return tuple(table(kind))
+
+
+def lookup(kind: str, name: str) -> Any:
+    entries = table(kind)
+    if name not in entries:
+        raise ValueError(f"{KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}")
+    return entries[name]
+
+
+def _entry_points() -> list[Any]:
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_plugins(modules: Sequence[str] = ()) -> list[str]:
+    """Import the entry points of ``nemo_rcgrpo.plugins`` and then ``modules`` (each once per process); returns
+    what was imported. A module that cannot be imported is a ConfigError naming it."""
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not all(
+            isinstance(m, str) and m for m in modules):
+        raise ConfigError(f"plugins={modules!r}: give a list of module names, e.g. plugins=[my_parts]")
+    done = []
+    for ep in _entry_points():
+        if f"entry_point:{ep.name}" in _loaded:
+            continue
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin is the user's one-line error
+            raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
+        _loaded.add(f"entry_point:{ep.name}")
+        done.append(ep.value)
+    for module in modules:
+        if module in _loaded:
+            continue
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module and not module.startswith(f"{e.name}."):
+                raise ConfigError(f"plugins: importing {module!r} failed: {e}") from None  # one of its own imports
+            raise ConfigError(f"plugins: cannot import {module!r} ({e}); is its folder on PYTHONPATH?") from None
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"plugins: importing {module!r} failed: {type(e).__name__}: {e}") from None
+        _loaded.add(module)
+        done.append(module)
+    return done
+
+
+def describe() -> str:
+    """One line per kind: ``kind (setting): name, name, ...``."""
+    return "\n".join(f"{kind} ({setting}): {', '.join(names(kind))}" for kind, (setting, _) in KINDS.items())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``rcgrpo plugins [plugins=[mod,...]]``: every kind and its registered names."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print("usage: rcgrpo plugins [plugins=[module,...]]\n\nevery kind a plugin can register, the setting that "
+              "chooses one, and the registered names.\n\nkinds:")
+        print("\n".join(f"  {kind}: {what}" for kind, (_, what) in KINDS.items()))
+        return 0
+    modules: list[str] = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "plugins" or not value:
+            print(f"error: unknown argument {arg!r}; give plugins=[module,...]", file=sys.stderr)
+            return 2
+        modules += [m.strip() for m in value.strip("[]").split(",") if m.strip()]
+    try:
+        load_plugins(modules)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(describe())
+    return 0
+
+
+if __name__ == "__main__":  # run as a script, this file is a second module with empty tables: use the package's
+    from nemo_rcgrpo.registry import main as _main
+
+    sys.exit(_main())

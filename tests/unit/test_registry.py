@@ -1,0 +1,137 @@
+"""One registration idiom: @register(kind, name); config choices read from the registry; user code by name."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_rcgrpo import register
+from nemo_rcgrpo.algorithms.advantages import group_advantages
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.registry import KINDS, describe, load_plugins, lookup, names, table
+from nemo_rcgrpo.utils.config import ConfigError, compose
+
+PLUGINS = Path(__file__).resolve().parents[1] / "data" / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    """Every test leaves the registry, the loaded-plugin set and sys.modules as it found them."""
+    import nemo_rcgrpo.registry as registry
+
+    tables = {k: dict(registry.table(k)) for k in registry.KINDS}  # the shipped entries imported first
+    loaded = set(registry._loaded)
+    yield
+    for kind, entries in tables.items():
+        registry._TABLES[kind].clear()
+        registry._TABLES[kind].update(entries)
+    registry._loaded.clear()
+    registry._loaded.update(loaded)
+    sys.modules.pop("rc_plugin_example", None)
+
+
+def test_every_kind_has_its_shipped_entries():
+    assert names("reward_token_sampler") == ("iid", "stratified")
+    assert names("advantage_baseline")[:2] == ("mean", "leave_one_out")
+    assert names("advantage_scale")[:2] == ("std", "none") and names("loss_aggregation")[:2] == ("token", "sequence")
+    assert names("kl_estimator")[:3] == ("k1", "k2", "k3") and names("generator")[:3] == ("hf", "vllm", "scripted")
+    assert set(names("failure")) >= {"wrong_tool", "wrong_param", "premature_termination"}
+    assert set(KINDS) == {line.split(" (")[0] for line in describe().splitlines()}
+
+
+def test_register_refuses_clashes_and_unknown_kinds():
+    with pytest.raises(ValueError, match="already registered"):
+        register("advantage_baseline", "mean")(lambda r: r)
+    with pytest.raises(ValueError, match="unknown kind 'advantage'"):
+        register("advantage", "x")
+    with pytest.raises(ValueError, match="registered: \\['mean', 'leave_one_out'"):
+        lookup("advantage_baseline", "nope")
+    fn = register("advantage_scale", "test_double")(lambda r, c, eps: 2 * c)
+    try:
+        assert register("advantage_scale", "test_double")(fn) is fn  # the same object again is fine
+        rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+        assert group_advantages(rewards, scale="test_double").tolist() == [[1.0, -1.0, -1.0, 1.0]]
+    finally:
+        table("advantage_scale").pop("test_double")
+
+
+def _cfg(*overrides):
+    return TrainConfig.from_dict(compose("smoke_rl", list(overrides)))
+
+
+def test_a_plugin_module_by_name(monkeypatch):
+    with pytest.raises(ConfigError, match="rl.advantage.baseline='median_example': choose one of \\['mean', 'leave_one_out'"):
+        _cfg("rl.advantage.baseline=median_example")
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    assert load_plugins(["rc_plugin_example"]) == ["rc_plugin_example"]
+    try:
+        cfg = _cfg("rl.advantage.baseline=median_example", "rl.loss.kl_estimator=zero_example",
+                   "plugins=[rc_plugin_example]")
+        assert cfg.plugins == ("rc_plugin_example",)
+        rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0, 1.0]])  # median 0: A = R / std
+        std = rewards.double().std().item()
+        assert group_advantages(rewards, baseline="median_example").tolist()[0] == pytest.approx(
+            [1 / (std + 1e-6), 0, 0, 0, 1 / (std + 1e-6)])
+        assert load_plugins(["rc_plugin_example"]) == []  # once per process
+    finally:
+        table("advantage_baseline").pop("median_example")
+        table("kl_estimator").pop("zero_example")
+    with pytest.raises(ConfigError, match="cannot import 'no_such_plugin_module'"):
+        load_plugins(["no_such_plugin_module"])
+    for bad in ("rc_plugin_example", 5, [""], [{"a": 1}]):  # a string is not a list of modules
+        with pytest.raises(ConfigError, match="give a list of module names"):
+            load_plugins(bad)
+
+
+def test_a_plugin_whose_own_import_fails_says_so(tmp_path, monkeypatch):
+    (tmp_path / "broken_plugin_example.py").write_text("import not_installed_dependency_example\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="importing 'broken_plugin_example' failed: No module named "
+                                          "'not_installed_dependency_example'"):
+        load_plugins(["broken_plugin_example"])
+
+
+def test_two_lambdas_of_one_name_clash():
+    register("advantage_scale", "lambda_example")(lambda r, c, eps: c)
+    with pytest.raises(ValueError, match="already registered"):
+        register("advantage_scale", "lambda_example")(lambda r, c, eps: 2 * c)
+
+
+def test_an_estimator_of_the_wrong_shape_is_refused():
+    register("advantage_scale", "flat_example")(lambda r, c, eps: c.flatten())
+    with pytest.raises(ValueError, match="returned shape \\(4,\\) for rewards \\(2, 2\\)"):
+        group_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), scale="flat_example")
+
+
+def test_entry_points_are_loaded(monkeypatch):
+    import nemo_rcgrpo.registry as registry
+
+    class EntryPoint:
+        name, value = "example", "rc_plugin_example"
+
+        def load(self):
+            return register("reward_token_sampler", "all_high_example")(
+                lambda n, g, p, rng: [[True] * g for _ in range(n)])
+
+    monkeypatch.setattr(registry, "_entry_points", lambda: [EntryPoint()])
+    try:
+        assert load_plugins() == ["rc_plugin_example"] and "all_high_example" in names("reward_token_sampler")
+        assert _cfg("rl.reward_token_sampling=all_high_example").rl.reward_token_sampling == "all_high_example"
+    finally:
+        table("reward_token_sampler").pop("all_high_example", None)
+        registry._loaded.discard("entry_point:example")
+
+
+def test_rcgrpo_plugins_lists_a_users_names():
+    env = {"PYTHONPATH": f"{PLUGINS}:{Path(__file__).resolve().parents[2]}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[rc_plugin_example]"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = {l.split(" (")[0]: l for l in out.stdout.splitlines()}
+    assert lines["advantage_baseline"].endswith("mean, leave_one_out, median_example")
+    assert "zero_example" in lines["kl_estimator"]
+    bad = subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[nope_example]"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope_example" in bad.stderr
