@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import yaml
 
 from nemo_rcgrpo.utils.config import ConfigError, add_config_dir, compose, conf_dir, config_dirs, split_argv
+from nemo_rcgrpo.utils.run_dir import flat_config
 
 
 @dataclass(frozen=True)
@@ -168,20 +169,11 @@ def documented_settings(path: Path, prefix: str = "") -> list[tuple[str, str, st
     return out
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: value}
-
-
 def _schema_defaults(spec: str) -> dict[str, Any]:
     import importlib
 
     module, name = spec.split(":")
-    return _flat(getattr(importlib.import_module(module), name)().to_dict())
+    return flat_config(getattr(importlib.import_module(module), name)().to_dict())
 
 
 def help_text(command: str, directory: Path | None = None) -> str:

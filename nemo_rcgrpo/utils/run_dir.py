@@ -45,11 +45,12 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval"
 # settings added after runs were saved: a run saved without one resumes while it stays empty
 NEWER_EMPTY_OK = ("plugins",)
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_config(v, f"{prefix}{k}."))
         return out if value else {prefix.rstrip("."): {}}
     return {prefix.rstrip("."): value}
 
@@ -71,7 +72,7 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[str, ...]) -> list[str]:
-    a, b = _flat(saved), _flat(now)
+    a, b = flat_config(saved), flat_config(now)
     allowed = RESUME_FREE + tuple(may_change)
     out = []
     for key in sorted(set(a) | set(b)):
