@@ -96,7 +96,8 @@ class MegatronConfig:
     tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width
     pp: int = 1  # pipeline-parallel size: must divide the number of layers (1F1B schedule)
     cp: int = 1  # context-parallel size (1 only in this backend so far)
-    sequence_parallel: bool = False  # with tp > 1; needs the Transformer Engine spec (GPU)
+    spec: str = "auto"  # layer spec: auto (Transformer Engine where it imports on a GPU, else local) | te | local
+    sequence_parallel: bool | None = None  # null: on with the TE spec at tp > 1 | true (needs TE) | false
     recompute: str = "none"  # activation recomputation: none | selective | full
     fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
     distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
@@ -319,9 +320,19 @@ class TrainConfig:
             if importlib.util.find_spec("transformer_engine") is None:
                 raise ConfigError(f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
                                   "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null")
-        if m.sequence_parallel and m.fp8 is None:
-            raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine layer spec "
-                              "(set policy.megatron.fp8, GPU container) or sequence_parallel=false")
+        _choice("policy.megatron.spec", m.spec, ("auto", "te", "local"))
+        if m.fp8 is not None and m.spec == "local":
+            raise ConfigError(f"policy.megatron.fp8={m.fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto")
+        if m.sequence_parallel and m.spec == "local":
+            raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine spec: set "
+                              "policy.megatron.spec=auto, or sequence_parallel=null")
+        if self.policy.backend == "megatron" and (m.spec == "te" or m.sequence_parallel):
+            import importlib.util
+
+            if importlib.util.find_spec("transformer_engine") is None:
+                setting = "spec=te" if m.spec == "te" else "sequence_parallel=true"
+                raise ConfigError(f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
+                                  "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)")
 
     def _validate_vllm(self) -> None:
         v = self.generation.vllm

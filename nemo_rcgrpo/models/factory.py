@@ -41,8 +41,9 @@ def hf_module(policy) -> torch.nn.Module | None:
 def make_reference(policy, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """Reference logprobs [B, T] of the frozen initial weights (call before the first optimizer step).
 
-    Torch: a frozen copy of the HF model. Megatron: a frozen second GPTModel sharded like the policy, so the
-    reference costs 1/tp of a model per rank and its logprobs are vocab-parallel too.
+    Torch: a frozen copy of the HF model, on the policy's device (batches come from CPU and go back). Megatron: a
+    frozen second GPTModel sharded like the policy, so the reference costs 1/tp of a model per rank and its
+    logprobs are vocab-parallel too.
     """
     if hasattr(policy, "frozen_reference"):
         return policy.frozen_reference()
@@ -50,11 +51,13 @@ def make_reference(policy, model: torch.nn.Module) -> Callable[[dict[str, torch.
 
     from nemo_rcgrpo.models.torch_policy import token_logprobs
 
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    reference = copy.deepcopy(policy.module).eval().requires_grad_(False)  # on the policy's device, in its dtype
+    device = next(reference.parameters()).device
 
     @torch.no_grad()
     def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return token_logprobs(reference, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        ids, attn, mask = (batch[k].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
+        return token_logprobs(reference, ids, attn, mask).cpu()  # batches live on CPU between passes
 
     return logprobs
 

@@ -3,6 +3,13 @@
 Interface shared with the Megatron backend: ``token_logprobs(batch)``,
 ``train_step(micro_batches, loss_fn, num_valid_tokens) -> metrics``,
 ``export_weights()`` (HF names, full tensors), ``state_dict()/load_state_dict()``.
+
+A model in bf16 / fp16 trains with fp32 master weights, as Megatron does: the
+model computes in its own dtype, its gradients are accumulated in fp32
+(per micro-batch in one process; after DDP's reduction under torchrun), and
+AdamW updates fp32 copies that are rounded into the model after each step.
+Without them an update smaller than half a bf16 step (lr 1e-6 against a
+weight of 1.0) rounds away and the weight never moves.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from nemo_rcgrpo.config import TrainerConfig
 from nemo_rcgrpo.utils.dist import DistInfo
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
@@ -99,7 +107,11 @@ class TorchPolicy:
         if dist.world_size > 1:
             ids = [dist.device.index] if dist.device.type == "cuda" else None
             self.model = DDP(self.model, device_ids=ids)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=trainer.lr, betas=tuple(trainer.betas),
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.mixed = any(p.dtype in LOW_PRECISION for p in self.params)
+        # fp32 master weights for a low-precision model (the module docstring); the optimizer updates these
+        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params] if self.mixed else self.params
+        self.optimizer = torch.optim.AdamW(self.master, lr=trainer.lr, betas=tuple(trainer.betas),
                                            weight_decay=trainer.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
@@ -131,6 +143,8 @@ class TorchPolicy:
         its loss mask, from the training forward pass."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.mixed:
+            self.module.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         entropy_sums: list[torch.Tensor] = []
         loss_sum = 0.0
@@ -146,25 +160,55 @@ class TorchPolicy:
                 loss, metrics = loss_fn(lp, b, num_valid_tokens)
                 # DDP averages gradients over ranks; the loss is already normalised globally
                 (loss * self.dist.world_size).backward()
+            if self.mixed and not isinstance(self.model, DDP):
+                self._gradients_to_master()  # fp32 accumulation over micro-batches
             loss_sum += loss.item()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(),
-                                                   self.grad_clip if self.grad_clip > 0 else float("inf"))
+        if self.mixed:
+            self._gradients_to_master()  # under DDP: once, after the last micro-batch's reduction
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip if self.grad_clip > 0 else float("inf"))
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
+        if self.mixed:
+            self._master_to_model()
         out = {"loss_local": loss_sum, "grad_norm": float(grad_norm), "lr": lr, **totals}
         if with_entropy:
             out["entropy_sums"] = entropy_sums
         return out
 
+    def _gradients_to_master(self) -> None:
+        """Add the model's gradients to the fp32 masters' and free them."""
+        for p, m in zip(self.params, self.master):
+            if p.grad is not None:
+                g = p.grad.float()
+                m.grad = g if m.grad is None else m.grad.add_(g)
+                p.grad = None
+
+    @torch.no_grad()
+    def _master_to_model(self) -> None:
+        for p, m in zip(self.params, self.master):
+            p.copy_(m)
+
+    def master_weights(self) -> list[torch.Tensor]:
+        """The tensors the optimizer updates: fp32 masters for a low-precision model, else the parameters."""
+        return list(self.master)
+
     def state_dict(self) -> dict:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict()}
+        optimizer = self.optimizer.state_dict()
+        if self.mixed:  # the fp32 masters too, so that a resume continues from them rather than from rounded weights
+            optimizer = {**optimizer, "master_weights": [m.detach().cpu().clone() for m in self.master]}
+        return {"model": self.module.state_dict(), "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None:
         self.module.load_state_dict(model)
+        optimizer = dict(optimizer)
+        masters = optimizer.pop("master_weights", None)
+        with torch.no_grad():
+            if self.mixed:  # from the checkpoint's fp32 masters, or (older checkpoints) from the loaded weights
+                for p, m, saved in zip(self.params, self.master, masters or [None] * len(self.master)):
+                    m.copy_(saved if saved is not None else p.float())
         self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(scheduler)
         # this run's schedule and learning rate from the restored step on: a resume that extends

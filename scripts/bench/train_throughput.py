@@ -7,7 +7,13 @@ normalisation, logits only at trained positions, gradient clipping, LR
 schedule). Both start from the same weights and see the same micro-batches,
 interleaved step by step so machine load affects both alike.
 
-Usage: python scripts/bench/train_throughput.py [--model smollm2] [--steps 6] [--out docs/benchmarks.md]
+``--dtype bfloat16``: both models in bf16; the bare loop's AdamW updates the
+bf16 weights directly, the backend keeps fp32 master weights (the cost of
+updates that do not round away). ``--device cuda`` runs both on the GPU
+(``scripts/gpu_check.sh`` does, with ``--json``).
+
+Usage: python scripts/bench/train_throughput.py [--model smollm2] [--steps 6] [--dtype float32|bfloat16]
+       [--device cpu|cuda] [--json result.json] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import json
 import platform
 import sys
 import time
@@ -22,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # env_replay beside it; the checkout's package if not installed
 from env_replay import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
@@ -43,10 +51,15 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6, help="measured steps per side (after one warm-up step each)")
     p.add_argument("--micro", type=int, default=2, help="micro-batches (of one sequence) per optimizer step")
     p.add_argument("--max-length", type=int, default=1536)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, help="also write the raw result here")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.manual_seed(0)
-    tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model, args.dtype)
     add_reward_tokens(tokenizer, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
     examples, _ = build_examples(load_records(args.data / "rctp.jsonl", "train"), renderer, args.max_length, 0,
@@ -54,13 +67,14 @@ def main() -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = [[collate([e], pad) for e in examples[s * args.micro:(s + 1) * args.micro]] for s in range(args.steps + 1)]
 
-    bare_model = copy.deepcopy(model).train()
+    bare_model = copy.deepcopy(model).to(device).train()
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
-    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant"), DistInfo(), 100)
+    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant"), DistInfo(device=device), 100)
 
     def bare_step(mbs):
         bare_opt.zero_grad(set_to_none=True)
         for mb in mbs:
+            mb = {k: v.to(device) for k, v in mb.items()}
             labels = mb["input_ids"].masked_fill(mb["loss_mask"] == 0, -100)
             out = bare_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], labels=labels)
             (out.loss / len(mbs)).backward()
@@ -74,17 +88,24 @@ def main() -> int:
     tokens = 0
     for i, mbs in enumerate(steps):
         for name, fn in (("bare", bare_step), ("backend", backend_step)) if i % 2 else (("backend", backend_step), ("bare", bare_step)):
+            sync()
             t0 = time.perf_counter()
             fn(mbs)
+            sync()
             if i > 0:
                 times[name] += time.perf_counter() - t0
         if i > 0:
             tokens += sum(int(mb["attention_mask"].sum()) for mb in mbs)
     bare_tps, backend_tps = tokens / times["bare"], tokens / times["backend"]
+    if args.json:
+        args.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "model": args.model, "dtype": args.dtype,
+                                         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                                         "steps": args.steps, "tokens": tokens, "bare_tokens_per_s": bare_tps,
+                                         "backend_tokens_per_s": backend_tps, "ratio": backend_tps / bare_tps}, indent=1))
     rows = [START, "## Stage-1 training throughput (`scripts/bench/train_throughput.py`)", "",
             f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
             f"Python {platform.python_version()}, torch {torch.__version__}.",
-            f"- {args.model}, fp32, AdamW; {args.steps} measured optimizer steps per side of {args.micro} sequences "
+            f"- {args.model}, {args.dtype} on {args.device}, AdamW; {args.steps} measured optimizer steps per side of {args.micro} sequences "
             f"(RCTP-FT training lines, compact tools, <= {args.max_length} tokens; {tokens} tokens per side), "
             "interleaved, after one warm-up step each.", "",
             "| loop | tokens/s | ratio to bare |", "|---|---:|---:|",

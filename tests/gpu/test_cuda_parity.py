@@ -26,3 +26,26 @@ def test_logprobs_and_greedy_tokens_match_the_cpu():
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     out = HFGenerator(gpu, pad).generate([ids[0].tolist()], SamplingParams(max_new_tokens=8, temperature=0.0))[0]
     assert len(out.token_ids) == len(out.logprobs) > 0 and all(lp <= 0 for lp in out.logprobs)
+
+
+def test_torch_policy_on_cuda_takes_cpu_batches_and_trains_bf16_with_fp32_masters():
+    """The RL path's device handling: batches stay on CPU between passes; the policy and its frozen reference
+    compute on the GPU and hand CPU tensors back; a bf16 model's masters are fp32 on the GPU."""
+    from nemo_rcgrpo.config import TrainerConfig
+    from nemo_rcgrpo.models.factory import make_reference
+    from nemo_rcgrpo.models.torch_policy import TorchPolicy
+    from nemo_rcgrpo.utils.dist import DistInfo
+
+    model = load_model("tiny-llama", "bfloat16")
+    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, schedule="constant"), DistInfo(device=torch.device("cuda", 0)), 4)
+    reference = make_reference(policy, model)
+    ids = torch.randint(0, 1000, (2, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    ref, cur = reference(batch), policy.logprobs(batch)
+    assert ref.device.type == "cpu" and cur.device.type == "cpu" and torch.equal(ref, cur)
+    before = [m.detach().clone() for m in policy.master_weights()]
+    policy.train_step([batch], lambda lp, b, n: (-(lp * b["loss_mask"]).sum() / n, {}), 24.0)
+    after = policy.master_weights()
+    assert all(m.device.type == "cuda" and m.dtype == torch.float32 for m in after)
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
+    assert moved > 0.95

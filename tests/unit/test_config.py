@@ -1,3 +1,4 @@
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,10 @@ def test_bad_settings_are_explained(override, message):
     ("train", ["env.max_steps=many"], "env.max_steps='many' must be an integer"),
     ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
     ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
+    ("train", ["policy.megatron.spec=fast"], "policy.megatron.spec='fast'"),
+    ("train", ["policy.megatron.sequence_parallel=true", "policy.megatron.spec=local"],
+     "policy.megatron.sequence_parallel=true needs the Transformer Engine spec"),
+    ("train", ["policy.megatron.fp8=hybrid", "policy.megatron.spec=local"], "needs the Transformer Engine spec"),
     ("eval", ["limit=abc"], "limit='abc' must be an integer or null"),
     ("prepare-data", ["test_fraction=abc"], "test_fraction='abc' must be a number"),
     ("prepare-data", ["seed=abc"], "seed='abc' must be an integer"),
@@ -77,3 +82,11 @@ def test_valid_types_still_pass():
                                                               "logging.wandb.name=7"]))
     assert cfg.trainer.lr == 1.0 and isinstance(cfg.trainer.lr, float) and cfg.trainer.max_steps == 3
     assert cfg.generation.vllm.devices == "4" and cfg.logging.wandb.name == "7"  # numbers given for text settings
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+def test_the_te_spec_is_refused_without_transformer_engine(capfd):
+    from nemo_rcgrpo.cli import main
+
+    assert main(["train", "--config-name", "rcgrpo_smollm_cpu", "policy.backend=megatron", "policy.megatron.spec=te"]) == 2
+    assert "policy.megatron.spec=te needs Transformer Engine" in capfd.readouterr().err

@@ -3,9 +3,11 @@
 ``build_gpt(hf_config, mcfg, ...)`` maps an HF config onto a TransformerConfig
 (RMSNorm, SwiGLU, RoPE with the model's theta and Llama-3 scaling, GQA,
 Qwen2's QKV bias, tied or untied embeddings) and builds the model with the
-local (pure megatron-core) layer spec, or with the Transformer Engine spec
-and an FP8 recipe when ``fp8`` is set. On CPU the compatibility layer
-(``cpu_compat``) is enabled first and all fusions are off.
+Transformer Engine layer spec wherever TE imports on a GPU (flash / fused
+attention; FP8 when ``fp8`` is set), else the local (pure megatron-core)
+spec. Every device-dependent flag comes from ``flags.decide`` (a pure,
+CPU-tested function). On CPU the compatibility layer (``cpu_compat``) is
+enabled first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rcgrpo.models.megatron.convert import ModelShape, check_tp, padded_vocab_size, stage_layers
+from nemo_rcgrpo.models.megatron.flags import FlagError, Flags, Platform, decide
 from nemo_rcgrpo.utils.dist import collective_timeout
 
 
@@ -38,28 +41,20 @@ class Parallel:
     pp_rank: int = 0
 
 
-def transformer_engine_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-def require_fp8_support(fp8: str | None) -> None:
-    """FP8 needs Transformer Engine (and a GPU): stop at start with what to do otherwise."""
-    if fp8 is None:
-        return
-    if not transformer_engine_available() or not torch.cuda.is_available():
-        raise MegatronSetupError(f"policy.megatron.fp8={fp8} needs Transformer Engine on a GPU; run in the GPU "
-                                 f"container (containers/Dockerfile) or set policy.megatron.fp8=null")
-
-
-def layer_spec(mcfg) -> str:
-    """'te' (Transformer Engine, needed for FP8) when ``fp8`` is set, else 'local' (pure megatron-core)."""
-    return "local" if mcfg.fp8 is None else "te"
+def platform_flags(mcfg, params_dtype: torch.dtype = torch.float32, dp: int = 1,
+                   platform: Platform | None = None) -> Flags:
+    """``flags.decide`` for this machine (``Platform.detect()``), its refusals as MegatronSetupError."""
+    try:
+        return decide(platform or Platform.detect(), mcfg, dp)
+    except FlagError as e:
+        raise MegatronSetupError(str(e)) from None
 
 
 def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
-    """Create megatron's parallel groups (joining torchrun's group, or a one-process gloo group)."""
+    """Create megatron's parallel groups (joining torchrun's group, or a one-process gloo group).
+
+    No gloo side groups (``flags``: the default groups serve the optimizer and checkpoints on CPU and GPU alike).
+    """
     from megatron.core import parallel_state, tensor_parallel
 
     from nemo_rcgrpo.models.megatron import cpu_compat
@@ -79,7 +74,7 @@ def init_parallel(tp: int, pp: int, cp: int, seed: int) -> Parallel:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             context_parallel_size=cp, create_gloo_process_groups=on_cpu,
+                                             context_parallel_size=cp, create_gloo_process_groups=False,
                                              distributed_timeout_minutes=int(collective_timeout().total_seconds() // 60))
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return Parallel(tp, pp, cp, parallel_state.get_data_parallel_world_size(),
@@ -109,14 +104,10 @@ def apply_rope_scaling(rotary, rope: dict) -> None:
         rotary.inv_freq = rotary._apply_scaling(rotary.inv_freq, **rope["llama3"])
 
 
-def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.dtype):
+def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.dtype, flags: Flags):
+    """megatron's TransformerConfig for ``shape``; every device-dependent flag comes from ``flags``."""
     from megatron.core.transformer import TransformerConfig
 
-    on_gpu = torch.cuda.is_available()
-    recompute = {} if mcfg.recompute == "none" else (
-        {"recompute_granularity": "selective"} if mcfg.recompute == "selective" else
-        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1})
-    fp8 = {} if mcfg.fp8 is None else {"fp8": mcfg.fp8, "fp8_recipe": "delayed"}
     return TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
         num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn_hidden_size,
@@ -124,23 +115,18 @@ def transformer_config(shape: ModelShape, hf_config, mcfg, params_dtype: torch.d
         activation_func=F.silu, add_bias_linear=False, add_qkv_bias=shape.qkv_bias,
         hidden_dropout=0.0, attention_dropout=0.0, init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
         tensor_model_parallel_size=mcfg.tp, pipeline_model_parallel_size=mcfg.pp, context_parallel_size=mcfg.cp,
-        sequence_parallel=mcfg.sequence_parallel and mcfg.tp > 1,
         params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16, pipeline_dtype=params_dtype,
-        use_cpu_initialization=not on_gpu,
         # initialisation also marks the tensor-parallel parameters (megatron skips that without it), which the
         # gradient norm needs; the HF weights are loaded over it
-        perform_initialization=True,
-        # fusions need CUDA kernels; on GPU megatron picks them itself
-        bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, persist_layer_norm=on_gpu,
-        bias_dropout_fusion=on_gpu, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        cross_entropy_loss_fusion=False, **recompute, **fp8)
+        perform_initialization=True, **flags.transformer)
 
 
-def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: str | None = None):
+def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, flags: Flags | None = None):
     """A GPTModel matching ``hf_config`` (randomly initialised: load weights with ``convert.hf_to_megatron``).
 
-    ``spec``: 'local' or 'te'; default ``layer_spec(mcfg)`` (TE exactly when FP8 is on). With pipeline
-    parallelism (groups from ``init_parallel``) the model is this rank's stage.
+    ``flags``: the device-dependent settings (default ``platform_flags(mcfg, params_dtype)``); ``flags.spec``
+    is the layer spec ('te' or 'local'). With pipeline parallelism (groups from ``init_parallel``) the model is
+    this rank's stage.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -150,12 +136,9 @@ def build_gpt(hf_config, mcfg, params_dtype: torch.dtype = torch.float32, spec: 
     shape = ModelShape.from_hf_config(hf_config)
     check_tp(shape, mcfg.tp)
     stage_layers(shape.num_layers, mcfg.pp, 0)
-    require_fp8_support(mcfg.fp8)
-    config = transformer_config(shape, hf_config, mcfg, params_dtype)
-    spec = spec or layer_spec(mcfg)
-    if spec == "te" and not transformer_engine_available():
-        raise MegatronSetupError("the Transformer Engine layer spec needs transformer_engine (GPU container)")
-    spec = (get_gpt_layer_with_transformer_engine_spec() if spec == "te"
+    flags = flags or platform_flags(mcfg, params_dtype)
+    config = transformer_config(shape, hf_config, mcfg, params_dtype, flags)
+    spec = (get_gpt_layer_with_transformer_engine_spec() if flags.spec == "te"
             else get_gpt_layer_local_spec(normalization="RMSNorm"))
     rope = rope_settings(hf_config)
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=padded_vocab_size(shape.vocab_size, mcfg.tp),

@@ -13,7 +13,10 @@ tracker; ``Tensor.cuda()``; and asserts on type strings such as
   "CUDA" then share one type namespace, which is what those asserts check);
 - ``torch.cuda`` stream, synchronize and memory helpers become no-ops;
 - the "CUDA" RNG of the tracker is a separate CPU ``torch.Generator``, so
-  ``model_parallel_cuda_manual_seed`` does not disturb the CPU RNG.
+  ``model_parallel_cuda_manual_seed`` does not disturb the CPU RNG;
+- the unfused softmax's default causal mask is built on CPU (activation
+  recomputation runs it inside an ``autograd.Function``, where function
+  modes are off).
 
 The layer is process-wide by nature (megatron reads these as globals); it is
 installed once, only when ``torch.cuda.is_available()`` is false, and
@@ -23,6 +26,7 @@ installed once, only when ``torch.cuda.is_available()`` is false, and
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -99,6 +103,12 @@ def enable() -> bool:
     cuda.set_rng_state = lambda state, *a, **k: rng.set_state(state)
     mrandom._get_cuda_rng_state = lambda *a, **k: rng.get_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: rng.set_state(state)
+    # recomputed modules run inside an autograd.Function, where function modes are off: the one CUDA literal
+    # reached there (the default causal mask of the unfused softmax) is built on CPU directly
+    import megatron.core.fusions.fused_softmax as fused_softmax
+
+    fused_softmax.get_default_causal_mask = functools.lru_cache(maxsize=None)(
+        lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1))
     mode = _CudaToCpu()
     mode.__enter__()
     _STATE["mode"] = mode

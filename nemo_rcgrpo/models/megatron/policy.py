@@ -36,10 +36,11 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as tdist
 
-from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, layer_spec, load_hf_state
-from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded
+from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, load_hf_state, platform_flags
+from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded, saved_metadata
 from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name, is_weight,
                                                  megatron_param_to_hf, stage_layers)
+from nemo_rcgrpo.models.megatron.flags import padded_length
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
@@ -48,23 +49,27 @@ SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint 
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-def pad_micro_batches(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches padded to one [B, T] shape (pipeline stages exchange fixed-shape activations).
+def pad_micro_batches(batches: list[dict[str, torch.Tensor]], same_shape: bool = True,
+                      multiple: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Micro-batches padded at the right: to one [B, T] shape with ``same_shape`` (pipeline stages exchange
+    fixed-shape activations), and each length to a multiple of ``multiple`` (FP8 GEMMs, sequence parallel).
 
-    Added rows and positions are zeros: no loss-mask tokens, so they add nothing to losses or gradients.
+    Added rows and positions are zeros: no loss-mask tokens, so they add nothing to losses or gradients, and
+    attention is causal, so positions added at the right change nothing before them.
     Tensors whose first two dimensions are the batch's [B, T] are padded in both, [B, ...] tensors in rows.
     """
     rows = max(b["input_ids"].shape[0] for b in batches)
-    length = max(b["input_ids"].shape[1] for b in batches)
+    length = padded_length(max(b["input_ids"].shape[1] for b in batches), multiple)
     out = []
     for b in batches:
         r, t = b["input_ids"].shape
+        want_r, want_t = (rows, length) if same_shape else (r, padded_length(t, multiple))
         padded = {}
         for k, v in b.items():
             if v.dim() >= 1 and v.shape[0] == r:
-                pad = [0, 0] * (v.dim() - 1) + [0, rows - r]  # F.pad lists the last dimension first
+                pad = [0, 0] * (v.dim() - 1) + [0, want_r - r]  # F.pad lists the last dimension first
                 if v.dim() >= 2 and v.shape[1] == t:
-                    pad[2 * (v.dim() - 2) + 1] = length - t
+                    pad[2 * (v.dim() - 2) + 1] = want_t - t
                 v = torch.nn.functional.pad(v, pad)
             padded[k] = v
         out.append(padded)
@@ -89,31 +94,35 @@ class MegatronPolicy:
             stage_layers(hf_model.config.num_hidden_layers, m.pp, 0)
         except ConversionError as e:
             raise MegatronSetupError(f"policy.megatron.pp={m.pp}: {e}") from None
-        self.spec = layer_spec(m)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+        replicas = max(1, dist.world_size // (m.tp * m.pp * m.cp))
+        self.flags = platform_flags(m, dtype, replicas)  # every device-dependent choice (flags.py)
+        self.spec = self.flags.spec
         self.parallel = init_parallel(m.tp, m.pp, m.cp, cfg.seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.pp_group = ps.get_pipeline_model_parallel_group()
         self.pp_last_rank = ps.get_pipeline_model_parallel_last_rank()  # global rank of this pipeline's last stage
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
         self.hf_config, self.params_dtype = hf_model.config, dtype
-        self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype)
+        self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype, flags=self.flags)
         load_hf_state(self.model, hf_model.state_dict(), self.shape, self.parallel, self.spec)
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=m.grad_reduce_in_fp32, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=m.distributed_optimizer,
-                                                   check_for_nan_in_grad=False)
-        self.ddp = DistributedDataParallel(self.config, ddp_config, self.model)
+        self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(**self.flags.ddp), self.model)
+        if self.flags.ddp["overlap_grad_reduce"]:  # the schedule holds gradient reduction back until the last micro-batch
+            self.config.no_sync_func = self.ddp.no_sync
         # clip_grad=0 would skip the norm; a huge threshold reports it without clipping (as the torch backend)
         opt = OptimizerConfig(optimizer="adam", lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.betas[0],
                               adam_beta2=t.betas[1], adam_eps=1e-8, clip_grad=t.grad_clip if t.grad_clip > 0 else 1e30,
                               bf16=dtype == torch.bfloat16, params_dtype=dtype,
                               use_distributed_optimizer=m.distributed_optimizer)
-        self.optimizer = get_megatron_optimizer(opt, [self.ddp])
+        self.optimizer = get_megatron_optimizer(opt, [self.ddp], **self.flags.optimizer)
         self.base_lr = t.lr
         self.lr_at = lr_lambda(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
         self.optimizer_step = 0
-        self.hf_model = hf_model if dist.is_main else None  # rank 0 keeps an HF copy for exports and rollouts
+        # rank 0 keeps an HF copy for exports and rollouts; the in-process generator decodes on this rank's device
+        self.hf_model = hf_model if dist.is_main else None
+        if self.hf_model is not None and cfg.generation.backend == "hf" and cfg.stage in ("grpo", "rcgrpo", "dapo_filter"):
+            self.hf_model.to(self.device)
         if not dist.is_main:
             del hf_model
 
@@ -137,8 +146,8 @@ class MegatronPolicy:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batches = [{k: v.to(self.device) for k, v in b.items()} for b in batches]
-        if self.parallel.pp > 1:  # stages exchange activations of one fixed shape
-            batches = pad_micro_batches(batches)
+        if self.parallel.pp > 1 or self.flags.token_multiple > 1:  # fixed-shape stage exchange; FP8 / SP lengths
+            batches = pad_micro_batches(batches, same_shape=self.parallel.pp > 1, multiple=self.flags.token_multiple)
         n = len(batches)
 
         def forward_step(data_iterator, module):
@@ -231,6 +240,8 @@ class MegatronPolicy:
 
         if micro_batches:  # a replica left without micro-batches (e.g. groups dropped) still joins the reductions
             self._schedule(self.ddp, micro_batches, on_logits, forward_only=False)
+        elif self.flags.ddp["overlap_grad_reduce"]:
+            self.ddp.start_grad_sync()  # no backward ran to start it; the other replicas wait for this one's zeros
         # DP gradient reduction, and the sum of the tied embedding's gradients across first and last stages
         finalize_model_grads([self.ddp])
         ok, grad_norm, _ = self.optimizer.step()
@@ -246,7 +257,7 @@ class MegatronPolicy:
 
     def frozen_reference(self) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
         """Logprobs of a frozen copy of the current weights: a second GPTModel sharded like the policy."""
-        reference, _, _ = build_gpt(self.hf_config, self.mcfg, params_dtype=self.params_dtype)
+        reference, _, _ = build_gpt(self.hf_config, self.mcfg, params_dtype=self.params_dtype, flags=self.flags)
         with torch.no_grad():
             target = reference.state_dict(keep_vars=True)
             for name, value in self.model.state_dict().items():
@@ -328,7 +339,7 @@ class MegatronPolicy:
 
     def save_sharded(self, directory: Path) -> None:
         """A collective: megatron ``dist_checkpointing`` of the model and optimizer state (any layout on load)."""
-        save_sharded(self.ddp, self.optimizer, directory, {"optimizer_step": self.optimizer_step})
+        save_sharded(self.ddp, self.optimizer, directory, {"optimizer_step": self.optimizer_step, "spec": self.spec})
 
     def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None:
         """A collective. Weights and optimizer state come from the sharded checkpoint (``optimizer['path']``),
@@ -339,6 +350,11 @@ class MegatronPolicy:
         if optimizer.get("format") != "dist_checkpointing" or "path" not in optimizer:
             raise MegatronSetupError("this checkpoint has no sharded Megatron state (written by an older version); "
                                      "start over from its model (a new run_dir, or trainer.resume=false overwrite=true)")
+        # the local and Transformer Engine specs name their tensors differently (TE fuses the norms into the linears)
+        was = saved_metadata(Path(optimizer["path"]))["metadata"].get("spec", "local")
+        if was != self.spec:
+            raise MegatronSetupError(f"this checkpoint was saved with the {was!r} layer spec and this run builds "
+                                     f"{self.spec!r}: resume with policy.megatron.spec={was}")
         try:
             load_sharded(self.ddp, self.optimizer, Path(optimizer["path"]))
         except CheckpointLayoutError as e:
