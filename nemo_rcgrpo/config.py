@@ -130,9 +130,9 @@ class VLLMConfig:
     request_timeout: float = 600.0  # seconds per completion request
     max_retries: int = 3  # per request, exponential backoff from 1 s
     max_concurrency: int = 256  # requests in flight (connection pool size)
-    weight_sync: str = "auto"  # auto (nccl with CUDA, else folder) | nccl | folder
+    weight_sync: str = "auto"  # auto / collective: a process group with the server's workers (NCCL with CUDA, else gloo) | nccl (insist on NCCL) | folder
     weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
-    nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at (default: this host)
+    nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
     extra_args: tuple[str, ...] = ()  # more vLLM server arguments
 
 
@@ -216,13 +216,13 @@ class LayoutConfig:
     ``separate``: the vLLM server gets its own GPUs: ``generation_gpus`` of the
     (first) node when ``generation_nodes`` is 0, else ``generation_nodes`` whole
     nodes; training runs on the rest. ``colocated``: training uses every GPU and
-    the server shares them (vLLM sleeps while the trainer updates). CPU runs
-    ignore the layout.
+    the in-process HF generator shares them (a vLLM server cannot: refused). CPU
+    runs ignore the layout.
     """
 
     nodes: int = 1
     gpus_per_node: int = 8
-    generation: str = "separate"  # separate | colocated
+    generation: str = "separate"  # separate | colocated (the HF generator only)
     generation_nodes: int = 0  # whole nodes for the server (multi-node jobs); 0: GPUs of a training node
     generation_gpus: int = 0  # GPUs of the server (a multiple of generation.vllm.tp); 0: no server (hf generator)
 
@@ -336,7 +336,7 @@ class TrainConfig:
 
     def _validate_vllm(self) -> None:
         v = self.generation.vllm
-        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "nccl", "folder"))
+        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
         _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
         if v.url is not None and not str(v.url).startswith(("http://", "https://")):
             raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
@@ -413,6 +413,10 @@ class TrainConfig:
         if self.generation.backend == "vllm" and lay.generation_gpus and lay.generation_gpus % gen_tp:
             raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} must be a multiple of "
                               f"generation.vllm.tp={gen_tp}")
+        if lay.generation == "colocated" and self.generation.backend == "vllm":
+            raise ConfigError("layout.generation=colocated is not supported with generation=vllm (nothing puts the "
+                              "server to sleep while the trainer updates, and NCCL cannot join a trainer rank and a "
+                              "vLLM worker on one GPU): use layout.generation=separate with layout.generation_gpus")
         if lay.generation == "colocated":
             if lay.generation_nodes:
                 raise ConfigError("layout.generation=colocated shares the training GPUs: set generation_nodes=0")

@@ -11,18 +11,20 @@ Layouts:
 
 Weight updates after every optimizer step, versioned (``/update_weight_version``),
 with generation paused during the swap (``/pause?mode=wait`` ... ``/resume``):
-- ``folder`` (CPU, and the fallback anywhere): the HF-named tensors are checked
+- ``collective`` (the default, CPU and GPU): a worker extension loaded into
+  the server (``vllm_worker.WeightReceiver``, ``--worker-extension-cls``)
+  joins a process group of its own with the trainer and receives the weights
+  as broadcast buckets straight into vLLM's in-place reload; gloo on CPU,
+  NCCL on GPU, the same code otherwise, and nothing of vLLM imported in the
+  trainer (``weight_transfer.py``). A failed transfer is redone through the
+  folder path with the same tensors.
+- ``folder`` (and the fallback): the HF-named tensors are checked
   against the served names and shapes (vLLM's in-place reload crashes the
   engine on a wrong shape and only warns on a missing tensor, so nothing
   unchecked reaches it), written to ``weight_dir/v<version>``, and every worker
   reloads them (``/collective_rpc`` of ``reload_weights(weights_path=...)``).
   A reload that fails on the server is rolled back to the previous folder and
   raises ``WeightSyncError``: the old weights keep serving.
-- ``nccl`` (GPU): vLLM's NCCL weight-transfer engine (``/init_weight_transfer_engine``,
-  ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``),
-  the trainer broadcasting as rank 0 to the server's workers. Written against
-  vLLM's API (``vllm.distributed.weight_transfer``); NOT exercised on this
-  project's CPU machines (the NCCL engine is GPU-only).
 
 Logprobs: servers started here use ``--logprobs-mode processed_logprobs``, so
 the returned logprob of a sampled token is under the sampling distribution
@@ -33,7 +35,6 @@ be started the same way (``rcgrpo serve`` does).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -51,6 +52,7 @@ from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
 
 SERVED_NAME = "policy"
+EXTENSION_MODULE = "rcgrpo_vllm_worker"  # the server's copy of nemo_rcgrpo/generation/vllm_worker.py
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -84,7 +86,8 @@ class ServerSpec:
     enforce_eager: bool = False
     devices: str | None = None  # CUDA_VISIBLE_DEVICES
     python: str | None = None  # an interpreter with vLLM installed (default: this one)
-    weight_transfer: str | None = None  # "nccl": enable vLLM's weight-transfer engine
+    worker_extension: bool = True  # load vllm_worker.WeightReceiver into the workers (the collective transfer)
+    extension_dir: str | None = None  # where its standalone copy is written (default: beside the log)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -108,18 +111,33 @@ class VLLMServer:
             cmd += ["--max-model-len", str(s.max_model_len)]
         if s.enforce_eager:
             cmd.append("--enforce-eager")
-        if s.weight_transfer:
-            cmd += ["--weight-transfer-config", json.dumps({"backend": s.weight_transfer})]
+        if s.worker_extension:
+            cmd += ["--worker-extension-cls", f"{EXTENSION_MODULE}.WeightReceiver"]
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=str(self.spec.kv_cache_gib))
         if self.spec.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.devices
+        if self.spec.worker_extension:  # the server's interpreter (its own venv) imports the standalone copy
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.extension_dir), env.get("PYTHONPATH")]))
         return env
+
+    @property
+    def extension_dir(self) -> Path:
+        return Path(self.spec.extension_dir) if self.spec.extension_dir else self.log_path.parent / "worker_extension"
+
+    def _write_extension(self) -> None:
+        """``vllm_worker.py`` (torch only) as a module of its own, so the server needs nothing else of this package."""
+        from nemo_rcgrpo.generation import vllm_worker
+
+        self.extension_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(vllm_worker.__file__, self.extension_dir / f"{EXTENSION_MODULE}.py")
 
     def start(self, timeout: float) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.spec.worker_extension:
+            self._write_extension()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
@@ -253,7 +271,11 @@ class FolderSync:
         finally:
             self.client.resume()
         self.serving = folder
-        for old in self.weight_dir.glob("v*"):  # keep only the folder being served
+        self.keep_only(folder)
+
+    def keep_only(self, folder: Path) -> None:
+        """Delete every weight folder but ``folder`` (the one being served)."""
+        for old in self.weight_dir.glob("v*"):
             if old.is_dir() and old.resolve() != folder.resolve() and old.name[1:].isdigit():
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -279,89 +301,60 @@ def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> di
     return tensors
 
 
-def _weight_source(current):
-    """A vLLM ``WeightSource`` over ``current()`` (name -> tensor), re-read every round (NCCL path)."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-
-    class ExportSource(WeightSource):
-        def metadata(self):
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in current().items()]
-
-        def __iter__(self):
-            # NCCL sends from GPU memory; the exports (Megatron's included) arrive on the CPU. One tensor at a
-            # time, so the trainer's GPU never holds a whole second copy of the model
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            for name, tensor in list(current().items()):
-                yield name, tensor if device is None else tensor.to(device)
-
-    return ExportSource()
-
-
-class NCCLSync:
-    """GPU: vLLM's NCCL weight-transfer engine, this process as rank 0 and the server's workers as ranks 1..W.
-
-    Follows vLLM's documented RL weight-sync API (``NCCLTrainerWeightTransferEngine``
-    with an ``HTTPVLLMWeightSyncClient``). Needs vLLM importable on the trainer and
-    a server started with ``--weight-transfer-config '{"backend": "nccl"}'``
-    (``rcgrpo serve --weight-transfer nccl``, or a managed server with weight_sync=nccl).
-    Not exercised on this project's CPU machines.
-    """
-
-    def __init__(self, client: VLLMClient, master: str | None, timeout: float):
-        self.client, self.master, self.timeout = client, master, timeout
-        self.engine = None
-        self.current: dict[str, torch.Tensor] = {}
-
-    def _init(self) -> None:
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.nccl_engine import (NCCLTrainerInitInfo,
-                                                                  NCCLTrainerWeightTransferEngine)
-
-        world = int(self.client._call("GET", "/get_world_size", params={"include_dp": "false"})["world_size"])
-        host, _, port = (self.master or "").partition(":")
-        host = host or socket.gethostbyname(socket.gethostname())
-        info = NCCLTrainerInitInfo(master_address=host, master_port=int(port or free_port("0.0.0.0")),
-                                   world_size=world + 1, rank=0)
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPVLLMWeightSyncClient(self.client.url, timeout=self.timeout), source=_weight_source(lambda: self.current))
-
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
-        if isinstance(weights, (str, Path)):
-            raise WeightSyncError("weight_sync=nccl sends tensors; use weight_sync=folder to load a folder")
-        self.current = dict(weights)
-        if self.engine is None:
-            self._init()
-        self.client.pause()
-        try:
-            self.engine.send_weights()
-        finally:
-            self.client.resume()
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-
-
 # ---------------------------------------------------------------------- generator
+def managed_server_devices(devices: str | None, visible: list[str] | None, local_world: int,
+                           generation_gpus: int) -> str | None:
+    """CUDA_VISIBLE_DEVICES of a server this trainer starts: never a GPU that one of its ranks uses.
+
+    ``visible``: this node's GPUs as the trainer sees them (its CUDA_VISIBLE_DEVICES, else 0..n-1), None without
+    CUDA (a CPU server: ``devices`` as given); the trainer's local ranks use the first ``local_world`` of them
+    (torchrun: cuda:LOCAL_RANK). Unset ``devices`` take the last ``generation_gpus`` (``layout.generation_gpus``)
+    of the rest.
+    """
+    if visible is None:
+        return devices
+    trainer = visible[:local_world]
+    if devices is None:
+        spare = visible[local_world:]
+        if generation_gpus < 1 or len(spare) < generation_gpus:
+            raise GeneratorError(f"a vLLM server started by the run needs GPUs of its own: the trainer's {local_world} "
+                                 f"process(es) use GPU(s) {','.join(trainer)} of {','.join(visible)}; set "
+                                 f"layout.generation_gpus to at most {len(spare)} (and start fewer trainer processes), "
+                                 f"or generation.vllm.devices")
+        return ",".join(spare[len(spare) - generation_gpus:])
+    shared = [d for d in devices.split(",") if d.strip() in trainer]
+    if shared:
+        raise GeneratorError(f"generation.vllm.devices={devices} includes GPU(s) {','.join(shared)} that trainer ranks "
+                             f"use ({','.join(trainer)}): a server and a trainer rank cannot share a GPU")
+    return devices
+
+
+def _visible_gpus() -> list[str] | None:
+    if not torch.cuda.is_available():
+        return None
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(torch.cuda.device_count())]
+
+
 class VLLMGenerator:
     """The ``Generator`` over a vLLM server (managed or attached); started on first use."""
 
     def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
-                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None):
+                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None, generation_gpus: int = 0):
         self.vcfg, self.model, self.tokenizer, self.model_path = vcfg, model, tokenizer, model_path
+        self.generation_gpus = generation_gpus  # layout.generation_gpus: a managed server's GPUs when devices is unset
         self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
         self.dtype = dtype if vcfg.dtype == "auto" else vcfg.dtype
         self.version = 0
         self.server: VLLMServer | None = None
         self.client: VLLMClient | None = None
-        self.sync: FolderSync | NCCLSync | None = None
+        self.sync: FolderSync | CollectiveSync | None = None
         self._tied: bool | None = None
 
     @property
     def weight_sync(self) -> str:
-        if self.vcfg.weight_sync != "auto":
-            return self.vcfg.weight_sync
-        return "nccl" if torch.cuda.is_available() else "folder"
+        """'collective' (auto; also 'nccl', which insists on NCCL) or 'folder'."""
+        return "folder" if self.vcfg.weight_sync == "folder" else "collective"
 
     def start(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None, version: int = 0) -> None:
         """Attach to ``url``, or serve ``weights`` (default: the model's own) from ``weight_dir/v<version>``."""
@@ -372,12 +365,13 @@ class VLLMGenerator:
         if v.url:
             url, alive = v.url, None
         else:
+            devices = managed_server_devices(v.devices, _visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                             self.generation_gpus)
             folder = self._write_initial(weights if weights is not None else self.model.state_dict().items(), version)
             spec = ServerSpec(model=str(folder.resolve()), host=v.host, port=v.port, tp=v.tp, dtype=self.dtype,
                               max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
                               seed=v.seed, kv_cache_gib=v.kv_cache_gib, enforce_eager=v.enforce_eager,
-                              devices=v.devices, python=v.python,
-                              weight_transfer="nccl" if self.weight_sync == "nccl" else None,
+                              devices=devices, python=v.python, worker_extension=self.weight_sync == "collective",
                               extra_args=tuple(v.extra_args))
             self.server = VLLMServer(spec, self.weight_dir / "server.log")
             try:
@@ -392,12 +386,17 @@ class VLLMGenerator:
             raise GeneratorUnavailable(f"vLLM server {url} (generation.vllm.url) is not answering /health; "
                                        f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null")
         self._check_reward_tokens(client)
-        if self.weight_sync == "nccl":
-            self.sync = NCCLSync(client, v.nccl_master, v.request_timeout)
-        else:
-            self.sync = FolderSync(client, self.weight_dir, v.request_timeout)
-            if folder is not None:
-                self.sync.manifest, self.sync.serving = _manifest(folder), folder
+        folders = FolderSync(client, self.weight_dir, v.request_timeout)
+        if folder is not None:
+            folders.manifest, folders.serving = _manifest(folder), folder
+            folders.keep_only(folder)  # folders of an earlier server (a resumed run) are stale
+        self.sync = folders
+        if self.weight_sync == "collective":
+            from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
+
+            self.sync = CollectiveSync(client, v.nccl_master, v.request_timeout, folders,
+                                       backend="nccl" if v.weight_sync == "nccl" else None,
+                                       default_dtype=DTYPES[self.dtype])
         self.client = client
         client.set_weight_version(version)
         self.version = version
@@ -469,7 +468,7 @@ class VLLMGenerator:
         self.version = version
 
     def close(self) -> None:
-        if isinstance(self.sync, NCCLSync):
+        if self.sync is not None and hasattr(self.sync, "close"):
             self.sync.close()
         if self.server is not None:
             self.server.stop()
@@ -482,7 +481,7 @@ def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
     weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
     tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
     return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
-                         reward_tokens=tokens, model_path=cfg.model.path)
+                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=getattr(getattr(cfg, "layout", None), "generation_gpus", 0))
 
 
 # ---------------------------------------------------------------------- rcgrpo serve
@@ -500,8 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=int, default=2, help="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--enforce-eager", action="store_true", help="no graph compilation (faster start)")
     p.add_argument("--devices", default=None, help="CUDA_VISIBLE_DEVICES for the server, e.g. 4,5,6,7")
-    p.add_argument("--weight-transfer", choices=("nccl", "none"), default="none",
-                   help="enable vLLM's NCCL weight-transfer engine (trainers with weight_sync=nccl)")
+    p.add_argument("--weight-transfer", choices=("collective", "nccl", "none"), default="collective",
+                   help="collective (nccl: the same): load the worker extension that receives weights from the trainer "
+                        "(weight_sync=auto|collective|nccl); none: folder reloads only (weight_sync=folder)")
     p.add_argument("--reward-tokens", nargs="*", default=["<|high_reward|>", "<|low_reward|>"],
                    help="tokens the served tokenizer must have (empty: no check)")
     p.add_argument("--log", default=None, help="server log file (default: stderr of this command)")
@@ -525,8 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ServerSpec(model=str(folder), host=args.host, port=args.port, tp=args.tp, dtype=args.dtype,
                       max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                       seed=args.seed, kv_cache_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager,
-                      devices=args.devices, python=args.python,
-                      weight_transfer=None if args.weight_transfer == "none" else "nccl")
+                      devices=args.devices, python=args.python, worker_extension=args.weight_transfer != "none")
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
     stop = []

@@ -39,7 +39,10 @@ def _run(data_dir, run_dir) -> subprocess.CompletedProcess:
             "trainer.weight_decay=0.1",
             "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron", "policy.megatron.tp=2",
             "layout.gpus_per_node=2", "generation=vllm", "generation.vllm.enforce_eager=true",
-            "generation.vllm.kv_cache_gib=1"]
+            "generation.vllm.kv_cache_gib=1",
+            # the folder path, so that the served tensors can be read back and compared below (the collective
+            # path, the default, is tests/vllm/test_vllm_generator.py's: received = sent, served = HF)
+            "generation.vllm.weight_sync=folder"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
     return subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True, text=True,
                           env={**os.environ, **ENV}, cwd=REPO, timeout=600)

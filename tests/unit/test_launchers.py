@@ -39,6 +39,27 @@ def test_dockerfiles_pass_hadolint_and_cpu_image_installs_like_make_test():
     assert "RUN make install" in cpu and "CMD [\"make\", \"test\"]" in cpu
     gpu = (REPO / "containers/Dockerfile").read_text()
     assert "nvcr.io/nvidia/pytorch" in gpu and "'.[megatron]'" in gpu and "['vllm']" in gpu
+    # NGC's PIP_CONSTRAINT would pin the vLLM venv to NGC's torch; the base has no python3-venv
+    assert "PIP_CONSTRAINT='' xargs /opt/vllm/bin/pip install" in gpu and "python3-venv" in gpu
+    assert "python containers/ngc_constraints.py > /tmp/ngc-constraints.txt" in gpu and "pip freeze |" not in gpu
+
+
+def test_the_ngc_constraints_file_pins_the_image_torch_even_when_installed_from_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ngc_constraints", REPO / "containers" / "ngc_constraints.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # what an NGC image holds (`pip freeze` prints these as `name @ file:///opt/...`: a grep for name== finds none)
+    ngc = [("torch", "2.9.0a0+50eac811a6.nv25.09"), ("transformer_engine", "2.7.0+4c9b1e1"), ("apex", "0.1"),
+           ("flash_attn", "2.7.4.post1"), ("numpy", "1.26.4"), ("Transformer-Engine-Torch", "2.7.0")]
+    assert module.constraints(ngc) == ["apex==0.1", "flash_attn==2.7.4.post1", "torch==2.9.0a0+50eac811a6.nv25.09",
+                                       "transformer_engine==2.7.0+4c9b1e1", "Transformer-Engine-Torch==2.7.0"]
+    proc = subprocess.run([sys.executable, str(REPO / "containers" / "ngc_constraints.py")], capture_output=True,
+                          text=True)
+    import torch
+
+    assert proc.returncode == 0 and f"torch=={torch.__version__}" in proc.stdout.split(), proc.stderr
 
 
 def _render(tmp_path, script, nodes, **env):
@@ -92,7 +113,7 @@ def test_four_node_commands(tmp_path):
         assert "--nnodes=3 --nproc-per-node=8" in train and "--rdzv-endpoint=gpu2:29500" in train
         assert "--rdzv-backend=c10d" in train and "--rdzv-id=77" in train
     assert "--config-name rctp_qwen7b" in stage1 and "--config-name rcgrpo_qwen7b" in stage2
-    assert "--nodelist=gpu1" in serve and "--weight-transfer nccl" in serve
+    assert "--nodelist=gpu1" in serve and "--weight-transfer collective" in serve
     assert wait == "wait_for_server http://gpu1:8000"
     assert "generation.vllm.url=http://gpu1:8000" in stage2 and "layout.generation_nodes=1" in stage2
     assert len(evals) == 2

@@ -110,3 +110,26 @@ def test_generation_vllm_config_group_and_validation():
                             ("generation.vllm.max_retries=-1", "max_retries")):
         with pytest.raises(ConfigError, match=match):
             TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=vllm", override]))
+
+
+def test_a_managed_server_never_shares_a_gpu_with_a_trainer_rank():
+    from nemo_rcgrpo.generation.vllm_server import managed_server_devices
+
+    eight = [str(i) for i in range(8)]
+    # torchrun with 6 processes on an 8-GPU node, layout.generation_gpus=2: the server gets the other two
+    assert managed_server_devices(None, eight, 6, 2) == "6,7"
+    assert managed_server_devices(None, ["3", "5", "6", "7"], 2, 1) == "7"  # physical ids as the trainer sees them
+    assert managed_server_devices("6,7", eight, 6, 0) == "6,7"
+    with pytest.raises(GeneratorError, match=r"GPU\(s\) 0 that trainer ranks use"):
+        managed_server_devices("0,7", eight, 6, 2)  # the old default: the server inherited the trainer's GPUs
+    with pytest.raises(GeneratorError, match="needs GPUs of its own.*at most 0"):
+        managed_server_devices(None, eight, 8, 2)
+    with pytest.raises(GeneratorError, match="layout.generation_gpus"):
+        managed_server_devices(None, eight, 6, 0)
+    assert managed_server_devices(None, None, 1, 0) is None  # CPU: no CUDA devices to choose
+
+
+def test_a_colocated_vllm_server_is_refused_at_validation():
+    with pytest.raises(ConfigError, match="colocated is not supported with generation=vllm"):
+        TrainConfig.from_dict(compose("rcgrpo_llama8b", ["layout.generation=colocated", "layout.generation_gpus=0"]))
+    assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["layout.generation=colocated"])).layout.generation == "colocated"

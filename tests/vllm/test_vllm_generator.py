@@ -1,8 +1,9 @@
 """The vLLM server generator against the HF generator on SmolLM2 with reward tokens (one server per module).
 
-Greedy tokens equal; sampled logprobs are those of the processed distribution; a weight update makes the
-server's greedy output equal HF's with the new weights and advances the version; refused and failed updates
-leave the old weights serving.
+Greedy tokens equal; sampled logprobs are those of the processed distribution; a weight update through the
+collective transfer (the worker extension in the server, a gloo group with this process: the code the GPU runs
+with NCCL) delivers the tensors sent and makes the server's greedy output equal HF's with the new weights, and
+advances the version; refused and failed updates leave the old weights serving, through either path.
 """
 
 import copy
@@ -43,6 +44,8 @@ def gen(smol, tmp_path_factory):
     g = VLLMGenerator(VLLMConfig(enforce_eager=True, kv_cache_gib=1, max_model_len=2048), model=model, tokenizer=tok,
                       weight_dir=tmp_path_factory.mktemp("gen"), dtype="float32", reward_tokens=REWARD_TOKENS)
     g.start()
+    g.sync.verify = True  # every worker returns the sums of what it received
+    g.sync.bucket_bytes = 64 << 20  # several buckets for SmolLM2's 0.5 GB
     yield g
     g.close()
     assert g.server is None
@@ -105,13 +108,22 @@ def test_weight_update_serves_the_new_weights(gen, smol, updated):
     _assert_same(out, HFGenerator(new, tok.pad_token_id or 0).generate(prompts, _greedy(tok)))
     assert [c.token_ids for c in out] != [c.token_ids for c in before]
     assert gen.version == 1 and gen.client.weight_version() == "1"
-    assert sorted(p.name for p in gen.weight_dir.glob("v*")) == ["v1"]  # only the folder being served is kept
+    # through the process group, in several buckets, every tensor checked by its sum on the worker; no folder
+    stats = gen.sync.stats
+    assert (stats["syncs"], stats["fallbacks"]) == (1, 0) and stats["broadcasts"] > 4, stats
+    from nemo_rcgrpo.generation.vllm_server import _with_lm_head
+
+    assert stats["bytes"] == sum(t.numel() * 4 for t in _with_lm_head(new.state_dict().items(), gen.tied).values())
+    assert sorted(p.name for p in gen.weight_dir.glob("v*")) == ["v0"]  # the folder the server started from
 
 
 def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, monkeypatch):
     from nemo_rcgrpo.generation import vllm_server
 
     tok, model, prompts = smol
+    new, _ = updated
+    # the folder path (weight_sync=folder, and the collective path's fallback) on the same server: version 1 again
+    gen.sync.fallback.push(vllm_server._with_lm_head(new.state_dict().items(), gen.tied).items(), 1)
     serving = [c.token_ids for c in gen.generate(prompts, _greedy(tok))]
     bad = dict(model.state_dict())
     bad["model.layers.3.mlp.down_proj.weight"] = torch.zeros(5, 7)
@@ -120,9 +132,20 @@ def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, mon
     missing = {k: v for k, v in model.state_dict().items() if "layers.0." not in k}
     with pytest.raises(WeightSyncError, match=r"missing \['model.layers.0"):
         gen.update_weights(missing.items(), 2)
-    # a reload that fails on the server (here: a folder without weights) is rolled back
-    monkeypatch.setattr(vllm_server, "_save", lambda tensors, folder, dtypes=None: None)
-    with pytest.raises(WeightSyncError, match=r"failed on the server .*still serving"):
-        gen.update_weights(model.state_dict().items(), 2)
+    # a folder reload that fails on the server (here: a folder without weights) is rolled back
+    with monkeypatch.context() as m:
+        m.setattr(vllm_server, "_save", lambda tensors, folder, dtypes=None: None)
+        with pytest.raises(WeightSyncError, match=r"failed on the server .*still serving"):
+            gen.sync.fallback.push(vllm_server._with_lm_head(model.state_dict().items(), gen.tied).items(), 2)
     assert [c.token_ids for c in gen.generate(prompts, _greedy(tok))] == serving
     assert gen.version == 1 and gen.client.weight_version() == "1"
+    # a collective transfer that fails is redone through a folder with the same tensors: version 2 serves
+    from nemo_rcgrpo.generation import weight_transfer
+
+    with monkeypatch.context() as m:
+        m.setattr(weight_transfer.CollectiveSync, "_send", lambda self, tensors: (_ for _ in ()).throw(
+            vllm_server.GeneratorError("a worker refused")))
+        gen.update_weights(model.state_dict().items(), 2)
+    assert gen.sync.stats["fallbacks"] == 1 and gen.version == 2 and gen.client.weight_version() == "2"
+    _, original = updated  # the original weights' greedy output, from before version 1
+    assert [c.token_ids for c in gen.generate(prompts, _greedy(tok))] == [c.token_ids for c in original]

@@ -1,5 +1,6 @@
 """RC-GRPO with generation=vllm (a server started by the run): killing the server mid-step is a clear
-error and the run resumes from its last checkpoint with a fresh server; the server goes with the run."""
+error and the run resumes from its last checkpoint with a fresh server; the server goes with the run; the
+trainer process never imports vLLM (weights go to the server through the collective transfer)."""
 
 import os
 import signal
@@ -34,7 +35,11 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
             "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
             "generation.vllm.max_retries=2"]
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, str(repo / "nemo_rcgrpo" / "train.py"), *args], cwd=repo,
+    modules = tmp_path / "trainer_modules.txt"  # what the trainer process imported, written as it exits
+    record = (f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules)!r}, 'w').write("
+              f"'\\n'.join(sorted(sys.modules)))); sys.argv = ['train.py', *sys.argv[1:]]; "
+              f"runpy.run_path({str(repo / 'nemo_rcgrpo' / 'train.py')!r}, run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", record, *args], cwd=repo,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     first = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
     deadline = time.time() + 400
@@ -52,6 +57,9 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: vLLM server http://127.0.0.1:") and "step_1 resumes" in last, last
     assert [m["step"] for m in read_metrics(run_dir)] == [1]
+    imported = modules.read_text().split()
+    assert "nemo_rcgrpo.generation.weight_transfer" in imported and "torch" in imported  # the record works
+    assert not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
     # resume: a fresh server on the step-1 weights; two more steps end to end; the server goes with the run
     assert main(args) == 0
     metrics = read_metrics(run_dir)
@@ -59,4 +67,5 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
     assert all(m["weight_sync_seconds"] > 0 and m["generation_seconds"] > 0 and m["rollouts"] == 4 for m in metrics)
     new_pid = int((run_dir / "generator" / "server.pid").read_text())
     assert new_pid != server_pid and not _alive(new_pid)
-    assert sorted(p.name for p in (run_dir / "generator").glob("v*")) == ["v3"]
+    # the resumed server started from the step-1 weights (v1); steps 2 and 3 went through the process group
+    assert sorted(p.name for p in (run_dir / "generator").glob("v*")) == ["v1"]

@@ -1,0 +1,204 @@
+"""Weights from the trainer into a running vLLM server over a process group of their own; torch only here.
+
+``CollectiveSync`` is the trainer's side of ``vllm_worker.WeightReceiver`` (loaded into the server with
+``--worker-extension-cls``, driven through ``/collective_rpc``): it hosts a TCP store, joins the server's
+workers into one group (gloo on CPU, NCCL on GPU: the only difference between the two), and per sync
+broadcasts the weights as flat buckets of consecutive same-dtype tensors, in the served dtypes, while the
+workers stream them into vLLM's in-place reload. Nothing of vLLM is imported in the trainer.
+
+Before anything is sent, the tensors are checked against the served names and shapes (``FolderSync.check``).
+A transfer that fails (a worker refuses, the group times out) is redone through the folder path with the same
+tensors, so the server never keeps a half-received model; if that fails too, the server's state is unknown and
+``GeneratorUnavailable`` says to restart it. The group is rebuilt at the next sync.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
+from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, versions
+
+EXTENSION = "nemo_rcgrpo.generation.vllm_worker.WeightReceiver"
+BUCKET_BYTES = 256 << 20  # per broadcast
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def plan_buckets(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, int]]:
+    """[start, end) ranges over ``meta`` ([name, shape, dtype] in send order): consecutive tensors of one dtype,
+    up to ``bucket_bytes`` each (a larger tensor is a bucket of its own)."""
+    out, start, size = [], 0, 0
+    for i, (_, shape, dtype) in enumerate(meta):
+        n = 1
+        for d in shape:
+            n *= int(d)
+        nbytes = n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        if i > start and (dtype != meta[start][2] or size + nbytes > bucket_bytes):
+            out.append((start, i))
+            start, size = i, 0
+        size += nbytes
+    if meta:
+        out.append((start, len(meta)))
+    return out
+
+
+def nccl_mismatch(ours: str | None, theirs: list) -> str | None:
+    """Why an NCCL group between this process (NCCL ``ours``) and the workers (their ``versions()``) must not be
+    built, or None: NCCL needs one release (major.minor) on every rank of a communicator."""
+    release = lambda v: ".".join(str(v).split(".")[:2]) if v else None  # noqa: E731
+    found = sorted({str(t.get("nccl")) for t in theirs if isinstance(t, dict)})
+    if ours is None or not found or any(release(v) != release(ours) for v in found):
+        return f"NCCL {ours} in the trainer and {', '.join(found) or 'unknown'} in the vLLM server's workers"
+    return None
+
+
+class CollectiveSync:
+    """Trainer side of the collective weight transfer (the module docstring)."""
+
+    def __init__(self, client: VLLMClient, master: str | None, timeout: float, fallback, backend: str | None = None,
+                 default_dtype: torch.dtype = torch.float32, bucket_bytes: int = BUCKET_BYTES, verify: bool = False):
+        """``fallback``: the ``FolderSync`` of the same server (its manifest, when known, gives the served names,
+        shapes and dtypes the tensors are checked against and sent in; else floating tensors go as
+        ``default_dtype``). ``verify``: every worker returns each received tensor's float64 sum, compared with the
+        sent tensor's (a pass over the weights on both sides; for tests and debugging)."""
+        self.client, self.master, self.timeout = client, master, timeout
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if self.backend == "nccl" and not torch.cuda.is_available():
+            raise WeightSyncError("generation.vllm.weight_sync=nccl needs CUDA here; use auto (gloo on CPU) or folder")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.fallback, self.default_dtype, self.bucket_bytes, self.verify = fallback, default_dtype, bucket_bytes, verify
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.disabled: str | None = None  # why every sync goes through folders instead (said once)
+        self.group = self.store = None
+        self.stats: dict[str, float] = {"syncs": 0, "broadcasts": 0, "bytes": 0, "fallbacks": 0}
+
+    # ------------------------------------------------------------------ group
+    def _rpc(self, method: str, kwargs: dict[str, Any], box: dict) -> None:
+        try:
+            box["result"] = self.client.collective_rpc(method, kwargs, self.timeout)
+        except BaseException as e:  # reported by the caller's thread
+            box["error"] = e
+
+    def _join(self) -> None:
+        if self.backend == "nccl":
+            theirs = (self.client.collective_rpc("rcgrpo_versions", {}, self.timeout) or {}).get("results", [])
+            why = nccl_mismatch(versions()["nccl"], theirs)
+            if why:
+                self.disabled = f"{why}: one communicator cannot join them; weights go through folders"
+                raise WeightSyncError(self.disabled)
+        world = int(self.client._call("GET", "/get_world_size", params={"include_dp": "false"})["world_size"])
+        host, _, port = (self.master or "").partition(":")
+        host = host or ("127.0.0.1" if self.backend == "gloo" and self.client.url.startswith("http://127.")
+                        else socket.gethostbyname(socket.gethostname()))
+        port = int(port) if port else _free_port()
+        group = f"rcgrpo-{uuid.uuid4().hex[:8]}"
+        box: dict = {}
+        rpc = threading.Thread(target=self._rpc, args=("rcgrpo_join", {
+            "host": host, "port": port, "world_size": world + 1, "backend": self.backend, "group": group,
+            "timeout_s": self.timeout}, box), daemon=True)
+        rpc.start()
+        try:
+            self.store, self.group = make_group(host, port, 0, world + 1, self.backend, group, self.timeout)
+        finally:
+            rpc.join(self.timeout + 60)
+        if "error" in box or rpc.is_alive():
+            self.group = self.store = None
+            error = box.get("error", "no answer")
+            raise WeightSyncError(f"the server's workers did not join the weight transfer ({error}); serve with "
+                                  f"--worker-extension-cls {EXTENSION} (`rcgrpo serve` and managed servers do)")
+
+    # ------------------------------------------------------------------ sync
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        if isinstance(weights, (str, Path)):  # a folder: the folder path loads it
+            self.fallback.push(weights, version)
+            return
+        tensors = list(self.fallback.check(weights).items())  # names and shapes against the served model, or refused
+        if self.disabled:
+            self.fallback.push(iter(tensors), version)
+            return
+        manifest = self.fallback.manifest or {}
+        self.dtypes = {n: manifest[n][1] if n in manifest else (self.default_dtype if t.is_floating_point() else t.dtype)
+                       for n, t in tensors}
+        failed = None
+        self.client.pause()
+        try:
+            self._send(tensors)
+        except GeneratorUnavailable:
+            raise
+        except (GeneratorError, RuntimeError) as e:
+            failed = e
+        finally:
+            self.client.resume()
+        if failed is not None:  # the workers may hold part of the new weights: load all of them from a folder
+            self.group = self.store = None  # rebuilt at the next sync
+            self.stats["fallbacks"] += 1
+            print(f"warning: the collective weight transfer of version {version} failed ({failed}); "
+                  f"sending it through a folder", file=sys.stderr, flush=True)
+            try:
+                self.fallback.push(iter(tensors), version)
+            except GeneratorError as again:
+                raise GeneratorUnavailable(f"weight update to version {version} failed through the process group "
+                                           f"({failed}) and through a folder ({again}); what the server holds is "
+                                           f"unknown: restart it") from None
+            return
+        if self.fallback.manifest is None:  # an attached server: what was sent is what it serves now
+            self.fallback.manifest = {n: (tuple(t.shape), self.dtypes[n]) for n, t in tensors}
+
+    def _send(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        if self.group is None:
+            self._join()
+        meta = [(name, tuple(int(d) for d in t.shape), dtype_name(self.dtypes[name])) for name, t in tensors]
+        buckets = plan_buckets(meta, self.bucket_bytes)
+        box: dict = {}
+        rpc = threading.Thread(target=self._rpc, args=("rcgrpo_receive", {
+            "meta": [[n, list(s), d] for n, s, d in meta], "buckets": [list(b) for b in buckets],
+            "timeout_s": self.timeout, "verify": self.verify}, box), daemon=True)
+        rpc.start()
+        sums = []
+        try:
+            for start, end in buckets:
+                if "error" in box:
+                    break
+                dtype = self.dtypes[tensors[start][0]]
+                parts = [t.detach().to(self.device, dtype).reshape(-1) for _, t in tensors[start:end]]
+                if self.verify:
+                    sums += [float(x.double().sum()) for x in parts]
+                flat = torch.cat(parts)
+                broadcast(self.group, flat, self.timeout)
+                self.stats["broadcasts"] += 1
+                self.stats["bytes"] += flat.numel() * flat.element_size()
+        finally:
+            rpc.join(self.timeout + 60)
+        if "error" in box:
+            raise box["error"] if isinstance(box["error"], GeneratorError) else GeneratorError(str(box["error"]))
+        if rpc.is_alive():
+            raise GeneratorError("the server's workers did not finish receiving the weights")
+        answer = box.get("result")
+        results = answer.get("results") if isinstance(answer, dict) else None  # one per worker
+        counts = [r.get("tensors") if isinstance(r, dict) else r for r in results or []]
+        if not counts or any(c != len(tensors) for c in counts):
+            raise GeneratorError(f"workers received {counts} tensors of {len(tensors)}")
+        if self.verify and any(len(r["sums"]) != len(sums) or not all(
+                math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(r["sums"], sums)) for r in results):
+            raise GeneratorError("the tensors a worker received differ from the tensors sent")
+        self.stats["syncs"] += 1
+
+    def close(self) -> None:
+        self.group = self.store = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
