@@ -44,13 +44,14 @@ def test_stage1_smollm2_same_losses_torch_and_megatron_tp1_tp3(data_dir, tmp_pat
     common = ["trainer.save_every=100", "trainer.export_hf=false"]
     _ok(_train(_stage1_args(data_dir, tmp_path / "torch", *common)))
     _ok(_train(_stage1_args(data_dir, tmp_path / "tp1", *common, "policy.backend=megatron")))
-    # TP=3 runs 3 processes on the CI's 2 cores: the first 2 steps of the same 3-step schedule (stop_after)
+    # TP=3 runs 3 processes on the CI's 2 cores: the first step of the same 3-step schedule (stop_after; the
+    # loss and gradient at TP=3; updates at TP > 1 are checked step by step by the TP=2 tests below)
     _ok(_train(_stage1_args(data_dir, tmp_path / "tp3", *common, "policy.backend=megatron", "policy.megatron.tp=3",
-                      "layout.gpus_per_node=3", "trainer.stop_after=2"),
+                      "layout.gpus_per_node=3", "trainer.stop_after=1"),
                nproc=3))
     runs = {name: read_metrics(tmp_path / name) for name in ("torch", "tp1", "tp3")}
     assert [m["step"] for m in runs["torch"]] == [1, 2, 3]
-    for name, steps in (("tp1", 3), ("tp3", 2)):
+    for name, steps in (("tp1", 3), ("tp3", 1)):
         assert len(runs[name]) == steps
         for a, b in zip(runs["torch"], runs[name]):
             assert a["tokens"] == b["tokens"] and a["tokens_total"] == b["tokens_total"]  # same data, split by DP only

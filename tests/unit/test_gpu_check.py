@@ -23,8 +23,7 @@ def test_dry_run_passes_here():
 
 
 def test_dry_run_reports_a_bad_override_and_a_wheel_pin_that_was_not_tested(tmp_path, monkeypatch):
-    gpu_check = _module()
-    assert gpu_check.dry_run(tmp_path) == []
+    gpu_check = _module()  # the plan as shipped holds: test_dry_run_passes_here
     wheels = tmp_path / "wheels.txt"
     wheels.write_text("megatron-core==0.0.1\nbfcl-eval==2026.3.23\nnot-a-package-here==1.0\n")
     monkeypatch.setattr(gpu_check, "WHEELS", wheels)
