@@ -24,6 +24,7 @@ The collective backend is the only thing that differs between CPU (gloo) and GPU
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Iterator
 
 import torch
@@ -55,13 +56,15 @@ def broadcast(group, tensor: torch.Tensor, timeout_s: float | None = None) -> No
         work.wait(datetime.timedelta(seconds=timeout_s))
 
 
+def numel(shape) -> int:
+    return math.prod(int(d) for d in shape)
+
+
 def unpack(flat: torch.Tensor, meta: list) -> Iterator[tuple[str, torch.Tensor]]:
     """Views of a flat bucket as the named tensors of ``meta`` ([name, shape, dtype] each, in order)."""
     offset = 0
     for name, shape, _ in meta:
-        n = 1
-        for d in shape:
-            n *= int(d)
+        n = numel(shape)
         yield name, flat[offset:offset + n].view(*[int(d) for d in shape])
         offset += n
     if offset != flat.numel():
@@ -104,7 +107,7 @@ class WeightReceiver:
             for start, end in buckets:
                 part = meta[start:end]
                 dtype = DTYPES[part[0][2]]
-                total = sum(_numel(shape) for _, shape, _ in part)
+                total = sum(numel(shape) for _, shape, _ in part)
                 flat = torch.empty(total, dtype=dtype, device=device)
                 broadcast(group, flat, timeout_s)
                 for name, tensor in unpack(flat, part):
@@ -115,13 +118,3 @@ class WeightReceiver:
 
         self.model_runner.reload_weights(weights_iterator=stream())
         return {"tensors": received[0], "sums": sums if verify else None}
-
-    def rcgrpo_leave(self) -> None:
-        self._rcgrpo_group = self._rcgrpo_store = None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

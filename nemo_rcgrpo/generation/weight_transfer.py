@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import torch
 
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
-from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, versions
+from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, numel, versions
 
 EXTENSION = "nemo_rcgrpo.generation.vllm_worker.WeightReceiver"
 BUCKET_BYTES = 256 << 20  # per broadcast
@@ -40,10 +40,7 @@ def plan_buckets(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int
     up to ``bucket_bytes`` each (a larger tensor is a bucket of its own)."""
     out, start, size = [], 0, 0
     for i, (_, shape, dtype) in enumerate(meta):
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes = n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        nbytes = numel(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
         if i > start and (dtype != meta[start][2] or size + nbytes > bucket_bytes):
             out.append((start, i))
             start, size = i, 0
@@ -91,6 +88,7 @@ class CollectiveSync:
             box["error"] = e
 
     def _join(self) -> None:
+        from nemo_rcgrpo.generation.vllm_server import free_port  # vllm_server imports this module on use
         if self.backend == "nccl":
             theirs = (self.client.collective_rpc("rcgrpo_versions", {}, self.timeout) or {}).get("results", [])
             why = nccl_mismatch(versions()["nccl"], theirs)
@@ -101,7 +99,7 @@ class CollectiveSync:
         host, _, port = (self.master or "").partition(":")
         host = host or ("127.0.0.1" if self.backend == "gloo" and self.client.url.startswith("http://127.")
                         else socket.gethostbyname(socket.gethostname()))
-        port = int(port) if port else _free_port()
+        port = int(port) if port else free_port("")
         group = f"rcgrpo-{uuid.uuid4().hex[:8]}"
         box: dict = {}
         rpc = threading.Thread(target=self._rpc, args=("rcgrpo_join", {
@@ -196,9 +194,3 @@ class CollectiveSync:
 
     def close(self) -> None:
         self.group = self.store = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
