@@ -50,6 +50,7 @@ import torch
 
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
+from nemo_rcgrpo.utils.weight_stream import WeightStream
 
 SERVED_NAME = "policy"
 EXTENSION_MODULE = "rcgrpo_vllm_worker"  # the server's copy of nemo_rcgrpo/generation/vllm_worker.py
@@ -231,18 +232,23 @@ class FolderSync:
     def check(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The tensors to write, in the served names; WeightSyncError (before anything is sent) if they do not fit."""
         tensors = dict(weights)
+        self.check_meta([(n, tuple(t.shape)) for n, t in tensors.items()])
+        return tensors
+
+    def check_meta(self, meta) -> None:
+        """WeightSyncError unless ``meta`` ([(name, shape, ...)]) has the served model's names and shapes."""
         if self.manifest is None:
-            return tensors
-        unknown = sorted(set(tensors) - set(self.manifest))
-        missing = sorted(set(self.manifest) - set(tensors))
-        wrong = [f"{n} {tuple(t.shape)} (served {self.manifest[n][0]})" for n, t in tensors.items()
-                 if n in self.manifest and tuple(t.shape) != self.manifest[n][0]]
+            return
+        shapes = {m[0]: tuple(m[1]) for m in meta}
+        unknown = sorted(set(shapes) - set(self.manifest))
+        missing = sorted(set(self.manifest) - set(shapes))
+        wrong = [f"{n} {s} (served {self.manifest[n][0]})" for n, s in shapes.items()
+                 if n in self.manifest and s != self.manifest[n][0]]
         if unknown or missing or wrong:
             raise WeightSyncError("weights do not fit the served model: " + "; ".join(
                 f"{what} {items[:3]}{' ...' if len(items) > 3 else ''}" for what, items in
                 (("unknown", unknown), ("missing", missing), ("wrong shape", wrong)) if items) +
                 "; nothing was sent, the previous weights are still serving")
-        return tensors
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
         if isinstance(weights, (str, Path)):
@@ -299,6 +305,24 @@ def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> di
     if tied and embed is not None and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = embed.detach().clone()
     return tensors
+
+
+def _stream_with_lm_head(weights, tied: bool) -> WeightStream:
+    """``_with_lm_head`` for a stream: the embedding is sent a second time, last, as ``lm_head.weight``."""
+    stream = weights if isinstance(weights, WeightStream) else WeightStream.of(weights)
+    names = {m[0]: m for m in stream.meta}
+    embed = names.get("model.embed_tokens.weight")
+    if not tied or embed is None or "lm_head.weight" in names:
+        return stream
+
+    def export():
+        kept = None
+        for name, tensor in stream:
+            kept = tensor if name == embed[0] else kept
+            yield name, tensor
+        yield "lm_head.weight", kept
+
+    return WeightStream(stream.meta + [("lm_head.weight", embed[1], embed[2])], export)
 
 
 # ---------------------------------------------------------------------- generator
@@ -461,7 +485,7 @@ class VLLMGenerator:
             if self.client is None and not self.vcfg.url:
                 self.start(weights, version)  # the served folder gets the untied output layer there
                 return
-            weights = _with_lm_head(weights, self.tied).items()
+            weights = _stream_with_lm_head(weights, self.tied)
         self.start()
         self.sync.push(weights, version)
         self.client.set_weight_version(version)

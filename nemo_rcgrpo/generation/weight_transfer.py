@@ -4,7 +4,9 @@
 ``--worker-extension-cls``, driven through ``/collective_rpc``): it hosts a TCP store, joins the server's
 workers into one group (gloo on CPU, NCCL on GPU: the only difference between the two), and per sync
 broadcasts the weights as flat buckets of consecutive same-dtype tensors, in the served dtypes, while the
-workers stream them into vLLM's in-place reload. Nothing of vLLM is imported in the trainer.
+workers stream them into vLLM's in-place reload. Each bucket is built from the policy's ``WeightStream`` as the
+export produces it, on the policy's device: no copy of the whole model is held anywhere, and a GPU's tensors
+never pass through host memory. Nothing of vLLM is imported in the trainer.
 
 Before anything is sent, the tensors are checked against the served names and shapes (``FolderSync.check``).
 A transfer that fails (a worker refuses, the group times out) is redone through the folder path with the same
@@ -25,7 +27,9 @@ from typing import Any, Iterable
 import torch
 
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
-from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, numel, versions
+from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, versions
+from nemo_rcgrpo.utils.weight_stream import WeightStream, nbytes
+from nemo_rcgrpo.utils.weight_stream import plan_buckets as buckets_of
 
 EXTENSION = "nemo_rcgrpo.generation.vllm_worker.WeightReceiver"
 BUCKET_BYTES = 256 << 20  # per broadcast
@@ -36,18 +40,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def plan_buckets(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, int]]:
-    """[start, end) ranges over ``meta`` ([name, shape, dtype] in send order): consecutive tensors of one dtype,
-    up to ``bucket_bytes`` each (a larger tensor is a bucket of its own)."""
-    out, start, size = [], 0, 0
-    for i, (_, shape, dtype) in enumerate(meta):
-        nbytes = numel(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        if i > start and (dtype != meta[start][2] or size + nbytes > bucket_bytes):
-            out.append((start, i))
-            start, size = i, 0
-        size += nbytes
-    if meta:
-        out.append((start, len(meta)))
-    return out
+    """[start, end) ranges over ``meta`` ([name, shape, dtype name] in send order): consecutive tensors of one
+    dtype, up to ``bucket_bytes`` each (a larger tensor is a bucket of its own)."""
+    return buckets_of([(nbytes(shape, getattr(torch, dtype)), dtype) for _, shape, dtype in meta], bucket_bytes)
 
 
 def nccl_mismatch(ours: str | None, theirs: list) -> str | None:
@@ -117,24 +112,27 @@ class CollectiveSync:
                                   f"--worker-extension-cls {EXTENSION} (`rcgrpo serve` and managed servers do)")
 
     # ------------------------------------------------------------------ sync
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]] | WeightStream | Path, version: int) -> None:
+        """``weights``: a ``WeightStream`` (read bucket by bucket as it is produced; read a second time only if
+        the transfer fails and is redone through a folder), a folder, or tensors already held."""
         if isinstance(weights, (str, Path)):  # a folder: the folder path loads it
             self.fallback.push(weights, version)
             return
-        tensors = list(self.fallback.check(weights).items())  # names and shapes against the served model, or refused
+        stream = weights if isinstance(weights, WeightStream) else WeightStream.of(weights)
+        self.fallback.check_meta(stream.meta)  # names and shapes against the served model, or refused
         if self.disabled:
-            self.fallback.push(iter(tensors), version)
+            self.fallback.push(stream, version)
             return
         manifest = self.fallback.manifest or {}
-        self.dtypes = {n: manifest[n][1] if n in manifest else (self.default_dtype if t.is_floating_point() else t.dtype)
-                       for n, t in tensors}
+        self.dtypes = {n: manifest[n][1] if n in manifest else (self.default_dtype if d.is_floating_point else d)
+                       for n, _, d in stream.meta}
         failed = None
         self.client.pause()
         try:
-            self._send(tensors)
+            self._send(stream)
         except GeneratorUnavailable:
             raise
-        except (GeneratorError, RuntimeError) as e:
+        except (GeneratorError, RuntimeError, ValueError) as e:
             failed = e
         finally:
             self.client.resume()
@@ -144,19 +142,20 @@ class CollectiveSync:
             print(f"warning: the collective weight transfer of version {version} failed ({failed}); "
                   f"sending it through a folder", file=sys.stderr, flush=True)
             try:
-                self.fallback.push(iter(tensors), version)
+                self.fallback.push(stream, version)  # a second pass over the export
             except GeneratorError as again:
                 raise GeneratorUnavailable(f"weight update to version {version} failed through the process group "
                                            f"({failed}) and through a folder ({again}); what the server holds is "
                                            f"unknown: restart it") from None
             return
         if self.fallback.manifest is None:  # an attached server: what was sent is what it serves now
-            self.fallback.manifest = {n: (tuple(t.shape), self.dtypes[n]) for n, t in tensors}
+            self.fallback.manifest = {n: (tuple(shape), self.dtypes[n]) for n, shape, _ in stream.meta}
 
-    def _send(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def _send(self, stream: WeightStream) -> None:
+        """One pass over ``stream``: each bucket is built from the tensors as they come and broadcast."""
         if self.group is None:
             self._join()
-        meta = [(name, tuple(int(d) for d in t.shape), dtype_name(self.dtypes[name])) for name, t in tensors]
+        meta = [(name, tuple(int(d) for d in shape), dtype_name(self.dtypes[name])) for name, shape, _ in stream.meta]
         buckets = plan_buckets(meta, self.bucket_bytes)
         box: dict = {}
         rpc = threading.Thread(target=self._rpc, args=("rcgrpo_receive", {
@@ -164,15 +163,17 @@ class CollectiveSync:
             "timeout_s": self.timeout, "verify": self.verify}, box), daemon=True)
         rpc.start()
         sums = []
+        tensors = iter(stream)
         try:
             for start, end in buckets:
                 if "error" in box:
                     break
-                dtype = self.dtypes[tensors[start][0]]
-                parts = [t.detach().to(self.device, dtype).reshape(-1) for _, t in tensors[start:end]]
+                dtype = self.dtypes[meta[start][0]]
+                parts = [next(tensors)[1].detach().to(self.device, dtype).reshape(-1) for _ in range(start, end)]
                 if self.verify:
                     sums += [float(x.double().sum()) for x in parts]
-                flat = torch.cat(parts)
+                flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+                del parts
                 broadcast(self.group, flat, self.timeout)
                 self.stats["broadcasts"] += 1
                 self.stats["bytes"] += flat.numel() * flat.element_size()
@@ -185,8 +186,8 @@ class CollectiveSync:
         answer = box.get("result")
         results = answer.get("results") if isinstance(answer, dict) else None  # one per worker
         counts = [r.get("tensors") if isinstance(r, dict) else r for r in results or []]
-        if not counts or any(c != len(tensors) for c in counts):
-            raise GeneratorError(f"workers received {counts} tensors of {len(tensors)}")
+        if not counts or any(c != len(meta) for c in counts):
+            raise GeneratorError(f"workers received {counts} tensors of {len(meta)}")
         if self.verify and any(len(r["sums"]) != len(sums) or not all(
                 math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(r["sums"], sums)) for r in results):
             raise GeneratorError("the tensors a worker received differ from the tensors sent")

@@ -8,6 +8,7 @@ import torch
 
 from nemo_rcgrpo.utils.checkpoint import checkpoint_tmp_dir, prepare_checkpoint, save_checkpoint
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier
+from nemo_rcgrpo.utils.weight_stream import WeightStream
 
 
 def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int):
@@ -66,20 +67,43 @@ def sync_generator(policy, generator, backend: str, version: int) -> None:
     """Push the policy's weights to the generator (a collective with the megatron backend: every rank calls it).
 
     backend 'hf' with the torch policy shares the weights (nothing to do); with megatron, rank 0's HF copy
-    receives ``export_weights()``; other backends get the HF-named tensors through ``update_weights``.
+    receives ``export_weights()``. Other backends get a ``WeightStream`` on rank 0: the tensors are produced
+    while the generator reads them (bucket by bucket, on the policy's device), and a generator that reads them
+    again (a failed transfer redone through a folder) gets a fresh export, the other ranks taking part in each
+    pass. Whatever the generator does, the export is finished before this returns, so no rank is left waiting.
     """
     if backend == "hf":
         if hasattr(policy, "sync_hf_model"):
             policy.sync_hf_model()
         return
-    weights = policy.export_weights()
-    if generator is None:  # ranks without a generator still take part in the all-gathers, keeping nothing
-        for _ in weights:
-            pass
+    collective = getattr(policy, "export_is_collective", False)
+    if not hasattr(policy, "export_meta"):  # a policy that cannot announce its tensors: list them first
+        if generator is not None:
+            generator.update_weights(WeightStream.of(policy.export_weights()), version)
         return
-    # rank 0 finishes the export before the generator sees it (every consumer holds it all anyway), so a
-    # generator that fails cannot leave the other ranks waiting inside the collective
-    generator.update_weights(list(weights), version)
+    meta = policy.export_meta()  # a collective on its first call with megatron
+    if generator is None:  # the other ranks: each pass of rank 0's export, until rank 0 says it is over
+        while collective:
+            for _ in policy.export_weights():
+                pass
+            if not _next_pass(policy, None):
+                return
+        return
+    stream = WeightStream(meta, policy.export_weights,
+                          on_pass=(lambda k: _next_pass(policy, k > 0)) if collective else None)
+    try:
+        generator.update_weights(stream, version)
+    finally:
+        stream.close()
+
+
+def _next_pass(policy, again: bool | None) -> bool:
+    """Rank 0 tells every rank whether another export pass follows (``again``); the others learn it."""
+    import torch.distributed as tdist
+
+    flag = torch.tensor([int(bool(again))], device=getattr(policy, "device", None) or "cpu")
+    tdist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def save_policy_checkpoint(policy, dist: DistInfo, run_dir, step: int, **kwargs) -> None:

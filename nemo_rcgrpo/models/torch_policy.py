@@ -219,7 +219,11 @@ class TorchPolicy:
             group["lr"] = self.base_lr * fn(self.scheduler.last_epoch)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
+    def export_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """What ``export_weights`` yields: names, shapes, dtypes, in order."""
+        return [(name, tuple(t.shape), t.dtype) for name, t in self.module.state_dict().items()]
+
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors (for the generator's weight sync)."""
+        """HF-named full tensors (for the generator's weight sync), on the model's device."""
         for name, tensor in self.module.state_dict().items():
             yield name, tensor.detach()

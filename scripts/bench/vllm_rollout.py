@@ -6,7 +6,8 @@ SmolLM2-135M-Instruct with the reward tokens, fp32, on this machine's CPU:
    token is one the model does not sample, checked) by the HF generator and by a vLLM server;
 2. a step's generation: the rollout engine's multi-turn rollouts of the same specs with each
    generator (lengths then follow each backend's samples; generated tokens/s compared);
-3. weight-sync seconds per update (folder sync: check, write, pause, reload, resume), several updates.
+3. weight-sync seconds per update, several updates each way: the collective transfer (gloo here; the
+   broadcast buckets timed per bucket) and the folder path (check, write, pause, reload, resume).
 
 Usage: python scripts/bench/vllm_rollout.py [--out docs/benchmarks.md]
 """
@@ -34,7 +35,7 @@ from nemo_rcgrpo.envs.bfcl import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
-from nemo_rcgrpo.generation.vllm_server import VLLMGenerator
+from nemo_rcgrpo.generation.vllm_server import VLLMGenerator, _with_lm_head
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 
@@ -90,12 +91,20 @@ def main() -> int:
     _, start_s = _timed(vllm.start)
     try:
         measure("vllm", vllm)
-        syncs = []
+        syncs, buckets, folder_syncs = [], [], []
         for v in range(1, args.updates + 1):
             with torch.no_grad():
                 model.model.norm.weight.mul_(1.0 + 1e-3)  # a new version each time
+            sent = vllm.sync.stats["broadcasts"]
             syncs.append(_timed(lambda: vllm.update_weights(model.state_dict().items(), v))[1])
-        assert vllm.client.weight_version() == str(args.updates)
+            buckets.append(vllm.sync.stats["broadcasts"] - sent)
+        assert vllm.sync.stats["fallbacks"] == 0 and vllm.client.weight_version() == str(args.updates)
+        for v in range(args.updates + 1, 2 * args.updates + 1):
+            with torch.no_grad():
+                model.model.norm.weight.mul_(1.0 + 1e-3)
+            tensors = _with_lm_head(model.state_dict().items(), vllm.tied).items()
+            folder_syncs.append(_timed(lambda: vllm.sync.fallback.push(tensors, v))[1])
+            vllm.client.set_weight_version(v)
     finally:
         vllm.close()
     hf_f, vl_f = rows_fixed["hf"], rows_fixed["vllm"]
@@ -121,9 +130,12 @@ def main() -> int:
             f"{(vl_s[0] / vl_s[1]) / (hf_s[0] / hf_s[1]):.2f} |", "",
             f"Same lengths in the fixed-length rows: {'yes' if hf_f[2] and vl_f[2] else 'NO (a stop token was sampled)'}. "
             f"Whole rollout wall time (engine, env included): hf {hf_s[2]:.1f} s, vllm {vl_s[2]:.1f} s.",
-            f"Weight sync (folder: check, write {size_mb:.0f} MiB fp32 safetensors, pause, reload, resume), "
-            f"{args.updates} updates: " + ", ".join(f"{s:.2f}" for s in syncs) +
-            f" s (mean {statistics.fmean(syncs):.2f} s). The HF generator shares the policy's weights (0 s).", END]
+            f"Weight sync of {size_mb:.0f} MiB fp32, {args.updates} updates each way. Collective (gloo, pause, "
+            f"{buckets[0]} broadcast buckets of up to {vllm.sync.bucket_bytes >> 20} MiB into the workers' in-place "
+            f"reload, resume): " + ", ".join(f"{s:.2f}" for s in syncs) + f" s (mean {statistics.fmean(syncs):.2f} s, "
+            f"{1000 * sum(syncs) / sum(buckets):.0f} ms per bucket). Folder (check, write safetensors, pause, reload, "
+            f"resume): " + ", ".join(f"{s:.2f}" for s in folder_syncs) + f" s (mean {statistics.fmean(folder_syncs):.2f} "
+            f"s). The HF generator shares the policy's weights (0 s).", END]
     return emit(rows, args.out, START, END)
 
 

@@ -53,12 +53,40 @@ def check(name: str, tp: int, dtype: torch.dtype) -> dict:
         ref_lp_all = ref.log_softmax(-1)
         ref_lp = ref_lp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         ref_ent = -(ref_lp_all.exp() * ref_lp_all).sum(-1)
+    grad_diff = gradient_diff(model, hf, ids, pos, targets, shape, par)
     return {"model": name, "tp": tp, "dtype": str(dtype).removeprefix("torch."), "dp": par.dp,
+            "grad_rel_diff": grad_diff,
             "padded_vocab": local.shape[-1] * tp, "vocab": shape.vocab_size,
             "hf_sdpa_vs_eager": sdpa_floor, "logits_max_abs_diff": float((full - ref).abs().max()),
             "logprob_max_abs_diff": float((lp - ref_lp).abs().max()),
             "entropy_max_abs_diff": float((ent - ref_ent).abs().max()),
             "cross_entropy_max_abs_diff": float((ce - ref_lp).abs().max())}
+
+
+def gradient_diff(model, hf, ids, pos, targets, shape, par) -> float:
+    """max |grad - HF grad| / max |HF grad| over every weight, after the mean token cross entropy's backward
+    (Megatron: vocab-parallel; the TP-split gradients gathered and converted to HF names)."""
+    from megatron.core import parallel_state as ps, tensor_parallel
+
+    from nemo_rcgrpo.models.megatron.convert import is_weight, megatron_param_to_hf, replicated_over_tp
+    from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab
+
+    group = ps.get_tensor_model_parallel_group()
+    local = mask_padded_vocab(model(ids, pos, None), shape.vocab_size, par.tp_rank)
+    tensor_parallel.vocab_parallel_cross_entropy(local, targets).mean().backward()
+    torch.nn.functional.cross_entropy(hf(input_ids=ids).logits.flatten(0, 1), targets.flatten()).backward()
+    reference = {n: p.grad for n, p in hf.named_parameters()}
+    worst, scale = 0.0, max(float(g.abs().max()) for g in reference.values())
+    for name, param in model.named_parameters():
+        if not is_weight(name):
+            continue
+        grads = [param.grad]
+        if par.tp > 1 and not replicated_over_tp(name):
+            grads = [torch.empty_like(param.grad) for _ in range(par.tp)]
+            torch.distributed.all_gather(grads, param.grad.contiguous(), group=group)
+        for hf_name, g in megatron_param_to_hf(name, grads, shape):
+            worst = max(worst, float((g - reference[hf_name]).abs().max()))
+    return worst / scale
 
 
 def main() -> None:

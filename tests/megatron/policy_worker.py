@@ -30,6 +30,60 @@ from nemo_rcgrpo.models.torch_policy import TorchPolicy
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed
 
 
+class Recorder:
+    """A generator that keeps what a weight sync streams to it."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def update_weights(self, weights, version):
+        self.tensors = {n: t.clone() for n, t in weights}
+
+
+def stream_counts(policy, dist) -> dict:
+    """One ``sync_generator`` with a recording generator on rank 0, counting every torch.distributed call of each
+    rank (the outermost: an object broadcast is one call)."""
+    import torch.distributed as tdist
+
+    from nemo_rcgrpo.models import factory
+
+    names = ("all_gather", "gather", "broadcast", "broadcast_object_list", "send", "recv", "send_object_list",
+             "recv_object_list", "all_reduce")
+    calls, depth, saved = {}, [0], {n: getattr(tdist, n) for n in names}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            if depth[0] == 0:
+                calls[name] = calls.get(name, 0) + 1
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return wrapped
+
+    for n in names:
+        setattr(tdist, n, counting(n, saved[n]))
+    recorder = Recorder() if dist.rank == 0 else None
+    try:
+        factory.sync_generator(policy, recorder, "vllm", 1)
+    finally:
+        for n in names:
+            setattr(tdist, n, saved[n])
+    everyone = [None] * dist.world_size
+    par = policy.parallel
+    tdist.all_gather_object(everyone, {"calls": calls, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank,
+                                       "pp_rank": par.pp_rank})
+    out = {"ranks": everyone}
+    if recorder is not None:
+        sd = policy.module.state_dict()  # rank 0's HF copy, synced by sync_hf_model above
+        expected = {n: t for n, t in sd.items() if n != "lm_head.weight" or not policy.shape.tied_embeddings}
+        out["names_equal"] = list(recorder.tensors) == [m[0] for m in policy.export_meta()] and \
+            sorted(recorder.tensors) == sorted(expected)
+        out["max_diff"] = max(float((recorder.tensors[n] - expected[n]).abs().max()) for n in expected)
+    return out
+
+
 def check(name: str, tp: int, pp: int, dist) -> dict:
     cfg = TrainConfig.from_dict({"trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
                                  "policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}}})
@@ -59,6 +113,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     out = policy.train_step(mine, loss_fn, n)
     out = {**out, "loss_local": dp_sum(out["loss_local"]), "kl_sum": dp_sum(out["kl_sum"])}
     policy.sync_hf_model()  # the generator's weight sync: rank 0's HF copy receives export_weights()
+    streamed = stream_counts(policy, dist)
     after = [policy.logprobs(b) for b in batches]
     result = {}
     if dist.rank == 0:
@@ -74,7 +129,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
         result.update({
-            "model": name, "tp": tp, "pp": pp, "dp": replica.world_size,
+            "model": name, "tp": tp, "pp": pp, "dp": replica.world_size, "stream": streamed,
             "old_logprob_diff": max(float(((b["old_logprobs"] - o[0]) * b["loss_mask"]).abs().max())
                                     for b, o in zip(batches, t_old)),
             "entropy_diff": max(float(((b["entropy"] - o[1]) * b["loss_mask"]).abs().max()) for b, o in zip(batches, t_old)),

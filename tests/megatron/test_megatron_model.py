@@ -113,7 +113,7 @@ def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("nproc,pairs", [(3, ["smollm2:3", "smollm2:1", "smollm2:3:float64"]),
                                          (2, ["tiny-qwen2:2", "tiny-qwen2:1"])],
                          ids=["smollm2", "tiny-qwen2"])
-def test_logits_match_hf(tmp_path, nproc, pairs):
+def test_logits_and_gradients_match_hf(tmp_path, nproc, pairs):
     out = tmp_path / "parity.json"
     proc = _torchrun(nproc, str(REPO / "tests" / "megatron" / "parity_worker.py"), str(out), *pairs)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -124,6 +124,9 @@ def test_logits_match_hf(tmp_path, nproc, pairs):
         # logprobs and entropies computed vocab-parallel (and the training path's cross entropy)
         assert r["logprob_max_abs_diff"] <= 1e-4 and r["cross_entropy_max_abs_diff"] <= 1e-4, r
         assert r["entropy_max_abs_diff"] <= 5e-4, r
+        # every weight's gradient, element by element, relative to the largest (measured: SmolLM2 TP=3 fp32 6.9e-5,
+        # float64 8.2e-6, TP=1 2.9e-6; tiny Qwen2 5e-7)
+        assert r["grad_rel_diff"] <= (5e-4 if tp > 1 and r["model"] == "smollm2" and dtype == "float32" else 5e-5), r
         if tp == 1 or r["model"] != "smollm2" or dtype == "float64":
             # float64 at TP=3: the conversion and the parallel layers are exact up to rounding (measured 6e-5)
             assert r["logits_max_abs_diff"] <= 1e-4, r

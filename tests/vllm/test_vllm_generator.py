@@ -142,10 +142,21 @@ def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, mon
     # a collective transfer that fails is redone through a folder with the same tensors: version 2 serves
     from nemo_rcgrpo.generation import weight_transfer
 
+    def fails_after_two_tensors(self, stream):
+        tensors = iter(stream)
+        next(tensors), next(tensors)
+        raise vllm_server.GeneratorError("a worker refused")
+
+    from nemo_rcgrpo.utils.weight_stream import WeightStream
+
+    passes = []
+    state = model.state_dict()
+    stream = WeightStream([(n, tuple(t.shape), t.dtype) for n, t in state.items()],
+                          lambda: passes.append(1) or iter(state.items()))
     with monkeypatch.context() as m:
-        m.setattr(weight_transfer.CollectiveSync, "_send", lambda self, tensors: (_ for _ in ()).throw(
-            vllm_server.GeneratorError("a worker refused")))
-        gen.update_weights(model.state_dict().items(), 2)
+        m.setattr(weight_transfer.CollectiveSync, "_send", fails_after_two_tensors)
+        gen.update_weights(stream, 2)
+    assert len(passes) == 2  # the folder got a second, whole pass of the export
     assert gen.sync.stats["fallbacks"] == 1 and gen.version == 2 and gen.client.weight_version() == "2"
     _, original = updated  # the original weights' greedy output, from before version 1
     assert [c.token_ids for c in gen.generate(prompts, _greedy(tok))] == [c.token_ids for c in original]

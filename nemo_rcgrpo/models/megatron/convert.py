@@ -201,14 +201,19 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int,
 # ---------------------------------------------------------------------- Megatron -> HF
 
 
+def _cat(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
+    return shards[0] if len(shards) == 1 else torch.cat(shards, dim)  # one shard: no copy
+
+
 def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShape,
                          spec: str = "local") -> list[tuple[str, torch.Tensor]]:
-    """HF-named full tensors for one Megatron parameter, given its shard from every TP rank (in rank order)."""
+    """HF-named full tensors for one Megatron parameter, given its shard from every TP rank (in rank order).
+    With one shard, tensors that need no reordering are views of it, not copies."""
     tp = len(shards)
     if name == "embedding.word_embeddings.weight":
-        return [("model.embed_tokens.weight", torch.cat(shards, 0)[: shape.vocab_size])]
+        return [("model.embed_tokens.weight", _cat(shards, 0)[: shape.vocab_size])]
     if name == "output_layer.weight":
-        return [("lm_head.weight", torch.cat(shards, 0)[: shape.vocab_size])]
+        return [("lm_head.weight", _cat(shards, 0)[: shape.vocab_size])]
     if name == "decoder.final_layernorm.weight":
         return [("model.norm.weight", shards[0])]
     m = _LAYER.match(name)
@@ -225,7 +230,7 @@ def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShap
         kind = rest.rsplit(".", 1)[1]
         g, d = shape.num_kv_heads, shape.head_dim
         per = shape.num_heads // g
-        full = torch.cat(shards, 0)
+        full = _cat(shards, 0)
         rest_dims = full.shape[1:]
         grouped = full.reshape(g, (per + 2) * d, *rest_dims)
         q, k, v = grouped.split([per * d, d, d], dim=1)
@@ -233,14 +238,29 @@ def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShap
                 (hf + f"self_attn.k_proj.{kind}", k.reshape(-1, *rest_dims).contiguous()),
                 (hf + f"self_attn.v_proj.{kind}", v.reshape(-1, *rest_dims).contiguous())]
     if rest == "self_attention.linear_proj.weight":
-        return [(hf + "self_attn.o_proj.weight", torch.cat(shards, 1))]
+        return [(hf + "self_attn.o_proj.weight", _cat(shards, 1))]
     if rest == "mlp.linear_fc1.weight":
         halves = [s.chunk(2, dim=0) for s in shards]
         return [(hf + "mlp.gate_proj.weight", torch.cat([h[0] for h in halves], 0)),
                 (hf + "mlp.up_proj.weight", torch.cat([h[1] for h in halves], 0))]
     if rest == "mlp.linear_fc2.weight":
-        return [(hf + "mlp.down_proj.weight", torch.cat(shards, 1))]
+        return [(hf + "mlp.down_proj.weight", _cat(shards, 1))]
     raise ConversionError(f"unknown Megatron parameter {name!r} (tp={tp})")
+
+
+def replicated_over_tp(name: str, spec: str = "local") -> bool:
+    """Megatron weights that every TP rank holds whole (the norms); the others are split over TP."""
+    names = _layer_names(spec)
+    return name.endswith(("final_layernorm.weight", names["input_layernorm"], names["post_attention_layernorm"]))
+
+
+def hf_meta(name: str, local: torch.Tensor, tp: int, shape: ModelShape,
+            spec: str = "local") -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The HF names, shapes and dtypes ``megatron_param_to_hf`` gives for a parameter whose TP-local shard looks
+    like ``local``; computed on meta tensors, nothing is allocated."""
+    shard = torch.empty(local.shape, dtype=local.dtype, device="meta")
+    shards = [shard] * (1 if replicated_over_tp(name, spec) else tp)
+    return [(n, tuple(t.shape), t.dtype) for n, t in megatron_param_to_hf(name, shards, shape, spec)]
 
 
 def is_weight(name: str) -> bool:

@@ -16,8 +16,9 @@ stage-2 loops and the pure losses do not know which backend runs:
   receives the gathered [B, T] values, exactly as with the torch backend;
 - TP ranks of one data-parallel replica see the same micro-batches
   (``data_parallel`` gives the trainer the DP rank and size to split by);
-- ``export_weights()`` streams HF-named full tensors (all-gathered over TP,
-  one parameter at a time) for the generator's weight sync and for exports;
+- ``export_weights()`` streams HF-named full tensors to global rank 0 (gathered
+  over TP and sent between pipeline stages in flat buckets, on the device) for
+  the generator's weight sync and for exports;
 - pipeline parallelism runs megatron's 1F1B schedule (``_schedule``); stage
   outputs are exchanged point to point, the last stage computes the loss, and
   metrics and logprobs are broadcast back over the pipeline group;
@@ -30,6 +31,7 @@ stage-2 loops and the pure losses do not know which backend runs:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -38,13 +40,15 @@ import torch.distributed as tdist
 
 from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, load_hf_state, platform_flags
 from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded, saved_metadata
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name, is_weight,
-                                                 megatron_param_to_hf, stage_layers)
+from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name, hf_meta,
+                                                 is_weight, megatron_param_to_hf, replicated_over_tp, stage_layers)
 from nemo_rcgrpo.models.megatron.flags import padded_length
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
+from nemo_rcgrpo.utils.weight_stream import nbytes, plan_buckets
 
+EXPORT_BUCKET_BYTES = 256 << 20  # per TP gather and per pipeline transfer of export_weights
 SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint step_N/
 LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
@@ -117,6 +121,7 @@ class MegatronPolicy:
                               use_distributed_optimizer=m.distributed_optimizer)
         self.optimizer = get_megatron_optimizer(opt, [self.ddp], **self.flags.optimizer)
         self.base_lr = t.lr
+        self.export_bucket_bytes = EXPORT_BUCKET_BYTES
         self.lr_at = lr_lambda(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
         self.optimizer_step = 0
         # rank 0 keeps an HF copy for exports and rollouts; the in-process generator decodes on this rank's device
@@ -271,49 +276,116 @@ class MegatronPolicy:
         return logprobs
 
     # ------------------------------------------------------------------ weights out
+    @property
+    def export_is_collective(self) -> bool:
+        return self.dist.world_size > 1
+
+    def _stage_params(self) -> list[tuple[str, torch.Tensor]]:
+        """This stage's weights in export order: (global Megatron name, this rank's shard). A tied model's
+        ``output_layer.weight`` (the last stage's copy of the embedding at PP > 1) is left out."""
+        offset = stage_layers(self.shape.num_layers, self.parallel.pp, self.parallel.pp_rank).start
+        return [(global_layer_name(name, offset), param.detach()) for name, param in self.model.state_dict().items()
+                if is_weight(name) and not (name == "output_layer.weight" and self.shape.tied_embeddings)]
+
+    def _stage_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        return [m for name, local in self._stage_params() for m in hf_meta(name, local, self.parallel.tp, self.shape,
+                                                                           self.spec)]
+
+    def export_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
+        """What ``export_weights`` yields on global rank 0 (HF names, shapes, dtypes, in order); None on other
+        ranks. A collective on the first call only: each later stage's first TP rank sends its part once."""
+        if self.__dict__.get("_export_meta_cache") is None:
+            self._export_meta_cache = self._gather_meta()
+        stages = self._export_meta_cache
+        return [m for stage in range(self.parallel.pp) for m in stages[stage]] if self.dist.rank == 0 else None
+
+    def _gather_meta(self) -> dict[int, list]:
+        """{stage: its HF meta} on rank 0, {own stage: meta} on a later stage's first TP rank, {} elsewhere."""
+        par = self.parallel
+        if par.dp_rank != 0 or par.tp_rank != 0:
+            return {}
+        mine = self._stage_meta()
+        if par.pp == 1:
+            return {0: mine}
+        if par.pp_rank > 0:
+            tdist.send_object_list([mine], dst=0)
+            return {par.pp_rank: mine}
+        stages = {0: mine}
+        for stage in range(1, par.pp):
+            box = [None]
+            tdist.recv_object_list(box, src=tdist.get_global_rank(self.pp_group, stage))
+            stages[stage] = box[0]
+        return stages
+
     @torch.no_grad()
-    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors, one Megatron parameter at a time (a collective: every rank iterates).
+    def export_weights(self, bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors, on global rank 0 only, on its device (a GPU's stay there), stage by stage.
 
-        Each stage's parameters are all-gathered over TP and converted; with PP > 1 the stage then broadcasts
-        them to the other stages, so every rank yields the whole model, stage by stage.
+        A collective over data-parallel replica 0 (the other replicas hold the same weights and return at once).
+        Each stage gathers its TP-split weights to its first TP rank in flat buckets of up to ``bucket_bytes``
+        (one gather per bucket; the norms, whole on every TP rank, are not gathered). With PP > 1 the first TP
+        rank of each later stage sends its HF tensors to rank 0 in flat buckets (one send per bucket), while
+        rank 0 yields its own stage's; no other rank holds more than a bucket beyond its own weights.
         """
-        for stage in range(self.parallel.pp):
-            mine = self._stage_tensors() if stage == self.parallel.pp_rank else iter(())
-            if self.parallel.pp == 1:
-                yield from mine
-            else:
-                yield from self._broadcast_stage(stage, mine)
+        par, bucket_bytes = self.parallel, bucket_bytes or self.export_bucket_bytes
+        if par.dp_rank != 0:
+            return
+        if self.__dict__.get("_export_meta_cache") is None:
+            self._export_meta_cache = self._gather_meta()
+        stages = self._export_meta_cache
+        mine = self._stage_hf(bucket_bytes)
+        if self.dist.rank == 0:
+            yield from mine
+            for stage in range(1, par.pp):
+                yield from self._receive_stage(stages[stage], tdist.get_global_rank(self.pp_group, stage), bucket_bytes)
+        elif par.pp_rank > 0 and par.pp_rank in stages:  # this later stage's first TP rank
+            self._send_stage(stages[par.pp_rank], mine, bucket_bytes)
+        else:
+            for _ in mine:  # the other TP ranks take part in the gathers
+                pass
 
-    def _stage_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        tp, offset = self.parallel.tp, stage_layers(self.shape.num_layers, self.parallel.pp, self.parallel.pp_rank).start
-        for name, param in self.model.state_dict().items():
-            if not is_weight(name):
+    def _stage_hf(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """This stage's HF tensors on its first TP rank (nothing on the others), gathered in flat buckets."""
+        tp, params = self.parallel.tp, self._stage_params()
+        split = [not replicated_over_tp(name, self.spec) and tp > 1 for name, _ in params]
+        sizes = [(t.numel() * t.element_size() * tp, t.dtype) for _, t in params]
+        first = self.parallel.tp_rank == 0
+        dst = tdist.get_global_rank(self.tp_group, 0) if tp > 1 else 0
+        for start, end in plan_buckets(sizes, bucket_bytes):
+            gathered = shards = None  # the previous bucket's buffers go before this one's are made
+            sharded = [params[i][1].reshape(-1) for i in range(start, end) if split[i]]
+            if sharded:
+                flat = torch.cat(sharded) if len(sharded) > 1 else sharded[0].contiguous()
+                gathered = [torch.empty_like(flat) for _ in range(tp)] if first else None
+                tdist.gather(flat, gathered, dst=dst, group=self.tp_group)
+            if not first:
                 continue
-            if name == "output_layer.weight" and self.shape.tied_embeddings:
-                continue  # the last stage's copy of the embedding (PP > 1)
-            shard = param.detach().contiguous()
-            shards = [shard]
-            if tp > 1:
-                shards = [torch.empty_like(shard) for _ in range(tp)]
-                tdist.all_gather(shards, shard, group=self.tp_group)
-            yield from megatron_param_to_hf(global_layer_name(name, offset), [s.cpu() for s in shards], self.shape,
-                                            self.spec)
+            offset = 0
+            for i in range(start, end):
+                name, local = params[i]
+                shards = [local]
+                if split[i]:
+                    n = local.numel()
+                    shards = [g[offset:offset + n].view(local.shape) for g in gathered]
+                    offset += n
+                yield from megatron_param_to_hf(name, shards, self.shape, self.spec)
 
-    def _broadcast_stage(self, stage: int, tensors: Iterator[tuple[str, torch.Tensor]]):
-        """Stage ``stage``'s HF tensors from its rank in this rank's pipeline group, one parameter at a time."""
-        group = self.pp_group
-        src = tdist.get_global_rank(group, stage)
-        while True:
-            item = next(tensors, None)
-            meta = [None if item is None else (item[0], tuple(item[1].shape), item[1].dtype)]
-            tdist.broadcast_object_list(meta, src=src, group=group)
-            if meta[0] is None:
-                return
-            name, shape, dtype = meta[0]
-            value = item[1].to(self.device) if item is not None else torch.empty(shape, dtype=dtype, device=self.device)
-            tdist.broadcast(value, src=src, group=group)
-            yield name, value.cpu()
+    def _send_stage(self, meta, tensors: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> None:
+        for start, end in plan_buckets([(nbytes(s, d), d) for _, s, d in meta], bucket_bytes):
+            parts = [next(tensors)[1].reshape(-1) for _ in range(start, end)]
+            tdist.send(torch.cat(parts) if len(parts) > 1 else parts[0].contiguous(), dst=0)
+        for _ in tensors:  # nothing is left: the meta covers the stage
+            raise ConversionError("a pipeline stage exported more tensors than it announced")
+
+    def _receive_stage(self, meta, src: int, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        for start, end in plan_buckets([(nbytes(s, d), d) for _, s, d in meta], bucket_bytes):
+            flat = torch.empty(sum(math.prod(s) for _, s, _ in meta[start:end]), dtype=meta[start][2], device=self.device)
+            tdist.recv(flat, src=src)
+            offset = 0
+            for name, shape, _ in meta[start:end]:
+                n = math.prod(shape)
+                yield name, flat[offset:offset + n].view(shape)
+                offset += n
 
     def sync_hf_model(self) -> torch.nn.Module | None:
         """Copy the current weights into rank 0's HF model (a collective); returns it on rank 0, None elsewhere."""
@@ -331,9 +403,8 @@ class MegatronPolicy:
         exports read it at any layout); optimizer: a pointer to the folder inside the checkpoint that
         ``save_sharded`` writes."""
         model = {}
-        for name, tensor in self.export_weights():  # every rank takes part; only rank 0 keeps the full model
-            if self.dist.is_main:
-                model[name] = tensor.clone()
+        for name, tensor in self.export_weights():  # every rank takes part; rank 0 gets the full model
+            model[name] = tensor.to("cpu", copy=True)
         return {"model": model, "optimizer": {"backend": "megatron", "format": "dist_checkpointing", "dir": SHARDED_DIR},
                 "scheduler": {"optimizer_step": self.optimizer_step}}
 
