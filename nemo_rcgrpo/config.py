@@ -151,6 +151,7 @@ class ScriptedConfig:
 class GenerationConfig:
     backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server | scripted (tests)
     max_batch_size: int = 64  # rollouts decoded together per generator call (hf)
+    share_prefixes: bool = True  # hf: identical prompts of a call (a group's) prefilled once, their KV cache copied
     vllm: VLLMConfig = VLLMConfig()
     scripted: ScriptedConfig = ScriptedConfig()
 

@@ -11,7 +11,8 @@ from nemo_rcgrpo.registry import _TABLES, register
 def _hf(cfg: Any, model: Any, tokenizer: Any):
     from nemo_rcgrpo.generation.hf_local import HFGenerator
 
-    return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size)
+    return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size,
+                       share_prefixes=cfg.generation.share_prefixes)
 
 
 @register("generator", "vllm")

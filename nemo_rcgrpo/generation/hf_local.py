@@ -6,6 +6,11 @@ token. Logprobs are those of the sampling distribution (the processed scores
 after temperature and top-p), one per generated token. They are collected by
 a logits processor that keeps one step's distribution at a time, not the
 [batch, new tokens, vocabulary] score tensor `output_scores` would hold.
+
+Identical prompts in one call (the G rollouts of a group start from one prompt) are prefilled once
+(``share_prefixes``): the unique prompts run through the model, their KV cache is copied to every row that
+shares them, and ``generate`` continues from it with the last prompt token. Sampling draws the same random
+numbers as without sharing; the cached keys and values equal the unshared ones up to rounding.
 """
 
 from __future__ import annotations
@@ -44,11 +49,14 @@ class _SampledLogprobs:
 
 
 class HFGenerator:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64):
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64,
+                 share_prefixes: bool = True):
         self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
+        self.share_prefixes = share_prefixes
         self.version = 0
+        self.prefilled = {"prompts": 0, "shared": 0}  # prompts in generate calls, and those whose prefill was shared
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -78,11 +86,14 @@ class HFGenerator:
         kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_token_id,
                       eos_token_id=list(params.stop_token_ids) or None, return_dict_in_generate=True,
                       logits_processor=LogitsProcessorList(chain + [recorder]), temperature=1.0, top_p=1.0)
-        if seed is not None:
-            torch.manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         try:
+            cache = self._shared_prefill(prompts, ids.to(device), attn.to(device))
+            if cache is not None:
+                kwargs["past_key_values"] = cache
+            if seed is not None:
+                torch.manual_seed(seed)
             result = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
         finally:
             self.model.train(was_training)
@@ -100,6 +111,24 @@ class HFGenerator:
                     break
             completions.append(Completion(tokens, logprobs, reason))
         return completions
+
+    def _shared_prefill(self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor):
+        """The KV cache of every row's prompt but its last token, computed once per distinct prompt; None when
+        no prompt repeats (or sharing is off): ``generate`` then prefills as usual."""
+        self.prefilled["prompts"] += len(prompts)
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+        if not self.share_prefixes or len(first) == len(prompts) or ids.shape[1] < 2:
+            return None
+        unique = sorted(first.values())
+        where = {row: k for k, row in enumerate(unique)}
+        u_ids, u_attn = ids[unique, :-1], attn[unique, :-1]
+        positions = (u_attn.long().cumsum(-1) - 1).masked_fill(u_attn == 0, 1)  # as generate numbers left padding
+        out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True)
+        cache = out.past_key_values
+        cache.reorder_cache(torch.tensor([where[r] for r in rows], device=ids.device))  # one row per prompt
+        self.prefilled["shared"] += len(prompts) - len(unique)
+        return cache
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
         """In-process: load the given tensors (or an HF folder's safetensors) into the model."""

@@ -1,4 +1,5 @@
-"""Benchmark: the RL step's training part with and without the separate old-logprob pass, same work, same run.
+"""Benchmark: the CPU demo's RL step before and after the separate old-logprob pass went and group prompts were
+prefilled once: its training part, and the whole step with generation, same work, same run.
 
 The CPU demo recipe (`rcgrpo_smollm_cpu`: SmolLM2-135M, 2 tasks x G=5, micro-batches of 1) on one batch of
 rollouts played by the scripted generator (so both sides train on identical trajectories and generation, which
@@ -11,7 +12,13 @@ neither side changes, is left out). Each measured step starts from the same weig
 
 Sides alternate (recompute, auto, auto, recompute, ...) so machine load affects both alike.
 
-Usage: python scripts/bench/rl_step.py [--repeats 3] [--model smollm2] [--out docs/benchmarks.md]
+The whole step (``--full-repeats``, 0 to skip): the same recipe with the HF generator (real sampling with the
+model's weights, seeded, so both sides generate the same tokens), timed from the rollouts to the weight sync:
+
+- before: no prefix sharing (every rollout's first prompt prefilled on its own) and ``recompute``;
+- now: ``generation.share_prefixes=true`` (identical prompts of a group prefilled once) and ``auto``.
+
+Usage: python scripts/bench/rl_step.py [--repeats 3] [--full-repeats 2] [--model smollm2] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", type=Path, default=Path("outputs/bench/data"))
     p.add_argument("--repeats", type=int, default=3, help="measured steps per side")
+    p.add_argument("--full-repeats", type=int, default=2, help="measured whole steps per side (no warm-up)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     run_dir = tempfile.mkdtemp(prefix="rl_step_")
@@ -92,8 +100,63 @@ def main() -> int:
     rows += ["", f"Same loss and entropy on both sides: {'yes' if same else 'NO'} (loss {med['auto']['loss']:.6f} vs "
              f"{med['recompute']['loss']:.6f}; entropy {med['auto']['entropy']:.4f} vs "
              f"{med['recompute']['entropy']:.4f}). The 'logprob passes' of the new side are the reference model's "
-             "alone. Target: the step at most 0.85x the old one.", END]
+             "alone."]
+    if args.full_repeats:
+        del trainer
+        rows += full_steps(args, run_dir)
+    rows += ["", "Target: the demo step at most 0.85x the old one.", END]
     return emit(rows, args.out, START, END)
+
+
+def full_steps(args, run_dir: str) -> list[str]:
+    """The whole step with the HF generator: rollouts (generation, env, reward), logprob passes, update, sync."""
+    import time
+
+    overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}",
+                 f"run_dir={run_dir}/full", "logging.progress=false", "logging.tensorboard=false"]
+    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
+    trainer = RLTrainer(cfg, init_distributed())
+    initial = copy.deepcopy(trainer.policy.state_dict())
+    sides = {"before": ("recompute", False), "now": ("auto", True)}
+    runs: dict[str, list[dict]] = {"before": [], "now": []}
+    for rep in range(args.full_repeats):
+        for side in ("before", "now") if rep % 2 == 0 else ("now", "before"):
+            mode, share = sides[side]
+            trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
+            trainer.generator.share_prefixes = share
+            trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
+            trainer.task_cursor = 0  # the same tasks, tokens and sampling seeds on both sides
+            shared = trainer.generator.prefilled["shared"]
+            t0 = time.perf_counter()
+            groups, stats = trainer.collect(random.Random(0))
+            rollout_s = time.perf_counter() - t0
+            metrics, _ = trainer.train_step(groups, dict(stats))
+            total = time.perf_counter() - t0
+            runs[side].append({"total": total, "rollouts": rollout_s, "generation": metrics["generation_seconds"],
+                               "logprob": metrics["logprob_seconds"], "update": metrics["train_seconds"],
+                               "tokens": sum(t.generated_tokens for g in groups for t in g),
+                               "ids": [t.token_ids for g in groups for t in g],
+                               "shared": trainer.generator.prefilled["shared"] - shared,
+                               "loss": metrics["loss"], "reward": metrics.get("reward_mean", float("nan"))})
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("total", "rollouts", "generation", "logprob",
+                                                                    "update")} for side, rs in runs.items()}
+    same = all(r["ids"] == runs["before"][0]["ids"] for rs in runs.values() for r in rs)
+    rows = ["", f"The whole step (`--full-repeats {args.full_repeats}`): the same recipe with the HF generator "
+            f"({runs['now'][0]['tokens']} generated tokens, {runs['now'][0]['shared']} of "
+            f"{cfg.rl.tasks_per_step * cfg.rl.group_size} first prompts prefilled by sharing on the new side), "
+            f"{args.full_repeats} steps per side, alternating, each from the same weights and optimizer state.", "",
+            "| side | rollouts (s) | of which generation (s) | logprob passes (s) | update (s) | step (s), median "
+            "[min, max] | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for side, label in (("before", "old-logprob pass, every prompt prefilled (before)"),
+                        ("now", "fused ratio, group prompts prefilled once (now)")):
+        m, totals = med[side], [r["total"] for r in runs[side]]
+        rows.append(f"| {label} | {m['rollouts']:.1f} | {m['generation']:.1f} | {m['logprob']:.1f} | "
+                    f"{m['update']:.1f} | {m['total']:.1f} [{min(totals):.1f}, {max(totals):.1f}] | "
+                    f"{m['total'] / med['before']['total']:.2f} |")
+    rows += ["", f"Same generated tokens on both sides, every step: {'yes' if same else 'NO'}; loss "
+             f"{runs['now'][0]['loss']:.6f} (now) vs {runs['before'][0]['loss']:.6f} (before), mean reward "
+             f"{runs['now'][0]['reward']:.3f}."]
+    return rows
 
 
 if __name__ == "__main__":

@@ -58,3 +58,22 @@ def test_sampled_logprobs_match_the_processed_distribution():
             if temperature == 0:
                 assert c.token_ids == logits.argmax(-1).tolist()
             assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4), (temperature, top_p)
+
+
+def test_group_prompts_prefilled_once_generate_what_unshared_prefills_do():
+    """Identical prompts of one call share one prefill (their KV cache copied): the same tokens, greedy and
+    sampled with a seed, and the same logprobs up to rounding, as when every prompt is prefilled."""
+    import torch
+
+    for name in ("tiny-llama", "tiny-qwen2"):
+        tok, model = load_tokenizer(name), load_model(name).eval()
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randint(0, 1000, (n,), generator=g).tolist() for n in (30, 45))
+        prompts = [a, a, b, a, b, b, [7]]  # two groups of three, and a prompt of one token
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=5)
+            shared, alone = HFGenerator(model, tok.eos_token_id), HFGenerator(model, tok.eos_token_id, share_prefixes=False)
+            x, y = shared.generate(prompts, params), alone.generate(prompts, params)
+            assert [c.token_ids for c in x] == [c.token_ids for c in y], (name, temperature)
+            assert max(abs(p - q) for c, d in zip(x, y) for p, q in zip(c.logprobs, d.logprobs)) <= 1e-5
+            assert shared.prefilled == {"prompts": 7, "shared": 4} and alone.prefilled["shared"] == 0

@@ -32,8 +32,9 @@ def _stage1_args(data_dir, run_dir, *extra):
 def _train(args, nproc=1):
     launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                    f"--nproc-per-node={nproc}", f"--master-port={free_port()}"]
+    env = ENV if nproc > 1 else {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}  # one process: every core
     return subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True, text=True,
-                          env={**os.environ, **ENV}, cwd=REPO, timeout=900)
+                          env={**os.environ, **env}, cwd=REPO, timeout=900)
 
 
 def _ok(proc):
