@@ -123,8 +123,9 @@ class HFGenerator:
         unique = sorted(first.values())
         where = {row: k for k, row in enumerate(unique)}
         u_ids, u_attn = ids[unique, :-1], attn[unique, :-1]
-        positions = (u_attn.long().cumsum(-1) - 1).masked_fill(u_attn == 0, 1)  # as generate numbers left padding
-        out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True)
+        positions = (u_attn.long().cumsum(-1) - 1).masked_fill(u_attn == 0, 0)  # as generate numbers left padding
+        out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)  # the cache is what is needed, not [U, W, V] logits
         cache = out.past_key_values
         cache.reorder_cache(torch.tensor([where[r] for r in rows], device=ids.device))  # one row per prompt
         self.prefilled["shared"] += len(prompts) - len(unique)

@@ -230,8 +230,9 @@ class FolderSync:
         self.serving: Path | None = None  # the folder the server holds now (rollback target)
 
     def check(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The tensors to write, in the served names; WeightSyncError (before anything is sent) if they do not fit."""
-        tensors = dict(weights)
+        """The tensors to write, in the served names, copied to host memory as they arrive (a GPU policy's stream
+        never holds the whole model on its device); WeightSyncError (before anything is sent) if they do not fit."""
+        tensors = {n: t.detach().cpu() for n, t in weights}
         self.check_meta([(n, tuple(t.shape)) for n, t in tensors.items()])
         return tensors
 
@@ -300,7 +301,7 @@ class FolderSync:
 def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> dict[str, torch.Tensor]:
     """The tensors as a dict; a tied model gets ``lm_head.weight`` (a copy of the embedding) where the source
     omits it, as Megatron's export does: the served model is untied, so its output layer must be sent too."""
-    tensors = dict(weights)
+    tensors = {n: t.detach().cpu() for n, t in weights}  # host copies as they arrive: the folder is written from them
     embed = tensors.get("model.embed_tokens.weight")
     if tied and embed is not None and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = embed.detach().clone()

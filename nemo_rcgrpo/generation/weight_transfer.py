@@ -132,7 +132,7 @@ class CollectiveSync:
             self._send(stream)
         except GeneratorUnavailable:
             raise
-        except (GeneratorError, RuntimeError, ValueError) as e:
+        except (GeneratorError, RuntimeError) as e:  # not ValueError: an export unlike its announcement is a bug
             failed = e
         finally:
             self.client.resume()

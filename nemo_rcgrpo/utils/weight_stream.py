@@ -84,8 +84,10 @@ class WeightStream:
     def close(self) -> None:
         """Finish the export, then tell the other ranks it is over. With other ranks (``on_pass``), a pass that
         was never started is run: they are sending it."""
-        if self.passes == 0 and self.on_pass is not None:
-            iter(self)
-        self._finish()
-        if self.on_pass is not None:
-            self.on_pass(-1)
+        try:
+            if self.passes == 0 and self.on_pass is not None:
+                iter(self)
+            self._finish()
+        finally:
+            if self.on_pass is not None:
+                self.on_pass(-1)

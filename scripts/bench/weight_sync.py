@@ -1,7 +1,7 @@
 """Benchmark: what one weight sync of the Megatron backend costs inside the trainer, before and after the
 bucketed export (CPU, torchrun + gloo). Counts do not depend on the machine; times do.
 
-For each layout (TP=2, PP=2, TP=2 x PP=2) it builds a MegatronPolicy on a random Llama-shaped model and runs
+For each layout (TP=2, PP=2, TP=2 x PP=2, PP=2 x DP=2) and bucket size (256 and 4 MB) it builds a MegatronPolicy on a random Llama-shaped model and runs
 one sync both ways, on the same weights:
 
 - ``before``: the export as it was (one TP all-gather per Megatron parameter, ``.cpu()`` of every shard, and at

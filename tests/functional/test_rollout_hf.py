@@ -73,7 +73,17 @@ def test_group_prompts_prefilled_once_generate_what_unshared_prefills_do():
         for temperature in (0.0, 1.0):
             params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=5)
             shared, alone = HFGenerator(model, tok.eos_token_id), HFGenerator(model, tok.eos_token_id, share_prefixes=False)
-            x, y = shared.generate(prompts, params), alone.generate(prompts, params)
+            widths = []  # the [rows, tokens] each forward pass of the model gets
+            hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)),
+                                                   with_kwargs=True)
+            try:
+                x = shared.generate(prompts, params)
+            finally:
+                hook.remove()
+            # one prefill of the 3 distinct prompts but their last token, then generate starts from the cache:
+            # one token per row from its first pass on (an ignored cache would prefill all 7 rows again)
+            assert widths[0] == (3, 44) and all(w == (7, 1) for w in widths[1:]), widths[:3]
+            y = alone.generate(prompts, params)
             assert [c.token_ids for c in x] == [c.token_ids for c in y], (name, temperature)
             assert max(abs(p - q) for c, d in zip(x, y) for p, q in zip(c.logprobs, d.logprobs)) <= 1e-5
             assert shared.prefilled == {"prompts": 7, "shared": 4} and alone.prefilled["shared"] == 0

@@ -40,9 +40,9 @@ class Recorder:
         self.tensors = {n: t.clone() for n, t in weights}
 
 
-def stream_counts(policy, dist) -> dict:
-    """One ``sync_generator`` with a recording generator on rank 0, counting every torch.distributed call of each
-    rank (the outermost: an object broadcast is one call)."""
+def _counted_sync(policy, dist):
+    """One ``sync_generator`` with a recording generator on rank 0; every rank's torch.distributed calls counted
+    (the outermost: an object broadcast is one call). Returns (everyone's counts and grid place, the recorder)."""
     import torch.distributed as tdist
 
     from nemo_rcgrpo.models import factory
@@ -74,13 +74,29 @@ def stream_counts(policy, dist) -> dict:
     par = policy.parallel
     tdist.all_gather_object(everyone, {"calls": calls, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank,
                                        "pp_rank": par.pp_rank})
-    out = {"ranks": everyone}
+    return everyone, recorder
+
+
+def stream_counts(policy, dist) -> dict:
+    """The weight stream at the default bucket size (a tiny model's stage is one bucket), and again at 4 KB buckets
+    (many buckets: offsets across bucket boundaries, buckets of norms only, the pipeline's bucket plan), checked
+    against the HF copy that ``sync_hf_model`` filled and against each other."""
+    everyone, recorder = _counted_sync(policy, dist)
+    default = policy.export_bucket_bytes
+    policy.export_bucket_bytes = 4096
+    try:
+        small, small_recorder = _counted_sync(policy, dist)
+    finally:
+        policy.export_bucket_bytes = default
+    out = {"ranks": everyone, "small_ranks": small}
     if recorder is not None:
         sd = policy.module.state_dict()  # rank 0's HF copy, synced by sync_hf_model above
         expected = {n: t for n, t in sd.items() if n != "lm_head.weight" or not policy.shape.tied_embeddings}
         out["names_equal"] = list(recorder.tensors) == [m[0] for m in policy.export_meta()] and \
             sorted(recorder.tensors) == sorted(expected)
         out["max_diff"] = max(float((recorder.tensors[n] - expected[n]).abs().max()) for n in expected)
+        out["small_equal"] = list(small_recorder.tensors) == list(recorder.tensors) and all(
+            torch.equal(small_recorder.tensors[n], t) for n, t in recorder.tensors.items())
     return out
 
 

@@ -104,6 +104,16 @@ def _check_stream(stream, tp):
         sender = r["pp_rank"] > 0 and r["tp_rank"] == 0
         assert c == {**({"gather": 1} if tp > 1 else {}), **({"send": 1} if sender else {}),
                      **({"recv": max(p["pp_rank"] for p in stream["ranks"])} if rank == 0 else {})}, (rank, r)
+    # 4 KB buckets: the same tensors, in many gathers and sends (and rank 0 receives every bucket sent)
+    assert stream["small_equal"], "the stream at 4 KB buckets differs from the stream at 256 MB"
+    small = stream["small_ranks"]
+    for rank, r in enumerate(small):
+        c = r["calls"]
+        assert c.get("broadcast", 0) == 1 and not {"all_gather", "broadcast_object_list"} & set(c), (rank, r)
+        if r["dp_rank"] == 0 and tp > 1:
+            assert c.get("gather", 0) > 3, (rank, r)
+    sends = sum(r["calls"].get("send", 0) for r in small)
+    assert small[0]["calls"].get("recv", 0) == sends and (sends > 3) == (max(r["pp_rank"] for r in small) > 0), small
 
 
 @pytest.mark.parametrize("layout", [["policy.megatron.pp=2", "layout.gpus_per_node=4"],
