@@ -99,6 +99,7 @@ def main() -> int:
             syncs.append(_timed(lambda: vllm.update_weights(model.state_dict().items(), v))[1])
             buckets.append(vllm.sync.stats["broadcasts"] - sent)
         assert vllm.sync.stats["fallbacks"] == 0 and vllm.client.weight_version() == str(args.updates)
+        bucket_mib = vllm.sync.bucket_bytes >> 20  # the generator lets go of its sync on close
         for v in range(args.updates + 1, 2 * args.updates + 1):
             with torch.no_grad():
                 model.model.norm.weight.mul_(1.0 + 1e-3)
@@ -131,7 +132,7 @@ def main() -> int:
             f"Same lengths in the fixed-length rows: {'yes' if hf_f[2] and vl_f[2] else 'NO (a stop token was sampled)'}. "
             f"Whole rollout wall time (engine, env included): hf {hf_s[2]:.1f} s, vllm {vl_s[2]:.1f} s.",
             f"Weight sync of {size_mb:.0f} MiB fp32, {args.updates} updates each way. Collective (gloo, pause, "
-            f"{buckets[0]} broadcast buckets of up to {vllm.sync.bucket_bytes >> 20} MiB into the workers' in-place "
+            f"{buckets[0]} broadcast buckets of up to {bucket_mib} MiB into the workers' in-place "
             f"reload, resume): " + ", ".join(f"{s:.2f}" for s in syncs) + f" s (mean {statistics.fmean(syncs):.2f} s, "
             f"{1000 * sum(syncs) / sum(buckets):.0f} ms per bucket). Folder (check, write safetensors, pause, reload, "
             f"resume): " + ", ".join(f"{s:.2f}" for s in folder_syncs) + f" s (mean {statistics.fmean(folder_syncs):.2f} "
