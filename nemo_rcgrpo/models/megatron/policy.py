@@ -122,6 +122,7 @@ class MegatronPolicy:
         self.optimizer = get_megatron_optimizer(opt, [self.ddp], **self.flags.optimizer)
         self.base_lr = t.lr
         self.export_bucket_bytes = EXPORT_BUCKET_BYTES
+        self._export_meta_cache: dict[int, list] | None = None  # each stage's HF meta (export_meta)
         self.lr_at = lr_lambda(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
         self.optimizer_step = 0
         # rank 0 keeps an HF copy for exports and rollouts; the in-process generator decodes on this rank's device
@@ -294,10 +295,14 @@ class MegatronPolicy:
     def export_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
         """What ``export_weights`` yields on global rank 0 (HF names, shapes, dtypes, in order); None on other
         ranks. A collective on the first call only: each later stage's first TP rank sends its part once."""
-        if self.__dict__.get("_export_meta_cache") is None:
-            self._export_meta_cache = self._gather_meta()
-        stages = self._export_meta_cache
+        stages = self._stage_metas()
         return [m for stage in range(self.parallel.pp) for m in stages[stage]] if self.dist.rank == 0 else None
+
+    def _stage_metas(self) -> dict[int, list]:
+        """``_gather_meta``, once per policy (a collective on the first call only)."""
+        if self._export_meta_cache is None:
+            self._export_meta_cache = self._gather_meta()
+        return self._export_meta_cache
 
     def _gather_meta(self) -> dict[int, list]:
         """{stage: its HF meta} on rank 0, {own stage: meta} on a later stage's first TP rank, {} elsewhere."""
@@ -330,9 +335,7 @@ class MegatronPolicy:
         par, bucket_bytes = self.parallel, bucket_bytes or self.export_bucket_bytes
         if par.dp_rank != 0:
             return
-        if self.__dict__.get("_export_meta_cache") is None:
-            self._export_meta_cache = self._gather_meta()
-        stages = self._export_meta_cache
+        stages = self._stage_metas()
         mine = self._stage_hf(bucket_bytes)
         if self.dist.rank == 0:
             yield from mine
