@@ -10,7 +10,7 @@ the folder is assembled next to it and moved into place at the end):
   sft.jsonl        800 expert trajectories (ground truth played through the env)
   failures.jsonl   800 failure trajectories (verified reward 0), typed
   rctp.jsonl       1600 = experts + failures with the reward-goal token, 50/50
-  rl_train.jsonl   720 RL pointers {"task_id", "category", "env", "mode"}
+  rl_train.jsonl   720 RL pointers {"task_id", "category", "env", "task_source", "mode"}
   rl_test.jsonl    80 RL pointers
   stats.json       counts, success rates, failure mix, token-length percentiles
   config.yaml      the resolved settings
@@ -39,7 +39,6 @@ from tqdm import tqdm
 from nemo_rcgrpo.data.chat_format import TokenCounter
 from nemo_rcgrpo.data.failures import assign_types, load_rollout_failures, make_failure
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.data.splits import split_by_scenario
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
@@ -64,6 +63,7 @@ class PrepareDataConfig:
     overwrite: bool = False
     seed: int = 1234
     plugins: tuple[str, ...] = ()  # modules imported before validation, e.g. with their own failure types
+    task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro | a plugin's (rcgrpo plugins)
     mode: str = "merged"
     categories: tuple[str, ...] = CATEGORIES
     test_fraction: float = 0.1
@@ -100,6 +100,8 @@ class PrepareDataConfig:
         return config
 
     def validate(self) -> None:
+        if self.task_source not in names("task_source"):
+            raise ConfigError(f"task_source={self.task_source!r}: registered: {list(names('task_source'))}")
         if self.mode not in EPISODE_MODES:
             raise ConfigError(f"mode={self.mode!r}: choose one of {list(EPISODE_MODES)}")
         bad = [c for c in self.categories if c not in CATEGORIES]
@@ -128,8 +130,15 @@ def _percentiles(values: list[int]) -> dict[str, int]:
 
 def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     """Build every file into ``out`` (an empty folder). Returns the stats."""
-    suite = BFCLSuite(cfg.categories, data_dir=Path(cfg.bfcl_data_dir) if cfg.bfcl_data_dir else None)
-    split = split_by_scenario(suite, cfg.seed, cfg.test_fraction)
+    if cfg.task_source == "bfcl":
+        suite = BFCLSuite(cfg.categories, data_dir=Path(cfg.bfcl_data_dir) if cfg.bfcl_data_dir else None)
+    else:
+        from nemo_rcgrpo.envs.sources import make_suite
+
+        suite = make_suite(cfg.task_source, cfg.categories)
+    if not len(suite):
+        raise BFCLDataError(f"task_source={cfg.task_source} has no tasks of categories {list(cfg.categories)}")
+    split = suite.split(cfg.seed, cfg.test_fraction)
     rng = random.Random(cfg.seed)
     play_kwargs = {"mode": cfg.mode, "closing": cfg.closing, "calls_per_message": cfg.calls_per_message}
     tasks = list(suite)
@@ -177,7 +186,8 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     for record in experts:
         record["reward"] = 1
 
-    pointers = {side: [{"task_id": t.id, "category": t.category, "env": "bfcl", "mode": cfg.mode}
+    pointers = {side: [{"task_id": t.id, "category": t.category, "env": "bfcl", "task_source": cfg.task_source,
+                        "mode": cfg.mode}
                        for t in tasks if split.side(t.scenario) == side] for side in ("train", "test")}
     files = {"sft.jsonl": experts, "failures.jsonl": failures, "rctp.jsonl": rctp,
              "rl_train.jsonl": pointers["train"], "rl_test.jsonl": pointers["test"]}

@@ -33,13 +33,15 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "generator": ("generation.backend", "factory(train config, policy model, tokenizer) -> Generator"),
     "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
                 "fn(task, plan, rng) -> (perturbed plan, description) or None"),
+    "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
+                    "fn(categories) -> suite (.tasks {id: BFCLTask}, .gold(task), .split(seed, test_fraction))"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
 _BUILTINS = {"reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
-             "failure": "nemo_rcgrpo.data.failures"}
+             "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _loaded: set[str] = set()

@@ -41,9 +41,9 @@ from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
 from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, make_renderer, model_fingerprint,
                                         seed_everything, export_hf)
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
+from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, collate
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
@@ -96,7 +96,8 @@ class RLTrainer:
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
         self.reference = make_reference(self.policy, model)  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = data_parallel(self.policy, dist)
-        self.suite = BFCLSuite(cfg.env.categories)
+        check_task_source(cfg.data.dir, cfg.env.task_source)
+        self.suite = make_suite(cfg.env.task_source, cfg.env.categories)
         pointers = Path(cfg.data.dir) / f"rl_{cfg.rl.split}.jsonl"
         self.task_ids = [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
         self.task_ids = [t for t in self.task_ids if t in self.suite.tasks]

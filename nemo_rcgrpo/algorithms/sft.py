@@ -82,7 +82,7 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
                                     f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
         # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
         cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
-               f"seed={cfg.seed}", "tokenizer=null"]
+               f"seed={cfg.seed}", f"task_source={cfg.env.task_source}", "tokenizer=null"]
         subprocess.run(cmd, check=True)
     barrier(dist)
     if not path.is_file():

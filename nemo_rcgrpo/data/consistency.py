@@ -36,6 +36,14 @@ def data_settings(data_dir: str | Path) -> dict[str, Any]:
     return settings if isinstance(settings, dict) else {}
 
 
+def check_task_source(data_dir: str | Path, task_source: str) -> None:
+    """Refuse (one line) a run whose ``env.task_source`` is not the one its data was prepared from."""
+    saved = data_settings(data_dir).get("task_source", "bfcl")  # data from before the setting: BFCL v4
+    if saved != task_source:
+        raise DataMismatchError(f"env.task_source={task_source} but {data_dir} was prepared with task_source={saved}: "
+                                f"set env.task_source={saved} or prepare the data with task_source={task_source}")
+
+
 def reward_goal_of(data_dir: str | Path, high: str, low: str) -> RewardGoal:
     """The data's reward goal, checked against the run's ``reward_tokens``; the defaults for data without one."""
     saved = data_settings(data_dir).get("reward_goal")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+if TYPE_CHECKING:
+    from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Split:
     def side(self, scenario: int) -> str:
         return "test" if scenario in self.test_scenarios else "train"
 
-    def to_json(self, suite: BFCLSuite) -> dict[str, Any]:
+    def to_json(self, suite: "BFCLSuite") -> dict[str, Any]:
         ids = {"train": [], "test": []}
         counts: dict[str, Counter] = {"train": Counter(), "test": Counter()}
         for task in suite:
@@ -42,7 +43,7 @@ class Split:
         }
 
 
-def split_by_scenario(suite: BFCLSuite, seed: int, test_fraction: float = 0.1) -> Split:
+def split_by_scenario(suite: "BFCLSuite", seed: int, test_fraction: float = 0.1) -> Split:
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction}: must be between 0 and 1")
     scenarios = sorted({t.scenario for t in suite})

@@ -52,6 +52,7 @@ class EvalConfig:
     split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
     test_fraction: float = 0.1
     categories: tuple[str, ...] = CATEGORIES
+    task_source: str = "bfcl"  # a registered task source (bfcl | bfcl_micro | a plugin's); as the run was trained on
     tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
@@ -98,6 +99,9 @@ class EvalConfig:
         _choice("reward_token", self.reward_token, ("auto", "high", "low", "none"))
         if not self.out_dir:
             raise ConfigError("out_dir is required: rcgrpo eval policy=... protocol=... out_dir=PATH")
+        from nemo_rcgrpo.registry import names
+
+        _choice("task_source", self.task_source, names("task_source"))
         unknown = sorted(set(self.categories) - set(CATEGORIES))
         if unknown or not self.categories:
             raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")

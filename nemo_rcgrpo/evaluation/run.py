@@ -48,7 +48,7 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
     if cfg.tasks:
         missing = [t for t in cfg.tasks if t not in suite.tasks]
         if missing:
-            raise ConfigError(f"tasks not in BFCL v4 multi-turn: {missing[:5]}")
+            raise ConfigError(f"tasks not in task_source={cfg.task_source}: {missing[:5]}")
         ids = list(cfg.tasks)
     elif cfg.protocol == "paper":
         ids = held_out_ids(cfg, suite)
@@ -80,9 +80,7 @@ def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
             return list(json.loads(path.read_text())["test"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ConfigError(f"{path} is not a split written by prepare-data: {e}") from None
-    from nemo_rcgrpo.data.splits import split_by_scenario
-
-    return split_by_scenario(suite, cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
+    return suite.split(cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
 
 
 # ---------------------------------------------------------------------- scoring
@@ -376,7 +374,10 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     if (out_dir / "results.json").exists() and not (cfg.overwrite or cfg.resume):
         raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
                               f"or resume=true to finish an incomplete evaluation")
-    suite = suite or BFCLSuite(cfg.categories)
+    if suite is None:
+        from nemo_rcgrpo.envs.sources import make_suite
+
+        suite = make_suite(cfg.task_source, cfg.categories)
     task_ids = select_tasks(cfg, suite)
     out_dir.mkdir(parents=True, exist_ok=True)
     traj_path = out_dir / "trajectories.jsonl"

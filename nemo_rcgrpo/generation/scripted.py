@@ -163,9 +163,11 @@ class ScriptedGenerator:
 
 def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGenerator:
     from nemo_rcgrpo.algorithms.sft import make_renderer
+    from nemo_rcgrpo.envs.sources import make_suite
 
     s = cfg.generation.scripted
-    return ScriptedGenerator(make_renderer(cfg, tokenizer), BFCLSuite(cfg.env.categories), mode=cfg.env.mode,
+    return ScriptedGenerator(make_renderer(cfg, tokenizer), make_suite(cfg.env.task_source, cfg.env.categories),
+                             mode=cfg.env.mode,
                              success_rate=s.success_rate, success_high=s.success_high, success_low=s.success_low,
                              high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
                              failure_type=s.failure_type, seed=s.seed)

@@ -43,7 +43,7 @@ def test_files_and_counts(prepared):
     assert {r["split"] for r in sft if r["task_id"] in split["test"]} == {"test"}
     rl_train, rl_test = _lines(out / "rl_train.jsonl"), _lines(out / "rl_test.jsonl")
     assert (len(rl_train), len(rl_test)) == (720, 80)
-    assert rl_test[0].keys() == {"task_id", "category", "env", "mode"} and {r["task_id"] for r in rl_test} == set(split["test"])
+    assert rl_test[0].keys() == {"task_id", "category", "env", "task_source", "mode"} and {r["task_id"] for r in rl_test} == set(split["test"])
     for record in sft:
         assert record.keys() >= {"task_id", "category", "split", "mode", "messages", "tools"}
     calls = [c for r in sft for m in r["messages"] for c in m.get("tool_calls") or []]

@@ -100,6 +100,6 @@ def test_task_selection(suite, tmp_path):
     (tmp_path / "split.json").write_text('{"test": ["multi_turn_base_3", "multi_turn_miss_param_7"]}')
     assert select_tasks(EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path)), suite) == [
         "multi_turn_base_3", "multi_turn_miss_param_7"]
-    with pytest.raises(ConfigError, match="not in BFCL"):
+    with pytest.raises(ConfigError, match="not in task_source=bfcl"):
         select_tasks(EvalConfig(out_dir=str(tmp_path), tasks=("multi_turn_base_9999",)), suite)
     assert math.isclose(len(paper) / 800, 0.1)

@@ -38,6 +38,7 @@ def test_every_kind_has_its_shipped_entries():
     assert names("advantage_scale")[:2] == ("std", "none") and names("loss_aggregation")[:2] == ("token", "sequence")
     assert names("kl_estimator")[:3] == ("k1", "k2", "k3") and names("generator")[:3] == ("hf", "vllm", "scripted")
     assert set(names("failure")) >= {"wrong_tool", "wrong_param", "premature_termination"}
+    assert names("task_source")[:2] == ("bfcl", "bfcl_micro")
     assert set(KINDS) == {line.split(" (")[0] for line in describe().splitlines()}
 
 

@@ -37,6 +37,10 @@ def test_train_recipe_validates(name, monkeypatch):
     if name.startswith("smoke_"):  # the README's first run: a tiny random model, seconds per step
         assert cfg.model.path == "tiny-llama" or cfg.rl.stage1_recipe == "smoke_stage1"
         return
+    if name.startswith("micro_"):  # the bfcl_micro experiment (docs/experiments.md): its own tasks and data
+        assert cfg.stage == name.split("_")[1] and cfg.env.task_source == "bfcl_micro"
+        assert cfg.data.dir == "data/bfcl_micro" and cfg.chat.tool_description == "compact"
+        return
     assert cfg.stage == name.split("_")[0]
     if cfg.stage in ("grpo", "rcgrpo"):
         assert cfg.env.mode == "merged" and cfg.rl.group_size == 5

@@ -14,6 +14,7 @@ from nemo_rcgrpo.utils.config import ConfigError
 @dataclass(frozen=True)
 class BFCLEnvConfig:
     name: str = "bfcl"
+    task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro (envs/bfcl/micro.py) | a plugin's
     mode: str = "merged"  # per_turn (official BFCL protocol) | merged (paper's RL episode)
     categories: tuple[str, ...] = CATEGORIES
     max_steps: int = 20  # tool-calling steps per turn (per_turn) or per episode (merged)
@@ -27,6 +28,9 @@ class BFCLEnvConfig:
 
     def __post_init__(self) -> None:
         _choice("env.name", self.name, ("bfcl",))
+        from nemo_rcgrpo.registry import names
+
+        _choice("env.task_source", self.task_source, names("task_source"))
         _choice("env.mode", self.mode, EPISODE_MODES)
         _choice("env.arg_types", self.arg_types, ARG_TYPE_MODES)
         _choice("env.on_parse_failure", self.on_parse_failure, PARSE_FAILURE_MODES)

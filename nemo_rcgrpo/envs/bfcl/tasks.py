@@ -252,6 +252,12 @@ class BFCLSuite:
         except KeyError:
             raise KeyError(f"unknown BFCL task id {task_id!r} (e.g. 'multi_turn_base_0')") from None
 
+    def split(self, seed: int, test_fraction: float = 0.1):
+        """The train / held-out split of the tasks: by scenario, seeded (`data/splits.py`)."""
+        from nemo_rcgrpo.data.splits import split_by_scenario
+
+        return split_by_scenario(self, seed, test_fraction)
+
     def gold(self, task: BFCLTask | str) -> "GoldReplay":
         """The ground-truth replay of a task, computed once per suite."""
         from nemo_rcgrpo.envs.bfcl.reward import replay_gold

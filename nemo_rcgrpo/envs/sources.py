@@ -1,0 +1,37 @@
+"""Task sources: where an environment's tasks come from, registered by name (``env.task_source``).
+
+    from nemo_rcgrpo import register
+
+    @register("task_source", "my_tasks")
+    def my_tasks(categories):          # -> a suite: .tasks {id: task}, .gold(task), .split(seed, test_fraction)
+        return MySuite(categories)
+
+Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (300 short generated tasks on BFCL's
+file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
+`rcgrpo eval` all build their suite through `make_suite`, so one name picks the tasks everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from nemo_rcgrpo.registry import lookup, register
+
+
+@register("task_source", "bfcl")
+def bfcl(categories: Iterable[str]):
+    from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+
+    return BFCLSuite(tuple(categories))
+
+
+@register("task_source", "bfcl_micro")
+def bfcl_micro(categories: Iterable[str]):
+    from nemo_rcgrpo.envs.bfcl.micro import MicroSuite
+
+    return MicroSuite(tuple(categories))
+
+
+def make_suite(name: str, categories: Iterable[str]):
+    """The suite of the task source ``name`` holding the tasks of ``categories``."""
+    return lookup("task_source", name)(categories)
