@@ -130,6 +130,7 @@ def _percentiles(values: list[int]) -> dict[str, int]:
 
 def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     """Build every file into ``out`` (an empty folder). Returns the stats."""
+    load_plugins(cfg.plugins)  # a plugin's task source or failure types (a no-op for modules already imported)
     if cfg.task_source == "bfcl":
         suite = BFCLSuite(cfg.categories, data_dir=Path(cfg.bfcl_data_dir) if cfg.bfcl_data_dir else None)
     else:

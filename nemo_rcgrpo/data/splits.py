@@ -10,14 +10,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Split:
+    """Which scenarios are held out. ``suite`` below: any task suite (`envs/bfcl/tasks.py: BFCLSuite`); its tasks
+    need ``.scenario``, ``.id`` and ``.category``."""
+
     seed: int
     test_fraction: float
     train_scenarios: tuple[int, ...]
@@ -26,7 +26,7 @@ class Split:
     def side(self, scenario: int) -> str:
         return "test" if scenario in self.test_scenarios else "train"
 
-    def to_json(self, suite: "BFCLSuite") -> dict[str, Any]:
+    def to_json(self, suite: Any) -> dict[str, Any]:
         ids = {"train": [], "test": []}
         counts: dict[str, Counter] = {"train": Counter(), "test": Counter()}
         for task in suite:
@@ -43,7 +43,7 @@ class Split:
         }
 
 
-def split_by_scenario(suite: "BFCLSuite", seed: int, test_fraction: float = 0.1) -> Split:
+def split_by_scenario(suite: Any, seed: int, test_fraction: float = 0.1) -> Split:
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction={test_fraction}: must be between 0 and 1")
     scenarios = sorted({t.scenario for t in suite})

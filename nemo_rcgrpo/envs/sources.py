@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from nemo_rcgrpo.registry import lookup, register
+from nemo_rcgrpo.registry import names, register, table
+from nemo_rcgrpo.utils.config import ConfigError
 
 
 @register("task_source", "bfcl")
@@ -34,4 +35,8 @@ def bfcl_micro(categories: Iterable[str]):
 
 def make_suite(name: str, categories: Iterable[str]):
     """The suite of the task source ``name`` holding the tasks of ``categories``."""
-    return lookup("task_source", name)(categories)
+    sources = table("task_source")
+    if name not in sources:
+        raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))} (a plugin's source needs "
+                          "plugins=[its module])")
+    return sources[name](categories)

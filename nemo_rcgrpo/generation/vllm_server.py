@@ -50,17 +50,12 @@ import torch
 
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
+from nemo_rcgrpo.utils.dist import free_port  # noqa: F401 - also importable from here, as before
 from nemo_rcgrpo.utils.weight_stream import WeightStream
 
 SERVED_NAME = "policy"
 EXTENSION_MODULE = "rcgrpo_vllm_worker"  # the server's copy of nemo_rcgrpo/generation/vllm_worker.py
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # runs in the child before exec

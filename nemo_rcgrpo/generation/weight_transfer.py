@@ -83,7 +83,7 @@ class CollectiveSync:
             box["error"] = e
 
     def _join(self) -> None:
-        from nemo_rcgrpo.generation.vllm_server import free_port  # vllm_server imports this module on use
+        from nemo_rcgrpo.utils.dist import free_port
         if self.backend == "nccl":
             theirs = (self.client.collective_rpc("rcgrpo_versions", {}, self.timeout) or {}).get("results", [])
             why = nccl_mismatch(versions()["nccl"], theirs)

@@ -68,7 +68,7 @@ _MODEL_DONE = ".model-complete"
 TINY_MODELS = {
     "tiny-llama": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
-    # the model of the bfcl_micro experiment (docs/experiments.md): trained from scratch in minutes on 2 cores
+    # a larger random model on the SmolLM2 tokenizer (4 layers, 256 wide), for experiments that can afford it
     "small-llama": dict(model_type="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                         num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True, rope_theta=10000.0),
     "tiny-qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,

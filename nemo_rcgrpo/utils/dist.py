@@ -63,3 +63,12 @@ def barrier(info: DistInfo) -> None:
 def shutdown(info: DistInfo) -> None:
     if info.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it), for a server or a process group to bind."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

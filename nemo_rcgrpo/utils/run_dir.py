@@ -44,8 +44,9 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval"
                "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json")
 
 
-# settings added after runs were saved: a run saved without one resumes while it stays empty
-NEWER_EMPTY_OK = ("plugins",)
+# settings added after runs were saved: a run saved without one resumes while it keeps the value that means what
+# the run did before the setting existed
+NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_source": ("bfcl",)}
 
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""
@@ -80,7 +81,7 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
     for key in sorted(set(a) | set(b)):
         if _free(key, allowed):
             continue
-        if key in NEWER_EMPTY_OK and key not in a and b.get(key) in ([], ()):  # newer than that run, left empty
+        if key in NEWER_DEFAULTS and key not in a and b.get(key) in NEWER_DEFAULTS[key]:  # newer than that run
             continue
         if a.get(key, "<unset>") != b.get(key, "<unset>"):
             out.append(f"{key} is {a.get(key, '<unset>')!r} there and {b.get(key, '<unset>')!r} now")

@@ -97,3 +97,7 @@ def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
     assert differences(BASE, newer, ()) == []  # a run saved before `plugins` existed resumes
     assert differences(BASE, {**BASE, "plugins": ["mine"]}, ()) == ["plugins is '<unset>' there and ['mine'] now"]
     assert differences(newer, BASE, ()) == ["plugins is [] there and '<unset>' now"]
+    # env.task_source: a run saved before it existed trained on BFCL v4
+    assert differences(BASE, {**BASE, "env.task_source": "bfcl"}, ()) == []
+    assert differences(BASE, {**BASE, "env.task_source": "bfcl_micro"}, ()) == [
+        "env.task_source is '<unset>' there and 'bfcl_micro' now"]
