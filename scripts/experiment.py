@@ -15,8 +15,8 @@ as a user would run them; this script only runs them, reads their outputs and wr
           entropy-reward correlation per step
 
 Each stage is skipped when its output exists (a rerun continues; --fresh starts over). The tables are
-recomputed from the outputs (eval trajectories, rollout dumps, metrics.jsonl) by `report()`, which the tests
-call on the dumps too.
+recomputed from the outputs (eval trajectories, rollout dumps, metrics.jsonl) by `report()` and `render()`
+(tests/unit/test_experiment_stats.py runs both on outputs of the same formats).
 
 Usage: python scripts/experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
                                     [--steps 30] [--e1-samples 4] [--e2-groups 60] [--fresh]
@@ -49,6 +49,11 @@ LABEL = {("sft", "grpo"): "SFT + GRPO", ("sft", "rcgrpo"): "SFT + RC-GRPO", ("rc
          ("rctp", "rcgrpo"): "RCTP-FT + RC-GRPO"}
 E2_CONDITIONS = (("sft_grpo", "sft", "grpo", None), ("rctp_rcgrpo_iid", "rctp", "rcgrpo", "iid"),
                  ("rctp_rcgrpo_stratified", "rctp", "rcgrpo", "stratified"))
+# E3's step 0: the initial model evaluated as the run's in-training evaluation will be (rl.eval_token=high where the
+# run's training record is reward-conditioned: an RCTP-FT init, or any rcgrpo run; no token for SFT + GRPO)
+INIT_EVALS = (("e3_init_sft", "sft", "none"), ("e3_init_sft_high", "sft", "high"), ("e3_init_rctp", "rctp", "high"))
+INIT_OF = {("sft", "grpo"): "e3_init_sft", ("sft", "rcgrpo"): "e3_init_sft_high", ("rctp", "grpo"): "e3_init_rctp",
+           ("rctp", "rcgrpo"): "e3_init_rctp"}
 EVAL_BUDGET = ["max_new_tokens=96", "max_turns=4", "max_steps=4", "max_total_tokens=1024"]
 CONFIDENCE = 0.95
 
@@ -77,10 +82,11 @@ def success_by_task(trajectories: Path) -> dict[str, list[float]]:
 
 
 def rate(by_task: dict[str, list[float]]) -> dict[str, Any]:
-    """Success rate over episodes, with the bootstrap interval of the per-task means (tasks resampled)."""
+    """Success rate: the mean over tasks of each task's share of successful episodes, with its bootstrap interval
+    (tasks resampled)."""
     per_task = [statistics.fmean(v) for v in by_task.values()]
     episodes = [s for v in by_task.values() for s in v]
-    return {"mean": statistics.fmean(episodes), "ci": bootstrap_ci(per_task), "tasks": len(per_task),
+    return {"mean": statistics.fmean(per_task), "ci": bootstrap_ci(per_task), "tasks": len(per_task),
             "episodes": len(episodes)}
 
 
@@ -165,8 +171,8 @@ def run_all(args: argparse.Namespace) -> None:
         r.rcgrpo(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
                         f"samples={args.e1_samples}", "temperature=1.0", f"out_dir={out / name}"],
                  out / name / "results.json")
-    for name, model in (("e3_init_sft", "sft"), ("e3_init_rctp", "rctp")):  # step 0 of E3: greedy, token auto
-        r.rcgrpo(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", "reward_token=auto",
+    for name, model, token in INIT_EVALS:  # step 0 of E3: greedy, the token the in-training evaluation uses
+        r.rcgrpo(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
                         f"out_dir={out / name}"], out / name / "results.json")
     for name, model, algo, sampling in E2_CONDITIONS:
         run_dir = out / "e2" / name
@@ -194,7 +200,7 @@ def _fmt_ci(m: float, ci: tuple[float, float], digits: int = 3) -> str:
 def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
     """Per condition: held-out success at step 0 and at the last step (mean and spread over seeds), the mean
     zero-variance fraction, entropy and entropy-reward correlation over the steps."""
-    init = {m: rate(success_by_task(out / f"e3_init_{m}" / "trajectories.jsonl"))["mean"] for m in ("sft", "rctp")}
+    init = {c: rate(success_by_task(out / INIT_OF[c] / "trajectories.jsonl"))["mean"] for c in CONDITIONS}
     rows = ["| init + algorithm | held-out success, step 0 | held-out success, step %d (seeds) | mean over seeds | "
             "zero-variance groups (mean over steps) | reward (train rollouts, mean over steps) | entropy, first / last "
             "step | entropy-reward corr. (mean) |" % steps, "|---|---:|---|---:|---:|---:|---|---:|"]
@@ -208,7 +214,7 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
             last = run / "eval" / f"step_{steps}.jsonl"
             if not last.is_file():
                 continue
-            finals.append(statistics.fmean(float(json.loads(l)["success"]) for l in last.read_text().splitlines()
+            finals.append(statistics.fmean(float(json.loads(l)["reward"] == 1.0) for l in last.read_text().splitlines()
                                            if l.strip()))
             m = metrics_of(run)
             steps_m = [x for x in m if "zero_variance_fraction" in x]
@@ -219,7 +225,7 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
             corr += [x["entropy_reward_corr"] for x in steps_m if "entropy_reward_corr" in x]
             for key in curve:
                 if key == "eval":
-                    evals = [(0, init[model])] + [(x["step"], x["eval_accuracy"] / 100.0) for x in m
+                    evals = [(0, init[(model, algo)])] + [(x["step"], x["eval_accuracy"] / 100.0) for x in m
                                                   if "eval_accuracy" in x]
                     curve[key].append([v for _, v in sorted(evals)])
                 else:
@@ -227,10 +233,10 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
         curves[LABEL[(model, algo)]] = curve
         if not finals:
             continue
-        rows.append(f"| {LABEL[(model, algo)]} | {init[model]:.3f} | {', '.join(f'{v:.3f}' for v in finals)} | "
+        corr_cell = f"{statistics.fmean(corr):+.2f}" if corr else "- (no step with reward variance)"
+        rows.append(f"| {LABEL[(model, algo)]} | {init[(model, algo)]:.3f} | {', '.join(f'{v:.3f}' for v in finals)} | "
                     f"**{statistics.fmean(finals):.3f}** | {statistics.fmean(zv):.2f} | {statistics.fmean(rew):.3f} | "
-                    f"{statistics.fmean(ent0):.3f} / {statistics.fmean(ent1):.3f} | "
-                    f"{statistics.fmean(corr):+.2f} |" if corr else "-")
+                    f"{statistics.fmean(ent0):.3f} / {statistics.fmean(ent1):.3f} | {corr_cell} |")
     return rows, curves
 
 
@@ -251,6 +257,8 @@ def plot_curves(curves: dict, eval_every: int, steps: int, target: Path) -> None
                 continue
             n = min(len(c) for c in runs)
             arr = np.array([c[:n] for c in runs], dtype=np.float64)
+            if np.isnan(arr).all():  # e.g. no entropy-reward correlation: no step had reward variance
+                continue
             xs = np.arange(n) * eval_every if key == "eval" else np.arange(1, n + 1)
             mean = np.nanmean(arr, axis=0)
             ax.plot(xs, mean, label=label)
@@ -306,9 +314,10 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
                      f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | - |")
     if res["e3_rows"]:
         lines += ["", f"## E3: the 2x2 ablation, {args.steps} steps, {args.seeds} seeds", "",
-                  "Held-out success: greedy episodes on the 120 held-out tasks, conditioned on the high token where "
-                  "the model is reward-conditioned (RCTP-FT init), as `rcgrpo eval reward_token=auto`; step 0 is the "
-                  "initial model. The other columns are the training rollouts' metrics (metrics.jsonl).", "",
+                  "Held-out success: greedy episodes on the 120 held-out tasks (the runs' in-training evaluation), with "
+                  "the high token where the run is reward-conditioned (an RCTP-FT init, or RC-GRPO) and none for SFT + "
+                  "GRPO; step 0 is the initial model evaluated the same way. The other columns are the training "
+                  "rollouts' metrics (metrics.jsonl).", "",
                   *res["e3_rows"], "", "![training dynamics](experiments/e3_dynamics.png)"]
     lines += ["", "## Time", "", "| stage | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in seconds.items()]
@@ -331,6 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="remove --out first")
     p.add_argument("--report-only", action="store_true", help="recompute the report from --out, run nothing")
     args = p.parse_args(argv)
+    if args.seeds and (args.eval_every <= 0 or args.steps % args.eval_every):
+        p.error(f"--steps {args.steps} must be a multiple of --eval-every {args.eval_every} (E3 reads the last "
+                "step's held-out evaluation)")
     if args.fresh and args.out.exists():
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,8 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
         # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
         cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
                f"seed={cfg.seed}", f"task_source={cfg.env.task_source}", "tokenizer=null"]
+        if cfg.plugins:  # a plugin's task source (or failure types) is registered by its module
+            cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
         subprocess.run(cmd, check=True)
     barrier(dist)
     if not path.is_file():

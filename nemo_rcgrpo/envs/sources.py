@@ -6,7 +6,7 @@
     def my_tasks(categories):          # -> a suite: .tasks {id: task}, .gold(task), .split(seed, test_fraction)
         return MySuite(categories)
 
-Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (300 short generated tasks on BFCL's
+Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (1,320 short generated tasks on BFCL's
 file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
 `rcgrpo eval` all build their suite through `make_suite`, so one name picks the tasks everywhere.
 """

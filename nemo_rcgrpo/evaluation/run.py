@@ -374,6 +374,13 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     if (out_dir / "results.json").exists() and not (cfg.overwrite or cfg.resume):
         raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
                               f"or resume=true to finish an incomplete evaluation")
+    if cfg.data_dir:  # a model trained on one task source is evaluated on that source's held-out tasks
+        from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
+
+        try:
+            check_task_source(cfg.data_dir, cfg.task_source)
+        except DataMismatchError as e:
+            raise ConfigError(str(e).replace("env.task_source", "task_source")) from None
     if suite is None:
         from nemo_rcgrpo.envs.sources import make_suite
 

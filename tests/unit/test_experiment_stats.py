@@ -57,3 +57,48 @@ def test_success_rates_and_intervals_over_tasks(exp, tmp_path):
     assert (r["mean"], r["tasks"], r["episodes"]) == (pytest.approx(0.5), 3, 6)
     assert 0.0 <= r["ci"][0] <= 0.5 <= r["ci"][1] <= 1.0
     assert exp.bootstrap_ci([0.3]) == (0.3, 0.3)
+
+
+def _episodes(path: Path, successes: dict[str, list[int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"task_id": t, "success": bool(s), "reward": float(s)}) + "\n"
+                            for t, ss in successes.items() for s in ss))
+
+
+def test_report_and_render_on_outputs_of_the_real_formats(exp, tmp_path):
+    """The whole report from folders laid out as the commands write them: eval trajectories (with ``success``),
+    rollout dumps, in-training eval dumps (``reward``, no ``success``) and metrics.jsonl, one run never having
+    reward variance (no entropy_reward_corr)."""
+    import argparse
+
+    out = tmp_path
+    _episodes(out / "e1_high" / "trajectories.jsonl", {"a": [1, 1], "b": [1, 0]})
+    _episodes(out / "e1_low" / "trajectories.jsonl", {"a": [0, 0], "b": [1, 0]})
+    _episodes(out / "e1_sft" / "trajectories.jsonl", {"a": [1, 0], "b": [0, 0]})
+    for name, _, _ in exp.INIT_EVALS:
+        _episodes(out / name / "trajectories.jsonl", {"a": [1], "b": [0]})
+    for name, *_ in exp.E2_CONDITIONS:
+        _dump(out / "e2" / name / "rollouts" / "step_1.jsonl", [[(1.0, "high"), (0.0, "low")] * 2 + [(1.0, "high")]])
+    steps = 2
+    for model, algo in exp.CONDITIONS:
+        run = out / "e3" / f"{model}_{algo}_s1"
+        (run / "eval").mkdir(parents=True)
+        (run / "eval" / f"step_{steps}.jsonl").write_text(
+            "".join(json.dumps({"step": steps, "task_id": t, "reward": r}) + "\n" for t, r in (("a", 1.0), ("b", 0.0))))
+        rows = [{"step": s, "zero_variance_fraction": 0.5, "reward_mean": 0.4, "entropy": 0.3} for s in (1, 2)]
+        if (model, algo) != ("sft", "grpo"):
+            for row in rows:
+                row["entropy_reward_corr"] = -0.2
+        rows.append({"step": 2, "eval_accuracy": 50.0})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = exp.report(out, seeds=1, steps=steps, eval_every=2, plot=tmp_path / "plot.png")
+    assert res["e1"]["high"]["mean"] == pytest.approx(0.75) and res["e1"]["low"]["mean"] == pytest.approx(0.25)
+    assert res["bound"] == pytest.approx(exp.prop43_bound(0.75, 0.25))
+    assert set(res["e2"]) == {name for name, *_ in exp.E2_CONDITIONS}
+    text = exp.render(res, argparse.Namespace(e1_samples=2, steps=steps, seeds=1), {"data": 1.0})
+    table = [l for l in text.splitlines() if l.startswith("| SFT") or l.startswith("| RCTP")]
+    e3 = [l for l in table if l.count("|") == 9]
+    assert len(e3) == 4 and all(" 0.500 " in l for l in e3)  # held-out success 1 of 2 at the last step
+    assert "- (no step with reward variance)" in next(l for l in e3 if l.startswith("| SFT + GRPO"))
+    assert (tmp_path / "plot.png").stat().st_size > 0
+    assert "mu_h - mu_l = +0.500 (goal: at least 0.3: met)" in text

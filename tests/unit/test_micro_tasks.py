@@ -133,3 +133,13 @@ def test_prepare_data_from_the_micro_source(tmp_path):
     assert len(rctp) == 2 * (micro.NUM_TRAIN + micro.NUM_TEST) and sum(r["reward"] for r in rctp) * 2 == len(rctp)
     with pytest.raises(ConfigError, match="task_source='nope': registered"):
         PrepareDataConfig.from_dict({"task_source": "nope"})
+
+
+def test_eval_refuses_data_of_another_task_source(tmp_path):
+    from nemo_rcgrpo.evaluation.config import EvalConfig
+    from nemo_rcgrpo.evaluation.run import evaluate
+
+    (tmp_path / "config.yaml").write_text("task_source: bfcl_micro\n")
+    cfg = EvalConfig.from_dict({"policy": "oracle", "data_dir": str(tmp_path), "out_dir": str(tmp_path / "e")})
+    with pytest.raises(ConfigError, match="task_source=bfcl but .* prepared with task_source=bfcl_micro"):
+        evaluate(cfg)

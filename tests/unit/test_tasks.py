@@ -20,7 +20,7 @@ def test_all_four_categories_load(suite):
 def test_unknown_category_and_id_are_clear_errors(suite):
     with pytest.raises(ValueError, match="unknown BFCL multi-turn categories"):
         BFCLSuite(["base", "memory"])
-    with pytest.raises(KeyError, match="unknown BFCL task id"):
+    with pytest.raises(KeyError, match=r"unknown task id .* \(e.g. .multi_turn_base_0.\)"):
         suite["multi_turn_base_9999"]
 
 

@@ -250,7 +250,7 @@ class BFCLSuite:
         try:
             return self.tasks[task_id]
         except KeyError:
-            raise KeyError(f"unknown BFCL task id {task_id!r} (e.g. 'multi_turn_base_0')") from None
+            raise KeyError(f"unknown task id {task_id!r} (e.g. {next(iter(self.tasks), 'none')!r})") from None
 
     def split(self, seed: int, test_fraction: float = 0.1):
         """The train / held-out split of the tasks: by scenario, seeded (`data/splits.py`)."""
