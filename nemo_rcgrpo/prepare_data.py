@@ -41,7 +41,8 @@ from nemo_rcgrpo.data.failures import assign_types, load_rollout_failures, make_
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLSuite
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
+from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, names
 from nemo_rcgrpo.utils.cli_help import resolve
@@ -131,12 +132,7 @@ def _percentiles(values: list[int]) -> dict[str, int]:
 def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     """Build every file into ``out`` (an empty folder). Returns the stats."""
     load_plugins(cfg.plugins)  # a plugin's task source or failure types (a no-op for modules already imported)
-    if cfg.task_source == "bfcl":
-        suite = BFCLSuite(cfg.categories, data_dir=Path(cfg.bfcl_data_dir) if cfg.bfcl_data_dir else None)
-    else:
-        from nemo_rcgrpo.envs.sources import make_suite
-
-        suite = make_suite(cfg.task_source, cfg.categories)
+    suite = make_suite(cfg.task_source, cfg.categories, data_dir=cfg.bfcl_data_dir)
     if not len(suite):
         raise BFCLDataError(f"task_source={cfg.task_source} has no tasks of categories {list(cfg.categories)}")
     split = suite.split(cfg.seed, cfg.test_fraction)

@@ -36,12 +36,12 @@ def data_settings(data_dir: str | Path) -> dict[str, Any]:
     return settings if isinstance(settings, dict) else {}
 
 
-def check_task_source(data_dir: str | Path, task_source: str) -> None:
-    """Refuse (one line) a run whose ``env.task_source`` is not the one its data was prepared from."""
+def check_task_source(data_dir: str | Path, task_source: str, setting: str = "env.task_source") -> None:
+    """Refuse (one line) a run whose ``setting`` (the task source) is not the one its data was prepared from."""
     saved = data_settings(data_dir).get("task_source", "bfcl")  # data from before the setting: BFCL v4
     if saved != task_source:
-        raise DataMismatchError(f"env.task_source={task_source} but {data_dir} was prepared with task_source={saved}: "
-                                f"set env.task_source={saved} or prepare the data with task_source={task_source}")
+        raise DataMismatchError(f"{setting}={task_source} but {data_dir} was prepared with task_source={saved}: "
+                                f"set {setting}={saved} or prepare the data with task_source={task_source}")
 
 
 def reward_goal_of(data_dir: str | Path, high: str, low: str) -> RewardGoal:

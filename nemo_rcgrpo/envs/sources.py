@@ -13,6 +13,7 @@ file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, th
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable
 
 from nemo_rcgrpo.registry import names, register, table
@@ -20,23 +21,25 @@ from nemo_rcgrpo.utils.config import ConfigError
 
 
 @register("task_source", "bfcl")
-def bfcl(categories: Iterable[str]):
+def bfcl(categories: Iterable[str], data_dir: Path | None = None):
     from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
 
-    return BFCLSuite(tuple(categories))
+    return BFCLSuite(tuple(categories), data_dir=data_dir)
 
 
 @register("task_source", "bfcl_micro")
-def bfcl_micro(categories: Iterable[str]):
+def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
     from nemo_rcgrpo.envs.bfcl.micro import MicroSuite
 
-    return MicroSuite(tuple(categories))
+    return MicroSuite(tuple(categories), data_dir=data_dir)
 
 
-def make_suite(name: str, categories: Iterable[str]):
-    """The suite of the task source ``name`` holding the tasks of ``categories``."""
+def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):
+    """The suite of the task source ``name`` holding the tasks of ``categories``; ``data_dir``: another copy of
+    the bfcl-eval data (prepare-data's ``bfcl_data_dir``), passed only when given, so a plugin's source may take
+    ``categories`` alone."""
     sources = table("task_source")
     if name not in sources:
         raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))} (a plugin's source needs "
                           "plugins=[its module])")
-    return sources[name](categories)
+    return sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))

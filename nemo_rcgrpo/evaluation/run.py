@@ -378,9 +378,9 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
 
         try:
-            check_task_source(cfg.data_dir, cfg.task_source)
+            check_task_source(cfg.data_dir, cfg.task_source, setting="task_source")
         except DataMismatchError as e:
-            raise ConfigError(str(e).replace("env.task_source", "task_source")) from None
+            raise ConfigError(str(e)) from None
     if suite is None:
         from nemo_rcgrpo.envs.sources import make_suite
 
