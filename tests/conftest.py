@@ -1,6 +1,9 @@
+import contextlib
 import importlib.util
 import math
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +72,53 @@ def data_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("d") / "data"
     run(PrepareDataConfig(out_dir=str(out), categories=("base",), tokenizer=None, progress=False))
     return out
+
+
+ONE_FOLDER_PLUGINS = Path(__file__).resolve().parent / "data" / "plugins"
+# what a run of the one_folder task source needs besides its recipe
+ONE_FOLDER = ["plugins=[one_folder_tasks]", "env.task_source=one_folder", "logging.progress=false",
+              "logging.tensorboard=false", "trainer.save_every=1000"]
+
+
+@contextlib.contextmanager
+def one_folder_plugin_loaded():
+    """The test plugin `tests/data/plugins/one_folder_tasks.py` importable by name; unregistered afterwards."""
+    import nemo_rcgrpo.registry as registry
+
+    sys.path.insert(0, str(ONE_FOLDER_PLUGINS))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(ONE_FOLDER_PLUGINS))
+        registry.table("task_source").pop("one_folder", None)
+        registry._loaded.discard("one_folder_tasks")
+        sys.modules.pop("one_folder_tasks", None)
+
+
+@pytest.fixture
+def one_folder_plugin():
+    with one_folder_plugin_loaded():
+        yield
+
+
+@pytest.fixture(scope="session")
+def one_folder_rctp(tmp_path_factory):
+    """(data, model): the one_folder tasks prepared by prepare-data, and tiny-llama after a 100-step RCTP-FT on
+    them from scratch, which solves them sometimes (about 0.2 of held-out episodes sampled with the high token).
+    Shared read-only by the tests that need a policy with mixed rewards (the learning test, vLLM RL)."""
+    from nemo_rcgrpo.prepare_data import PrepareDataConfig, build
+    from nemo_rcgrpo.train import main
+
+    root = tmp_path_factory.mktemp("one_folder")
+    data = root / "data"
+    data.mkdir()
+    with one_folder_plugin_loaded():
+        build(PrepareDataConfig(task_source="one_folder", plugins=("one_folder_tasks",), tokenizer=None,
+                                progress=False), data)
+        assert main(["--config-name=micro_rctp", "model.path=tiny-llama", f"data.dir={data}", f"run_dir={root / 's1'}",
+                     "trainer.max_steps=100", "trainer.global_batch_size=8", "trainer.micro_batch_size=8",
+                     "trainer.lr=3e-3", "trainer.warmup_steps=5", *ONE_FOLDER]) == 0
+    return data, root / "s1" / "hf"
 
 
 def run_turns(env, task, turns):

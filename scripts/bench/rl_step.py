@@ -12,11 +12,18 @@ neither side changes, is left out). Each measured step starts from the same weig
 
 Sides alternate (recompute, auto, auto, recompute, ...) so machine load affects both alike.
 
-The whole step (``--full-repeats``, 0 to skip): the same recipe with the HF generator (real sampling with the
-model's weights, seeded, so both sides generate the same tokens), timed from the rollouts to the weight sync:
+The whole step (``--full-repeats``, 0 to skip): the same recipe with the model's own generation, timed from the
+rollouts to the weight sync:
 
-- before: no prefix sharing (every rollout's first prompt prefilled on its own) and ``recompute``;
-- now: ``generation.share_prefixes=true`` (identical prompts of a group prefilled once) and ``auto``.
+- before: the HF generator as it was (`baselines/legacy_hf_generator.py`: ``model.generate``, transformers' concatenating
+  KV cache, every prompt prefilled on its own) and ``recompute``;
+- now: the package's HF generator (its own decoding loop: KV cache written into reserved room, rows that stop
+  leave the batch, inverse-CDF sampling, identical prompts of a group prefilled once) and ``auto``.
+
+Both sides decode greedily, so that they generate the same tokens (checked): the old generator sampled from
+transformers' top-50 and the new one samples from the whole distribution, so sampled rollouts would not be the same
+work. Greedy leaves out the old sampler's cost (one exponential draw per vocabulary entry, row and step), so it
+understates the new side's gain.
 
 Usage: python scripts/bench/rl_step.py [--repeats 3] [--full-repeats 2] [--model smollm2] [--out docs/benchmarks.md]
 """
@@ -38,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_replay import cpu_name, emit  # noqa: E402
+from baselines.legacy_hf_generator import LegacyHFGenerator  # noqa: E402
 
 from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
 from nemo_rcgrpo.config import TrainConfig
@@ -59,7 +67,8 @@ def main() -> int:
     run_dir = tempfile.mkdtemp(prefix="rl_step_")
     overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}", f"run_dir={run_dir}",
                  "generation=scripted", "generation.scripted.success_high=0.8", "generation.scripted.success_low=0.2",
-                 "logging.progress=false", "logging.tensorboard=false"]
+                 # room for the scripted gold calls (the demo's 128 tokens cut them, every reward 0 and the loss 0)
+                 "rl.sampling.max_new_tokens=512", "logging.progress=false", "logging.tensorboard=false"]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
     groups, stats = trainer.collect(random.Random(0))
@@ -88,7 +97,8 @@ def main() -> int:
             f"Python {platform.python_version()}, torch {torch.__version__}.",
             f"- The CPU demo recipe's training work: {args.model}, fp32, {len(groups)} tasks x G={cfg.rl.group_size}, "
             f"micro-batches of {cfg.trainer.micro_batch_size}, {tokens} generated tokens, rollouts played by the "
-            f"scripted generator; {args.repeats} measured steps per side after a warm-up each, alternating, each "
+            f"scripted generator (up to {cfg.rl.sampling.max_new_tokens} tokens a turn, mean reward "
+            f"{statistics.mean(t.reward for g in groups for t in g):.2f}); {args.repeats} measured steps per side after a warm-up each, alternating, each "
             "from the same weights and optimizer state. Generation is not part of the measured time.", "",
             "| side | logprob passes (s) | update (s) | logprob + update (s), median [min, max] | ratio |",
             "|---|---:|---:|---:|---:|"]
@@ -120,13 +130,16 @@ def full_steps(args, run_dir: str) -> list[str]:
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
     initial = copy.deepcopy(trainer.policy.state_dict())
-    sides = {"before": ("recompute", False), "now": ("auto", True)}
+    trainer.engine.sampling = dataclasses.replace(trainer.engine.sampling, temperature=0.0)  # see the docstring
+    new = trainer.generator
+    old = LegacyHFGenerator(new.model, new.pad_token_id, max_batch_size=new.max_batch_size, share_prefixes=False)
+    sides = {"before": ("recompute", old), "now": ("auto", new)}
     runs: dict[str, list[dict]] = {"before": [], "now": []}
     for rep in range(args.full_repeats):
         for side in ("before", "now") if rep % 2 == 0 else ("now", "before"):
-            mode, share = sides[side]
+            mode, generator = sides[side]
             trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
-            trainer.generator.share_prefixes = share
+            trainer.generator = trainer.engine.generator = generator
             trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
             trainer.task_cursor = 0  # the same tasks, tokens and sampling seeds on both sides
             shared = trainer.generator.prefilled["shared"]
@@ -145,14 +158,16 @@ def full_steps(args, run_dir: str) -> list[str]:
                                                                     "update")} for side, rs in runs.items()}
     same = all(r["ids"] == runs["before"][0]["ids"] for rs in runs.values() for r in rs)
     ratio = med["now"]["total"] / med["before"]["total"]
-    rows = ["", f"The whole step (`--full-repeats {args.full_repeats}`): the same recipe with the HF generator "
-            f"({runs['now'][0]['tokens']} generated tokens, {runs['now'][0]['shared']} of "
+    rows = ["", f"The whole step (`--full-repeats {args.full_repeats}`): the same recipe with the HF generator, "
+            f"greedy on both sides ({runs['now'][0]['tokens']} generated tokens, {runs['now'][0]['shared']} of "
             f"{cfg.rl.tasks_per_step * cfg.rl.group_size} first prompts prefilled by sharing on the new side), "
-            f"{args.full_repeats} steps per side, alternating, each from the same weights and optimizer state.", "",
+            f"{args.full_repeats} steps per side, alternating, each from the same weights and optimizer state. "
+            "Before: the old HF generator (`model.generate`, concatenating KV cache, no prefix sharing) and the "
+            "old-logprob pass; now: the generator's own decoding loop and the fused ratio.", "",
             "| side | rollouts (s) | of which generation (s) | logprob passes (s) | update (s) | step (s), median "
             "[min, max] | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for side, label in (("before", "old-logprob pass, every prompt prefilled (before)"),
-                        ("now", "fused ratio, group prompts prefilled once (now)")):
+    for side, label in (("before", "old generator, old-logprob pass (before)"),
+                        ("now", "own decoding loop, fused ratio (now)")):
         m, totals = med[side], [r["total"] for r in runs[side]]
         rows.append(f"| {label} | {m['rollouts']:.1f} | {m['generation']:.1f} | {m['logprob']:.1f} | "
                     f"{m['update']:.1f} | {m['total']:.1f} [{min(totals):.1f}, {max(totals):.1f}] | "
