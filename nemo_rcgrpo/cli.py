@@ -1,7 +1,7 @@
 """`rcgrpo`: the project's command line.
 
 Subcommands:
-  score          replay tool calls (JSONL) through the BFCL environment and score them
+  score          replay tool calls (JSONL) through the BFCL environment and score them (--task-source)
   prepare-data   build the SFT / RCTP-FT / RL datasets (Hydra overrides: out_dir=... seed=...)
   train          a training recipe (--config-name NAME key=value ...), as nemo_rcgrpo/train.py
   plot           training-dynamics PNG from runs' metrics.jsonl
@@ -26,12 +26,16 @@ from tqdm import tqdm
 
 
 def _score(args: argparse.Namespace) -> int:
-    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLSuite
+    from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
+    from nemo_rcgrpo.envs.sources import make_suite
+    from nemo_rcgrpo.registry import load_plugins
     from nemo_rcgrpo.score import ground_truth_lines, read_lines, score_lines, summary_table, write_scores
+    from nemo_rcgrpo.utils.config import ConfigError
 
     try:
-        suite = BFCLSuite(args.categories) if args.categories else BFCLSuite()
-    except (BFCLDataError, ValueError) as e:
+        load_plugins(args.plugins or [])
+        suite = make_suite(args.task_source, args.categories or CATEGORIES)
+    except (BFCLDataError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     source = None
@@ -101,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", nargs="?", help="JSONL of per-line scores (omit to print only the summary)")
     p.add_argument("--ground-truth", action="store_true", help="score the ground truth itself (a self-check)")
     p.add_argument("--categories", nargs="+", help="restrict to these BFCL categories (default: all four)")
+    p.add_argument("--task-source", default="bfcl", help="the registered task source whose tasks the lines name "
+                   "(default bfcl: BFCL v4 multi-turn; bfcl_micro; a plugin's, with --plugins)")
+    p.add_argument("--plugins", nargs="+", metavar="MODULE", help="modules to import first (they may register a "
+                   "task source)")
     p.add_argument("--arg-types", choices=("bfcl", "strict"), default="bfcl",
                    help="argument type checking: 'bfcl' lets the API judge (leaderboard behaviour), "
                    "'strict' rejects values that do not match the documented type")

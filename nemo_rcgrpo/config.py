@@ -17,11 +17,8 @@ from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.registry import load_plugins, names
+from nemo_rcgrpo.stages import Stage, stage_of
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
-
-STAGE1 = ("sft", "rctp")
-RL_STAGES = ("grpo", "rcgrpo", "dapo_filter")
-STAGES = STAGE1 + RL_STAGES
 
 
 @dataclass(frozen=True)
@@ -197,8 +194,8 @@ class RLConfig:
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
-    dapo_max_rounds: int = 2  # dapo_filter: extra generation rounds to replace zero-variance groups
-    dapo_shortfall: str = "train"  # dapo_filter, too few groups with variance after the rounds: train (on fewer) | error
+    dapo_max_rounds: int = 2  # a stage with a keep_group (dapo_filter): extra rounds to replace refused groups
+    dapo_shortfall: str = "train"  # such a stage, too few groups kept after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
@@ -255,11 +252,20 @@ class TrainConfig:
         return config
 
     @property
+    def stage_spec(self) -> Stage:
+        """The registered stage ``stage`` names (`nemo_rcgrpo/stages.py`): its loop, conditioning, data, filter."""
+        return stage_of(self.stage)
+
+    @property
+    def is_rl(self) -> bool:
+        return self.stage_spec.loop == "rl"
+
+    @property
     def data_file(self) -> str:
-        return self.data.file or ("rctp.jsonl" if self.stage == "rctp" else "sft.jsonl")
+        return self.data.file or self.stage_spec.data_file or "sft.jsonl"
 
     def validate(self) -> None:
-        _choice("stage", self.stage, STAGES)
+        _choice("stage", self.stage, names("stage"))
         _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
         _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
         _choice("chat.format", self.chat.format, FORMATS)
@@ -279,9 +285,9 @@ class TrainConfig:
             self._validate_scripted()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
-        if self.stage in RL_STAGES:
+        if self.is_rl:
             self._validate_rl()
-        if self.stage in ("rctp", "rcgrpo") and self.model.reward_tokens == "none":
+        if self.stage_spec.conditioned and self.model.reward_tokens == "none":
             raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
         if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
             raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")

@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 from nemo_rcgrpo.utils.config import ConfigError
 
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
+    "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file (stage 1), keep_group(rewards) -> bool "
+                       "(RL)): nemo_rcgrpo.stages"),
     "reward_token_sampler": ("rl.reward_token_sampling",
                              "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)"),
     "advantage_baseline": ("rl.advantage.baseline", "fn(rewards [N, G] float64) -> centred rewards [N, G]"),
@@ -37,7 +39,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                     "fn(categories) -> suite (.tasks {id: BFCLTask}, .gold(task), .split(seed, test_fraction))"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
-_BUILTINS = {"reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
+_BUILTINS = {"stage": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",

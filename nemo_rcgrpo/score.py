@@ -76,6 +76,7 @@ def score_trajectory(suite: BFCLSuite, task: BFCLTask, turns: list[Any], arg_typ
     verdict = env.official_verdict()
     return {
         "id": task.id,
+        "category": task.category,
         "reward": reward.value,
         "state_ok": reward.state_ok,
         "actions_ok": reward.actions_ok,
@@ -109,7 +110,8 @@ def score_lines(suite: BFCLSuite, lines: Iterable[str], arg_types: str = "bfcl")
                 raise ScoreInputError("each line must be a JSON object with 'id' and 'turns'")
             record_id = record.get("id")
             if not isinstance(record_id, str) or record_id not in suite.tasks:
-                raise ScoreInputError(f"unknown task id {record_id!r} (expected e.g. 'multi_turn_base_0')")
+                example = next(iter(suite.tasks), "none")
+                raise ScoreInputError(f"unknown task id {record_id!r} (expected e.g. {example!r})")
             if "turns" not in record:
                 raise ScoreInputError("missing 'turns'")
             yield score_trajectory(suite, suite[record_id], record["turns"], arg_types)
@@ -161,7 +163,8 @@ class Summary:
             self.bad += 1
             self.rows.append({"error": True})
         else:
-            self.rows.append({"id": r["id"], "reward": r["reward"], "official_valid": r["official_valid"]})
+            self.rows.append({"id": r["id"], "category": r.get("category"), "reward": r["reward"],
+                              "official_valid": r["official_valid"]})
 
 
 def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None) -> Summary:
@@ -201,14 +204,16 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
         if "error" in r and "reward" not in r or r.get("error") is True:
             stats["(unscorable lines)"].errors += 1
             continue
-        category = next((c for c in CATEGORIES if r["id"].startswith(f"multi_turn_{c}_")), "other")
+        category = r.get("category") or next((c for c in CATEGORIES if r["id"].startswith(f"multi_turn_{c}_")),
+                                             "other")
         for key in (category, "overall"):
             s = stats[key]
             s.n += 1
             s.reward += r["reward"]
             s.official += bool(r["official_valid"])
     rows = ["| category | entries | reward (%) | official accuracy (%) |", "|---|---:|---:|---:|"]
-    order = [c for c in (*CATEGORIES, "other", "overall") if c in stats]
+    own = sorted(c for c in stats if c not in (*CATEGORIES, "other", "overall", "(unscorable lines)"))  # a plugin's
+    order = [c for c in (*CATEGORIES, *own, "other", "overall") if c in stats]
     for key in order:
         s = stats[key]
         rows.append(f"| {key} | {s.n} | {100 * s.reward / s.n:.2f} | {100 * s.official / s.n:.2f} |")

@@ -2,9 +2,10 @@
 
 Also ``python nemo_rcgrpo/train.py ...`` (one process) and ``rcgrpo train ...``.
 The config (``conf/<name>.yaml``) is composed with Hydra, validated against
-`nemo_rcgrpo.config.TrainConfig` and dispatched on ``stage``: ``sft`` and
-``rctp`` run the stage-1 loop (`algorithms/sft.py`); ``grpo``, ``rcgrpo`` and
-``dapo_filter`` the stage-2 loop (`algorithms/rcgrpo.py`).
+`nemo_rcgrpo.config.TrainConfig` and dispatched on the loop of the registered
+``stage`` (`nemo_rcgrpo/stages.py`): ``sft`` and ``rctp`` run the stage-1 loop
+(`algorithms/sft.py`); ``grpo``, ``rcgrpo`` and ``dapo_filter`` the stage-2 loop
+(`algorithms/rcgrpo.py`); so does a user's stage of either loop.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resolved is None:  # --help, or --cfg job (validated, printed, nothing run)
             return 0
         invocation, cfg = resolved
-        if cfg.stage in ("grpo", "rcgrpo", "dapo_filter"):
+        if cfg.is_rl:
             from nemo_rcgrpo.algorithms.rcgrpo import run_rl
 
             result = run_rl(cfg, recipe=invocation.name)
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"interrupted during a step ({where}); to resume, run the same command again", file=sys.stderr)
         return 130
     print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "
-          f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.stage not in ('sft', 'rctp') else ''})")
+          f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})")
     return 0
 
 

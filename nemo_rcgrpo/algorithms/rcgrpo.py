@@ -1,12 +1,14 @@
-"""Stage 2: GRPO, RC-GRPO and the dynamic-sampling baseline (``stage=grpo|rcgrpo|dapo_filter``).
+"""Stage 2: GRPO, RC-GRPO and the dynamic-sampling baseline (``stage=grpo|rcgrpo|dapo_filter``, or a user's
+registered RL stage: `nemo_rcgrpo/stages.py` says what each of them changes in this loop).
 
 One step (the RC-GRPO paper, "The method"):
   1. take ``tasks_per_step`` training tasks; G rollouts each;
-  2. rcgrpo: sample a reward token per rollout (iid with P(high) = p, or
+  2. a conditioned stage (rcgrpo): sample a reward token per rollout (iid with P(high) = p, or
      stratified) and put it into the rollout's first user message;
   3. roll out all of them together (`rollout/multi_turn.py`), reward R = R_state x R_action;
   4. group advantages over the whole group regardless of token;
-     dapo_filter (DAPO's dynamic sampling): never train on a zero-variance group; roll out replacement tasks
+     a stage with a keep_group rule (dapo_filter: DAPO's dynamic sampling, never train on a zero-variance
+     group) trains only on the groups it keeps; roll out replacement tasks
      for up to rl.dapo_max_rounds more rounds, then train on the groups found (rl.dapo_shortfall=train) or stop
      (error);
   5. reference logprobs from the frozen initial model; rl.ppo_epochs x rl.mini_batches optimizer steps of
@@ -50,6 +52,7 @@ from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
                                         sync_generator)
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
+from nemo_rcgrpo.stages import has_variance
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
@@ -90,7 +93,8 @@ class RLTrainer:
         self.fingerprint = model_fingerprint(model, cfg.model.path)
         self.parameters = sum(p.numel() for p in model.parameters())
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
-        self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low)
+        self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
+                                      conditioned=cfg.stage_spec.conditioned)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
@@ -108,11 +112,11 @@ class RLTrainer:
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
         self.record["reward_goal"] = dataclasses.asdict(goal)
-        self.engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
+        self.engine = RolloutEngine(self.generator, self.renderer, cfg.env.opener(self.suite),
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
                                     max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
-        self.eval_engine = RolloutEngine(self.generator, self.renderer, self.suite, cfg.env,
+        self.eval_engine = RolloutEngine(self.generator, self.renderer, cfg.env.opener(self.suite),
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
                                          max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
         test_pointers = Path(cfg.data.dir) / "rl_test.jsonl"
@@ -122,7 +126,7 @@ class RLTrainer:
         self.step, self.task_cursor = 0, 0
         # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
         check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,
-                            conditioned=cfg.stage == "rcgrpo")
+                            conditioned=cfg.stage_spec.conditioned)
 
     # ------------------------------------------------------------------ data
     def _next_tasks(self, n: int) -> list[str]:
@@ -137,8 +141,8 @@ class RLTrainer:
         return out
 
     def _specs(self, task_ids: list[str], first_group: int, rng: random.Random) -> list[RolloutSpec]:
-        rl, stage = self.cfg.rl, self.cfg.stage
-        if stage == "rcgrpo":
+        rl = self.cfg.rl
+        if self.cfg.stage_spec.conditioned:
             tokens = REWARD_TOKEN_SAMPLERS[rl.reward_token_sampling](len(task_ids), rl.group_size, rl.p_high, rng)
         else:
             tokens = [[None] * rl.group_size for _ in task_ids]
@@ -151,8 +155,10 @@ class RLTrainer:
         stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
                  "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
         groups: list[list[Trajectory]] = []
-        dapo = self.cfg.stage == "dapo_filter"
-        rounds = 1 + (rl.dapo_max_rounds if dapo else 0)
+        keep = self.cfg.stage_spec.keep_group  # None: every group is trained on
+        filtering = keep is not None
+        rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
+        dropped = zero_sampled = 0
         for round_index in range(rounds):
             need = rl.tasks_per_step - len(groups)
             if need <= 0:
@@ -164,17 +170,24 @@ class RLTrainer:
             stats["reward_seconds"] += self.engine.timings["reward"]
             for g in range(need):
                 group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
+                rewards = [t.reward for t in group]
                 stats["sampled_groups"] += 1
-                if dapo and len({t.reward for t in group}) == 1:
-                    stats["dropped_zero_variance_groups"] += 1  # never trained on; a new task in the next round
+                zero_sampled += len(set(rewards)) == 1
+                if filtering and not keep(rewards):
+                    dropped += 1  # never trained on; a new task in the next round
+                    stats["dropped_zero_variance_groups"] += len(set(rewards)) == 1
                     continue
                 groups.append(group)
-        if dapo:  # the zero-variance share of everything sampled, before dynamic sampling filtered it
-            stats["zero_variance_fraction_sampled"] = stats["dropped_zero_variance_groups"] / stats["sampled_groups"]
-        if dapo and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
-            raise ValueError(f"dapo_filter: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups have reward "
-                             f"variance after {rounds} rounds ({int(stats['dropped_zero_variance_groups'])} "
-                             "zero-variance groups dropped, none is trained on); raise rl.dapo_max_rounds"
+        if filtering:  # the zero-variance share of everything sampled, before the filter
+            stats["dropped_groups"] = float(dropped)
+            stats["zero_variance_fraction_sampled"] = zero_sampled / stats["sampled_groups"]
+        if filtering and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
+            what = "have reward variance" if keep is has_variance else "pass its keep_group"
+            zero = int(stats["dropped_zero_variance_groups"])
+            also = "" if dropped == zero else f", {dropped} in all"
+            raise ValueError(f"{self.cfg.stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
+                             f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
+                             "on); raise rl.dapo_max_rounds"
                              + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
         return groups, stats
 
@@ -390,7 +403,8 @@ class RLTrainer:
     def _banner(self, ckpt: Path | None) -> None:
         cfg, rl = self.cfg, self.cfg.rl
         start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
-        tokens = {"rcgrpo": f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})"}.get(cfg.stage, "")
+        tokens = (f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})"
+                  if cfg.stage_spec.conditioned else "")
         say(start_banner(
             cfg, recipe=self.recipe, parameters=self.parameters, checkpoint=ckpt, start_step=start,
             data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {list(cfg.env.categories)}, "

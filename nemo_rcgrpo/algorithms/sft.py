@@ -124,8 +124,9 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
                          f"trainer.global_batch_size={t.global_batch_size}")
     total_steps = steps_per_epoch * t.epochs if t.max_steps is None else min(t.max_steps, steps_per_epoch * t.epochs)
     fingerprint = model_fingerprint(model, cfg.model.path)
-    record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low)
-    if cfg.stage == "rctp":  # the data's reward goal, whose tokens must be the ones the model gets
+    record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
+                             conditioned=cfg.stage_spec.conditioned)
+    if cfg.stage_spec.conditioned:  # the data's reward goal, whose tokens must be the ones the model gets
         record["reward_goal"] = dataclasses.asdict(reward_goal_of(cfg.data.dir, cfg.reward_tokens.high,
                                                                   cfg.reward_tokens.low))
     policy = make_policy(cfg, model, dist, total_steps)

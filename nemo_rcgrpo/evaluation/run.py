@@ -261,7 +261,7 @@ class CheckpointPolicy:
         if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
             self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
-            self.generator, make_renderer(tcfg, self.tokenizer), suite, env_config(cfg),
+            self.generator, make_renderer(tcfg, self.tokenizer), env_config(cfg).opener(suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
             reward_goal=goal)

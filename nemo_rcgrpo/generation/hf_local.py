@@ -7,7 +7,7 @@ defaults, among them top-k 50: the old generator sampled from the 50 likeliest t
 the trainer computed, logprobs of the whole distribution.) Each logprob is that of the sampled token under the
 distribution it was drawn from; greedy decoding (temperature 0) records the model's own log-softmax.
 
-Sampling is by the inverse CDF: one uniform number per row and step, looked up in the cumulative sum of the
+Sampling is by the inverse CDF: one uniform number (float64) per row and step, looked up in the cumulative sum of the
 probabilities. ``torch.multinomial`` draws one exponential number per vocabulary entry and row (49,152 for
 SmolLM2's vocabulary), and on a CPU that draw was about two thirds of a decoding step of the tiny models. Row r
 takes the r-th number of each step's draw, so its tokens do not depend on when the other rows finish.
@@ -151,10 +151,14 @@ class HFGenerator:
                 for warp in warpers:
                     scores = warp(None, scores)
                 probs = scores.softmax(-1)
+                if not bool(torch.isfinite(probs).all()):  # torch.multinomial raised here; say why instead
+                    raise RuntimeError("the model's next-token scores are not finite (NaN or inf logits): the "
+                                       "weights have diverged, or the dtype overflows")
                 if greedy:
                     picked = probs.argmax(-1)
                 else:
-                    picked = sample_inverse_cdf(probs, torch.rand(rows, generator=rng, device=device)[live])
+                    picked = sample_inverse_cdf(probs, torch.rand(rows, generator=rng, device=device,
+                                                                     dtype=torch.float64)[live])
                 picked_lp = probs.gather(1, picked.unsqueeze(1)).squeeze(1).log()  # > 0: drawn tokens have mass
                 done = torch.isin(picked, stops)
                 for row, token, lp, stop in zip(live.tolist(), picked.tolist(), picked_lp.tolist(), done.tolist()):

@@ -14,6 +14,9 @@ tool calls in merged mode, the last user turn in per_turn mode), after
 context budget or a message hits ``max_new_tokens`` without a stop token
 (truncated: reward 0, reason recorded).
 
+Environments come through the seam of `envs/interfaces.py`: ``envs.open(task)`` gives each rollout a fresh
+``Env`` reset on its task (BFCL's: ``BFCLEnvConfig.opener(suite)``), so nothing here names an environment's types.
+
 One rollout never takes down its batch: an exception while advancing or scoring
 a rollout (a tokenizer that cannot read an id, an environment bug) ends that
 rollout alone, with reward 0 and the error recorded (``error``, and
@@ -31,8 +34,7 @@ from typing import Any, Sequence
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
 from nemo_rcgrpo.data.tool_parsers import PARSERS
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask
+from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    task: BFCLTask
+    task: Task
     group: int  # index of the rollout's group in the step
     reward_token: bool | None = None  # True high, False low, None: no token (GRPO, or literal eval prompts)
 
@@ -102,7 +104,7 @@ class Trajectory:
 class _Live:
     order: int
     spec: RolloutSpec
-    env: Any
+    env: Env
     messages: list[Message]
     tools: list[dict]
     seq: Tokenized
@@ -117,14 +119,13 @@ def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
 
 
 class RolloutEngine:
-    def __init__(self, generator: Generator, renderer: ChatRenderer, suite: BFCLSuite, env_config: BFCLEnvConfig,
-                 sampling: SamplingParams, *, max_turns: int = 20, max_total_tokens: int = 4096,
-                 reward_goal: RewardGoal | None = None, tokenizer=None):
+    def __init__(self, generator: Generator, renderer: ChatRenderer, envs: EnvOpener, sampling: SamplingParams, *,
+                 max_turns: int = 20, max_total_tokens: int = 4096, reward_goal: RewardGoal | None = None,
+                 tokenizer=None):
         self.generator = generator
         self.renderer = renderer
         self.tokenizer = tokenizer or renderer.tokenizer
-        self.suite = suite
-        self.env_config = env_config
+        self.envs = envs
         self.sampling = SamplingParams(**{**sampling.__dict__, "stop_token_ids": tuple(renderer.stop_ids)})
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
@@ -132,15 +133,14 @@ class RolloutEngine:
         self.parse = PARSERS[renderer.fmt]
         self.timings: dict[str, float] = {}
 
-    def opening(self, task: BFCLTask, reward_token: bool | None):
+    def opening(self, task: Task, reward_token: bool | None):
         """(env, opening messages with the rollout's reward goal, tools offered) of a new rollout of ``task``."""
-        env = self.env_config.make_env()
-        messages = env.reset(task, gold=self.suite.gold(task))
+        env, messages = self.envs.open(task)
         if reward_token is not None:
             messages = self.reward_goal.apply(messages, reward_token)
         return env, messages, env.tools
 
-    def prompt_ids(self, task: BFCLTask, reward_token: bool | None) -> list[int]:
+    def prompt_ids(self, task: Task, reward_token: bool | None) -> list[int]:
         """The token ids a rollout of ``task`` starts generating from (generation prompt included)."""
         _, messages, tools = self.opening(task, reward_token)
         return self.renderer.render(messages, tools, add_generation_prompt=True).ids

@@ -23,7 +23,7 @@ def start_banner(cfg: Any, *, recipe: str | None, parameters: int, data: str, st
     name = recipe or "(a config given in code)"
     start = f"resumes from {checkpoint} (step {start_step})" if checkpoint is not None else "fresh start"
     lines = [f"recipe  {name}: stage {cfg.stage}, policy backend {cfg.policy.backend}"
-             + (f", generation {cfg.generation.backend}" if cfg.stage not in ("sft", "rctp") else ""),
+             + (f", generation {cfg.generation.backend}" if cfg.is_rl else ""),
              f"model   {cfg.model.path}: {parameters / 1e6:.1f}M parameters, {cfg.model.dtype}, "
              f"chat format {cfg.chat.format}, reward tokens {cfg.model.reward_tokens}",
              f"data    {data}",

@@ -6,7 +6,8 @@ the way it was trained (``reward_token=auto``).
     {"stage": "rcgrpo", "reward_conditioned": true, "reward_tokens": {"high": ..., "low": ...},
      "init": "runs/rctp_qwen7b/hf", "init_stage": "rctp"}
 
-``reward_conditioned`` is true for RCTP-FT and RC-GRPO and for any model trained from one (an RC-GRPO init's
+``reward_conditioned`` is true for a conditioned stage (RCTP-FT, RC-GRPO: `nemo_rcgrpo/stages.py`) and for any
+model trained from one (an RC-GRPO init's
 GRPO run keeps the conditioning it learnt); stage 1 adds the reward tokens to every model, so their presence in
 the vocabulary says nothing about it.
 """
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 RECORD_FILE = "nemo_rcgrpo_training.json"
-CONDITIONED_STAGES = ("rctp", "rcgrpo")
 
 
 def read_record(folder: str | Path) -> dict[str, Any] | None:
@@ -33,11 +33,12 @@ def read_record(folder: str | Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def training_record(stage: str, init: str, high: str, low: str) -> dict[str, Any]:
-    """The record of a model trained by ``stage`` from the model at ``init``."""
+def training_record(stage: str, init: str, high: str, low: str, *, conditioned: bool) -> dict[str, Any]:
+    """The record of a model trained by ``stage`` from the model at ``init``; ``conditioned``: the stage trains on
+    reward tokens (its registered ``Stage.conditioned``)."""
     parent = read_record(init)
     derived = bool(parent and parent.get("reward_conditioned"))
-    return {"stage": stage, "reward_conditioned": stage in CONDITIONED_STAGES or derived,
+    return {"stage": stage, "reward_conditioned": conditioned or derived,
             "reward_tokens": {"high": high, "low": low}, "init": init,
             "init_stage": parent.get("stage") if parent else None}
 

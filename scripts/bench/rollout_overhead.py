@@ -80,7 +80,7 @@ def main() -> int:
     renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
     suite = BFCLSuite(["base"])
     gen = Recording(HFGenerator(model, tokenizer.pad_token_id or tokenizer.eos_token_id))
-    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
+    engine = RolloutEngine(gen, renderer, BFCLEnvConfig(mode="merged").opener(suite),
                            SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
                            max_turns=args.max_turns, max_total_tokens=4096)
     specs = [RolloutSpec(suite[t], g, j % 2 == 0) for g, t in enumerate(args.tasks) for j in range(args.group_size)]

@@ -67,7 +67,7 @@ def main() -> int:
     hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
 
     def engine(gen):
-        return RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"),
+        return RolloutEngine(gen, renderer, BFCLEnvConfig(mode="merged").opener(suite),
                              SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
                              max_turns=args.max_turns, max_total_tokens=4096)
 

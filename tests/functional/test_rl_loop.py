@@ -294,7 +294,39 @@ def test_a_users_advantage_baseline_loaded_by_name(data_dir, tmp_path, monkeypat
             differs += expected != pytest.approx(hand_advantages(r.tolist()), abs=1e-6)
         assert differs  # the plugin's baseline is not the mean one on these rewards
     finally:
-        registry.table("advantage_baseline").pop("median_example", None)
-        registry.table("kl_estimator").pop("zero_example", None)
-        registry._loaded.discard("rc_plugin_example")
-        sys.modules.pop("rc_plugin_example", None)
+        _unload_example_plugin()
+
+
+def _unload_example_plugin():
+    import nemo_rcgrpo.registry as registry
+
+    registry.table("advantage_baseline").pop("median_example", None)
+    registry.table("kl_estimator").pop("zero_example", None)
+    registry.table("stage").pop("rcgrpo_no_all_fail_example", None)
+    registry._loaded.discard("rc_plugin_example")
+    sys.modules.pop("rc_plugin_example", None)
+
+
+def test_a_users_stage_loaded_by_name(data_dir, tmp_path, monkeypatch):
+    """A registered stage of the RL loop (plugins=[module]): it conditions on reward tokens (conditioned=True) and
+    trains only on the groups its keep_group keeps (here: not all failed), with replacements rolled out; the
+    models it trains are recorded as reward-conditioned. A wrong stage name is one line listing the stages."""
+    from nemo_rcgrpo.utils.provenance import read_record
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
+    try:
+        args = _args(data_dir, tmp_path / "s", "plugins=[rc_plugin_example]", "stage=rcgrpo_no_all_fail_example",
+                     "rl.dapo_max_rounds=4", "trainer.max_steps=2", "trainer.export_hf=true",
+                     "generation.scripted.success_high=0.3", "generation.scripted.success_low=0.0")
+        assert main(args) == 0  # P(a group fails in all 4 rollouts) = 0.7^2 = 0.49
+        metrics = read_metrics(tmp_path / "s")
+        assert sum(m["dropped_groups"] for m in metrics) > 0  # the user's filter acted
+        for step, m in enumerate(metrics, start=1):
+            records = _dump(tmp_path / "s", step)
+            assert sorted({r["reward_token"] for r in records}) == ["high", "low"]  # conditioned: tokens drawn
+            assert all(any(r["reward"] > 0 for r in records if r["group"] == g) for g in range(int(m["groups"])))
+            assert m["groups"] == 2.0 and m["sampled_groups"] == m["groups"] + m["dropped_groups"]
+        assert read_record(tmp_path / "s" / "hf")["reward_conditioned"] is True
+    finally:
+        _unload_example_plugin()
+    assert main(_args(data_dir, tmp_path / "t", "stage=rcgrpo_no_all_fail_example")) == 2  # not loaded: refused

@@ -14,7 +14,8 @@ def test_hf_generator_rollouts_are_consistent_and_seeded(suite):
     tok, model = load_tokenizer("tiny-llama"), load_model("tiny-llama")
     add_reward_tokens(tok, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tok, "hermes", tool_description="compact")
-    engine = RolloutEngine(HFGenerator(model, tok.eos_token_id), renderer, suite, BFCLEnvConfig(mode="merged"),
+    engine = RolloutEngine(HFGenerator(model, tok.eos_token_id), renderer,
+                           BFCLEnvConfig(mode="merged").opener(suite),
                            SamplingParams(max_new_tokens=24, temperature=1.0), max_turns=2, max_total_tokens=2048)
     specs = [RolloutSpec(suite[t], g, tk) for g, t in enumerate(["multi_turn_base_0", "multi_turn_miss_func_2"])
              for tk in (True, False)]
@@ -183,3 +184,16 @@ def test_unseeded_sampling_follows_torch_global_seed():
         torch.manual_seed(123)
         runs.append([c.token_ids for c in gen.generate(prompt, SamplingParams(max_new_tokens=6))])
     assert runs[0] == runs[1] and len({tuple(r) for r in runs[0]}) > 1  # reproducible, and the rows differ
+
+
+def test_non_finite_scores_are_a_clear_error_not_a_token():
+    import pytest
+    import torch
+
+    tok, model = load_tokenizer("tiny-llama"), load_model("tiny-llama")
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    for temperature in (0.0, 1.0):
+        with pytest.raises(RuntimeError, match="not finite"):
+            HFGenerator(model, tok.eos_token_id).generate([[5, 6, 7]], SamplingParams(max_new_tokens=2,
+                                                                                      temperature=temperature))

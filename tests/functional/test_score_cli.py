@@ -118,3 +118,22 @@ def test_output_is_bounded_per_line_and_written_atomically(tmp_path):
         pass
     assert not out.exists()  # never a truncated OUT
     assert len((tmp_path / "killed.jsonl.partial").read_text().splitlines()) == 1  # what was scored is kept
+
+
+def test_score_takes_the_tasks_of_another_task_source(tmp_path, capsys, one_folder_plugin):
+    """--task-source picks a registered source's tasks (a plugin's with --plugins); the table reads categories
+    from the tasks, not from BFCL's id pattern; a source not registered is one line, exit 2."""
+    assert main(["score", "--ground-truth", "--task-source", "bfcl_micro", "--summary", "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "| base | 1320 | 100.00 | 100.00 |" in table and "other" not in table
+    _write(tmp_path / "in.jsonl", [json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='reports')"]]}),
+                                   json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='report')"]]})])
+    assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet",
+                 "--task-source", "one_folder", "--plugins", "one_folder_tasks"]) == 0
+    out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["category"], r["reward"]) for r in out] == [("one_0", "base", 1.0),
+                                                                      ("one_0", "base", 0.0)]
+    capsys.readouterr()
+    assert main(["score", "--ground-truth", "--task-source", "nope", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: task_source='nope': registered: ['bfcl', 'bfcl_micro', "
+                                               "'one_folder'] (a plugin's source needs plugins=[its module])")

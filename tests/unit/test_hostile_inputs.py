@@ -75,7 +75,7 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
     hostile = SURROGATES[0][0]
     good = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
     gen = FixedGenerator(renderer, [(markers[0], hostile), (markers[1], good)])
-    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode="merged"), SamplingParams(max_new_tokens=64),
+    engine = RolloutEngine(gen, renderer, BFCLEnvConfig(mode="merged").opener(suite), SamplingParams(max_new_tokens=64),
                            max_turns=2)
     trajs = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
     assert [t.error for t in trajs] == [None, None]  # surrogates are now plain escape text

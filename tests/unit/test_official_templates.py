@@ -180,8 +180,8 @@ def test_llama3_json_rollouts_refuse_parallel_calls(suite):
         def update_weights(self, weights, version):
             pass
 
-    engine = RolloutEngine(Two(), renderer, suite, BFCLEnvConfig(mode="merged"), SamplingParams(max_new_tokens=64),
-                           max_turns=1)
+    engine = RolloutEngine(Two(), renderer, BFCLEnvConfig(mode="merged").opener(suite),
+                           SamplingParams(max_new_tokens=64), max_turns=1)
     (traj,) = engine.rollout([RolloutSpec(suite["multi_turn_base_0"], 0)])
     assert traj.calls[0] == [{"error": traj.calls[0][0]["error"], "raw": traj.calls[0][0]["raw"]}]
     assert "one tool call per assistant message" in traj.calls[0][0]["error"] and traj.reward == 0.0

@@ -2,6 +2,7 @@
 
 import pytest
 
+from nemo_rcgrpo.stages import stage_of
 from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record, training_record, write_record
 
 
@@ -13,8 +14,9 @@ from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_re
 def test_conditioning_by_stage_and_init(tmp_path, stage, init_stage, conditioned):
     init = tmp_path / "init"
     if init_stage:
-        write_record(init, training_record(init_stage, "smollm2", "<|h|>", "<|l|>"))
-    record = training_record(stage, str(init), "<|h|>", "<|l|>")
+        write_record(init, training_record(init_stage, "smollm2", "<|h|>", "<|l|>",
+                                           conditioned=stage_of(init_stage).conditioned))
+    record = training_record(stage, str(init), "<|h|>", "<|l|>", conditioned=stage_of(stage).conditioned)
     assert record["reward_conditioned"] is conditioned and record["init_stage"] == init_stage
     assert record["reward_tokens"] == {"high": "<|h|>", "low": "<|l|>"}
     write_record(tmp_path / "out", record)

@@ -39,6 +39,7 @@ def test_every_kind_has_its_shipped_entries():
     assert names("kl_estimator")[:3] == ("k1", "k2", "k3") and names("generator")[:3] == ("hf", "vllm", "scripted")
     assert set(names("failure")) >= {"wrong_tool", "wrong_param", "premature_termination"}
     assert names("task_source")[:2] == ("bfcl", "bfcl_micro")
+    assert names("stage")[:5] == ("sft", "rctp", "grpo", "rcgrpo", "dapo_filter")
     assert set(KINDS) == {line.split(" (")[0] for line in describe().splitlines()}
 
 
@@ -136,3 +137,29 @@ def test_rcgrpo_plugins_lists_a_users_names():
     bad = subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[nope_example]"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope_example" in bad.stderr
+
+
+def test_stages_are_registered_entries_checked_where_they_are_made():
+    from nemo_rcgrpo.stages import Stage, has_variance, stage_of
+
+    assert [(n, stage_of(n).loop, stage_of(n).conditioned) for n in ("sft", "rctp", "grpo", "rcgrpo")] == [
+        ("sft", "stage1", False), ("rctp", "stage1", True), ("grpo", "rl", False), ("rcgrpo", "rl", True)]
+    assert stage_of("rctp").data_file == "rctp.jsonl" and stage_of("dapo_filter").keep_group is has_variance
+    assert has_variance([0.0, 1.0]) and not has_variance([1.0, 1.0, 1.0])
+    for bad, message in ((dict(loop="ppo"), "the loops are"), (dict(loop="stage1"), "names its data_file"),
+                         (dict(loop="stage1", data_file="x.jsonl", keep_group=has_variance), "no keep_group"),
+                         (dict(loop="rl", data_file="x.jsonl"), "RL task pointers")):
+        with pytest.raises(ValueError, match=message):
+            Stage(**bad)
+    register("stage", "test_not_a_stage")(lambda: None)
+    with pytest.raises(ValueError, match="not a Stage"):
+        stage_of("test_not_a_stage")
+    with pytest.raises(ValueError, match=r"stage='nope': no stage of that name; registered: \['sft', 'rctp'"):
+        stage_of("nope")
+    register("stage", "test_rl")(Stage("rl", conditioned=True))
+    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=test_rl"]))
+    assert cfg.is_rl and cfg.stage_spec.conditioned
+    with pytest.raises(ConfigError, match="conditions on reward tokens"):
+        TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=test_rl", "model.reward_tokens=none"]))
+    with pytest.raises(ConfigError, match=r"stage='nope': choose one of \['sft', 'rctp', 'grpo'"):
+        TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=nope"]))

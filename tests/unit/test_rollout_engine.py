@@ -56,7 +56,7 @@ def _hermes_calls(calls):
 def _engine(renderer, suite, scripts, mode="merged", **kw):
     header = renderer.generation_prompt_ids()
     gen = ScriptedGenerator(renderer, scripts, header)
-    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(mode=mode), SamplingParams(max_new_tokens=512),
+    engine = RolloutEngine(gen, renderer, BFCLEnvConfig(mode=mode).opener(suite), SamplingParams(max_new_tokens=512),
                            **kw)
     return engine, gen
 
@@ -130,3 +130,90 @@ def test_per_turn_rollout_walks_the_user_turns(suite, renderer):
     rendered = renderer.render(played.messages, played.tools)
     tail = renderer.after_stop_ids()
     assert traj.token_ids == rendered.ids[: -len(tail)] and traj.loss_mask == rendered.mask[: -len(tail)]
+
+
+def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
+    """The seam of `envs/interfaces.py`: an opener whose ``open(task)`` gives a toy key-value environment (no BFCL
+    type anywhere) drives the engine end to end: tool calls parsed and answered, an unknown tool an error
+    observation, the reward the environment's own. BFCL's environment satisfies the same Protocol."""
+    from dataclasses import dataclass, field
+
+    from nemo_rcgrpo.envs.interfaces import Env
+    from nemo_rcgrpo.types import Observation, OfficialVerdict, RewardInfo, ToolCall
+
+    @dataclass(frozen=True)
+    class KVTask:
+        id: str
+        category: str
+        key: str
+        value: str
+
+    @dataclass
+    class Result:
+        observations: list
+        messages: list
+        tools_changed: bool = False
+
+    @dataclass
+    class KVEnv:
+        task: KVTask
+        store: dict = field(default_factory=dict)
+        done: bool = False
+        truncated: str | None = None
+
+        @property
+        def tools(self):
+            return [{"type": "function", "function": {
+                "name": "put", "description": "store a value under a key",
+                "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "string"}},
+                               "required": ["key", "value"]}}}]
+
+        def step(self, calls):
+            obs, msgs = [], []
+            for i, c in enumerate(calls):
+                if isinstance(c, ToolCall) and c.name == "put" and set(c.kwargs) == {"key", "value"}:
+                    self.store[c.kwargs["key"]] = c.kwargs["value"]
+                    o = Observation("ok", True, "put")
+                elif isinstance(c, ToolCall) and c.name == "done":
+                    self.done = True
+                    continue
+                else:
+                    o = Observation(f"error: no such call {getattr(c, 'name', c)!r}", False)
+                obs.append(o)
+                msgs.append({"role": "tool", "content": o.content, "tool_call_id": f"c{i}"})
+            if not calls:
+                self.done = True
+            return Result(obs, msgs)
+
+        def truncate(self, reason):
+            self.done, self.truncated = True, reason
+
+        def reward(self):
+            ok = self.truncated is None and self.store.get(self.task.key) == self.task.value
+            return RewardInfo(float(ok), ok, ok, {"store": dict(self.store)})
+
+        def official_verdict(self):
+            return OfficialVerdict(valid=self.reward().value == 1.0)
+
+    class KVOpener:
+        def open(self, task):
+            env = KVEnv(task)
+            return env, [{"role": "user", "content": f"Store {task.value} under {task.key}. [{task.id}]"}]
+
+    tasks = [KVTask("kv_0", "kv", "colour", "blue"), KVTask("kv_1", "kv", "shape", "round")]
+    scripts = {
+        "kv_0": {"marker": renderer.encode_text("[kv_0]", user_text=True)[1:4], "turns": [
+            '<tool_call>\n{"name": "put", "arguments": {"key": "colour", "value": "blue"}}\n</tool_call>',
+            '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>']},
+        "kv_1": {"marker": renderer.encode_text("[kv_1]", user_text=True)[1:4], "turns": [
+            '<tool_call>\n{"name": "rm", "arguments": {"key": "shape"}}\n</tool_call>', "I cannot."]},
+    }
+    gen = ScriptedGenerator(renderer, scripts, renderer.generation_prompt_ids())
+    engine = RolloutEngine(gen, renderer, KVOpener(), SamplingParams(max_new_tokens=128), max_turns=4)
+    first, second = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
+    assert (first.task_id, first.category, first.reward, first.num_turns) == ("kv_0", "kv", 1.0, 2)
+    assert first.observations[0] == ["ok"] and first.official_valid is True
+    assert second.reward == 0.0 and second.tool_errors == 1 and second.observations[0][0].startswith("error")
+    assert isinstance(KVEnv(tasks[0]), Env)
+    bfcl_env, messages = BFCLEnvConfig().opener(suite).open(suite["multi_turn_base_0"])
+    assert isinstance(bfcl_env, Env) and messages[-1]["role"] == "user"

@@ -30,7 +30,7 @@ def base_suite():
 
 def _engine(renderer, suite, **kw):  # the suite the generator knows
     gen = ScriptedGenerator(renderer, suite, **kw)
-    engine = RolloutEngine(gen, renderer, suite, BFCLEnvConfig(categories=("base",)),
+    engine = RolloutEngine(gen, renderer, BFCLEnvConfig(categories=("base",)).opener(suite),
                            SamplingParams(max_new_tokens=2048), max_turns=12, max_total_tokens=8192,
                            reward_goal=RewardGoal())
     return gen, engine

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+from nemo_rcgrpo.types import Message
 from nemo_rcgrpo.utils.config import ConfigError
 
 
@@ -66,6 +67,21 @@ class BFCLEnvConfig:
             holdout_tools_in_message=self.holdout_tools_in_message,
             max_observation_chars=self.max_observation_chars,
         )
+
+    def opener(self, suite: BFCLSuite) -> "BFCLOpener":
+        """What the rollout engine opens its environments with (`envs/interfaces.py: EnvOpener`)."""
+        return BFCLOpener(self, suite)
+
+
+class BFCLOpener:
+    """``open(task)``: a new `BFCLEnv` of these settings, reset on ``task`` with the suite's memoised gold replay."""
+
+    def __init__(self, config: BFCLEnvConfig, suite: BFCLSuite):
+        self.config, self.suite = config, suite
+
+    def open(self, task: BFCLTask) -> tuple[BFCLEnv, list[Message]]:
+        env = self.config.make_env()
+        return env, env.reset(task, gold=self.suite.gold(task))
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask, ToolDoc
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask, ToolDoc
 
 SEED = 20261202
 NUM_TRAIN, NUM_TEST = 1200, 120
@@ -140,13 +139,8 @@ KINDS: tuple[_Kind, ...] = (
 class MicroSuite(BFCLSuite):
     """The ``bfcl_micro`` tasks, with the suite interface of `BFCLSuite` (tasks, gold replays, split)."""
 
-    def __init__(self, categories: Iterable[str] = CATEGORIES, data_dir: Path | None = None):
-        from nemo_rcgrpo.envs.bfcl.tasks import bfcl_data_dir
-
-        self.data_dir = Path(data_dir) if data_dir else bfcl_data_dir()
-        self.docs = self._load_docs()
-        self.tasks = {} if "base" not in set(categories) else {t.id: t for t in generate(self.docs)}
-        self._gold = {}
+    def _make_tasks(self, categories: tuple[str, ...]) -> list[BFCLTask]:
+        return generate(self.docs) if "base" in categories else []  # every micro task is a base task
 
     def split(self, seed: int, test_fraction: float = 0.1):
         """The family's own split (ids below NUM_TRAIN train, the rest held out), whatever the seed and fraction."""

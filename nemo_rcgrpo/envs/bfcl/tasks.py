@@ -178,19 +178,24 @@ def _holdout_schedule(entry: dict[str, Any], ground_truth: list[list[str]]) -> d
 
 
 class BFCLSuite:
-    """All multi-turn tasks of the installed bfcl-eval, plus memoised gold replays."""
+    """All multi-turn tasks of the installed bfcl-eval, plus memoised gold replays.
+
+    A task family of its own on BFCL's classes subclasses it and overrides ``_make_tasks`` (and ``split`` if it
+    has a fixed held-out set): the tool docs, the gold replays and the split come with it (`envs/bfcl/micro.py`).
+    """
 
     def __init__(self, categories: Iterable[str] = CATEGORIES, data_dir: Path | None = None):
         self.data_dir = Path(data_dir) if data_dir else bfcl_data_dir()
         unknown = set(categories) - set(CATEGORIES)
         if unknown:
             raise ValueError(f"unknown BFCL multi-turn categories {sorted(unknown)}; choose from {CATEGORIES}")
-        self.docs = self._load_docs()
-        self.tasks: dict[str, BFCLTask] = {}
-        for category in categories:
-            for task in self._load_category(category):
-                self.tasks[task.id] = task
         self._gold: dict[str, GoldReplay] = {}
+        self.docs = self._load_docs()
+        self.tasks: dict[str, BFCLTask] = {t.id: t for t in self._make_tasks(tuple(categories))}
+
+    def _make_tasks(self, categories: tuple[str, ...]) -> list[BFCLTask]:
+        """The tasks of ``categories`` (BFCL's, checked; ``self.docs`` is loaded): those of BFCL v4 multi-turn."""
+        return [task for category in categories for task in self._load_category(category)]
 
     def _load_docs(self) -> dict[str, tuple[ToolDoc, ...]]:
         docs = {}

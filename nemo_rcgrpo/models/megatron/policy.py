@@ -127,7 +127,7 @@ class MegatronPolicy:
         self.optimizer_step = 0
         # rank 0 keeps an HF copy for exports and rollouts; the in-process generator decodes on this rank's device
         self.hf_model = hf_model if dist.is_main else None
-        if self.hf_model is not None and cfg.generation.backend == "hf" and cfg.stage in ("grpo", "rcgrpo", "dapo_filter"):
+        if self.hf_model is not None and cfg.generation.backend == "hf" and cfg.is_rl:
             self.hf_model.to(self.device)
         if not dist.is_main:
             del hf_model

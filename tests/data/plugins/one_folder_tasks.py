@@ -24,28 +24,24 @@ FILES = ("todo", "summary", "plan", "ideas", "data", "notes", "agenda", "list")
 
 
 class OneFolderSuite(BFCLSuite):
-    def __init__(self, categories=("base",)):
-        from nemo_rcgrpo.envs.bfcl.tasks import bfcl_data_dir
-
-        self.data_dir = bfcl_data_dir()
-        self.docs = self._load_docs()
-        self._gold = {}
+    def _make_tasks(self, categories):
+        if "base" not in categories:
+            return []
         by_name = {d.name: d for d in self.docs["GorillaFileSystem"]}
         rng = random.Random(0)
-        self.tasks = {}
+        tasks = []
         for n in range(TRAIN + HELD_OUT):
             pool = FILES[:5] if n < TRAIN else FILES[5:]
             files = {f + ".txt": {"type": "file", "content": ""} for f in rng.sample(pool, 2)}
             text = WORDINGS[n % 3]
-            self.tasks[f"one_{n}"] = BFCLTask(
+            tasks.append(BFCLTask(
                 id=f"one_{n}", category="base",
                 turns=((MappingProxyType({"role": "user", "content": text}),),),
                 ground_truth=(("mkdir(dir_name='reports')",),),
                 initial_config=MappingProxyType({"GorillaFileSystem": {
                     "root": {"workspace": {"type": "directory", "contents": files}}}}),
-                involved_classes=("GorillaFileSystem",), tools=tuple(by_name[t] for t in FS_TOOLS))
-        if "base" not in set(categories):
-            self.tasks = {}
+                involved_classes=("GorillaFileSystem",), tools=tuple(by_name[t] for t in FS_TOOLS)))
+        return tasks
 
     def split(self, seed, test_fraction=0.1):
         return Split(0, HELD_OUT / (TRAIN + HELD_OUT), tuple(range(TRAIN)), tuple(range(TRAIN, TRAIN + HELD_OUT)))
@@ -53,4 +49,4 @@ class OneFolderSuite(BFCLSuite):
 
 @register("task_source", "one_folder")
 def one_folder(categories):
-    return OneFolderSuite(tuple(categories))
+    return OneFolderSuite(categories)

@@ -1,0 +1,49 @@
+"""The seam between the rollout engine and an environment, as Protocols (shapes in the docstrings).
+
+The engine (`rollout/multi_turn.py`) names none of BFCL's types. It gets an ``EnvOpener``, whose ``open(task)``
+returns a fresh environment already reset on the task, and the opening messages. Whatever the environment needs
+for that, such as BFCL's memoised gold replays, stays on its side of the seam. The BFCL implementation is
+`envs/bfcl/config.py: BFCLOpener`, made by ``BFCLEnvConfig.opener(suite)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
+
+
+class Task(Protocol):
+    id: str  # unique within its task source
+    category: str  # what the per-category metrics are keyed on
+
+
+class StepResult(Protocol):
+    observations: Sequence[Observation]  # one per call of the step but ``done``, in order (ok False: an error)
+    messages: list[Message]  # what the conversation gets next: tool results, then the next user turn if any
+    tools_changed: bool  # True when ``Env.tools`` changed (a held-out function revealed): the engine re-reads it
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One rollout's environment. Model output is untrusted: ``step`` turns a malformed or forbidden call into an
+    error observation and never raises for one. Besides ``tools`` the engine's parser knows one call more,
+    ``done`` (no arguments): the model says it has finished, and ``step`` ends the episode."""
+
+    done: bool  # the episode is over (``reward`` may be read)
+    truncated: str | None  # why it was cut short (reward 0), or None
+
+    @property
+    def tools(self) -> list[dict[str, Any]]: ...  # the OpenAI tool schemas offered now
+
+    def step(self, calls: Sequence[ToolCall | ToolCallError]) -> StepResult: ...  # one assistant message's calls
+
+    def truncate(self, reason: str) -> None: ...  # end the episode now, reward 0
+
+    def reward(self) -> RewardInfo: ...  # value in [0, 1] with state_ok, actions_ok and details
+
+    def official_verdict(self) -> OfficialVerdict | None: ...  # an external checker's verdict, where there is one
+
+
+class EnvOpener(Protocol):
+    def open(self, task: Any) -> tuple[Env, list[Message]]: ...  # a fresh env reset on task; its opening messages
