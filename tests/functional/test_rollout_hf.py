@@ -61,6 +61,17 @@ def test_sampled_logprobs_match_the_processed_distribution():
             assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4), (temperature, top_p)
 
 
+def _with_passes(model, run):
+    """(run's result, the [rows, tokens] of each forward pass the model got meanwhile)."""
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        return run(), shapes
+    finally:
+        hook.remove()
+
+
 def test_group_prompts_prefilled_once_generate_what_unshared_prefills_do():
     """Identical prompts of one call share one prefill (their KV cache copied): the same tokens, greedy and
     sampled with a seed, and the same logprobs up to rounding, as when every prompt is prefilled."""
@@ -74,24 +85,12 @@ def test_group_prompts_prefilled_once_generate_what_unshared_prefills_do():
         for temperature in (0.0, 1.0):
             params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=5)
             shared, alone = HFGenerator(model, tok.eos_token_id), HFGenerator(model, tok.eos_token_id, share_prefixes=False)
-            widths = []  # the [rows, tokens] each forward pass of the model gets
-            hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)),
-                                                   with_kwargs=True)
-            try:
-                x = shared.generate(prompts, params)
-            finally:
-                hook.remove()
+            x, widths = _with_passes(model, lambda: shared.generate(prompts, params))
             # one prefill of the 3 distinct prompts, then decoding from the copied cache: one token per row
             # (an ignored cache would prefill all 7 rows again); rows that stop leave the batch
             assert widths[0] == (3, 45) and widths[1] == (7, 1), widths[:3]
             assert all(w[1] == 1 and w[0] <= 7 for w in widths[1:]) and len(widths) <= 10, widths
-            widths.clear()
-            hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)),
-                                                   with_kwargs=True)
-            try:
-                y = alone.generate(prompts, params)
-            finally:
-                hook.remove()
+            y, widths = _with_passes(model, lambda: alone.generate(prompts, params))
             assert widths[0] == (7, 45), widths[:2]
             assert [c.token_ids for c in x] == [c.token_ids for c in y], (name, temperature)
             assert max(abs(p - q) for c, d in zip(x, y) for p, q in zip(c.logprobs, d.logprobs)) <= 1e-5
@@ -155,14 +154,9 @@ def test_rows_that_stop_leave_the_batch_and_the_rest_decode_as_before():
     for temperature in (0.0, 1.0):
         free = gen.generate(prompts, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3))
         stop = free[1].token_ids[2]  # row 1 stops after 3 tokens
-        rows = []
-        hook = model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
-                                               with_kwargs=True)
-        try:
-            cut = gen.generate(prompts, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3,
-                                                       stop_token_ids=(stop,)))
-        finally:
-            hook.remove()
+        cut, passes = _with_passes(model, lambda: gen.generate(prompts, SamplingParams(
+            max_new_tokens=12, temperature=temperature, seed=3, stop_token_ids=(stop,))))
+        rows = [w[0] for w in passes]
         stopped = 0
         for f, c in zip(free, cut):
             n = f.token_ids.index(stop) + 1 if stop in f.token_ids else len(f.token_ids)
