@@ -4,7 +4,7 @@ Every number comes from the project's own commands (`rcgrpo prepare-data`, `rcgr
 as a user would run them; this script only runs them, reads their outputs and writes the report:
 
   data    rcgrpo prepare-data task_source=bfcl_micro (1200 train / 120 held-out tasks, experts + failures)
-  stage 1 micro_sft and micro_rctp: small-llama (random init, SmolLM2 tokenizer) trained from scratch
+  stage 1 micro_sft and micro_rctp: tiny-llama (random init, SmolLM2 tokenizer) trained from scratch
   E1      the RCTP-FT model on the held-out tasks under the high and the low token (sampled, temperature 1):
           mu_h, mu_l with 95% bootstrap intervals over tasks; the SFT model without a token beside them
   E2      the rollouts of the first stage-2 step only, >= 50 groups of G=5 on training tasks: SFT init + GRPO,
