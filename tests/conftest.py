@@ -74,6 +74,19 @@ def data_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def micro_data_dir(tmp_path_factory):
+    """Prepared data of the bfcl_micro tasks (short prompts on the real BFCL classes: 1-3 calls, compact tools),
+    for the RL tests whose subject is a backend rather than the BFCL v4 prompts (a few hundred tokens per
+    trajectory instead of about two thousand)."""
+    from nemo_rcgrpo.prepare_data import PrepareDataConfig, build
+
+    out = tmp_path_factory.mktemp("micro") / "data"
+    out.mkdir()
+    build(PrepareDataConfig(task_source="bfcl_micro", tokenizer=None, progress=False), out)
+    return out
+
+
 ONE_FOLDER_PLUGINS = Path(__file__).resolve().parent / "data" / "plugins"
 # what a run of the one_folder task source needs besides its recipe
 ONE_FOLDER = ["plugins=[one_folder_tasks]", "env.task_source=one_folder", "logging.progress=false",

@@ -80,16 +80,25 @@ class ScriptedGenerator:
             return merged_prompt(task)
         return "\n".join(m["content"] for m in task.turns[0])
 
-    def _task(self, text: str) -> BFCLTask:
+    def _tasks(self, text: str) -> list[BFCLTask]:
+        """The tasks whose first user message ``text`` holds (the longest match: one text may contain another)."""
         found = [opening for opening in self._opening if opening in text]
         if not found:
             raise ValueError("scripted generator: the prompt holds no known task's first user message "
                              "(are generation.scripted and env.categories / env.mode those of the run?)")
-        tasks = self._opening[max(found, key=len)]  # the longest match (one text may contain another)
-        if len(tasks) > 1:  # e.g. a base task and its long_context twin: same request, other initial state
-            raise ValueError(f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message, so "
-                             "a prompt cannot tell them apart; restrict env.categories (e.g. [base]) for scripted runs")
-        return tasks[0]
+        return self._opening[max(found, key=len)]
+
+    def _script_for(self, tasks: list[BFCLTask], success: bool, variant: int) -> tuple[BFCLTask, list[dict]]:
+        """The task to play and its plan. Tasks that open with the same request (e.g. a base task and its
+        long_context twin, or generated tasks that differ only in files the request does not touch) are
+        played alike when their plans are the same messages; otherwise the prompt cannot choose, and it is an
+        error."""
+        plans = [self._plan(t, success, variant) for t in tasks]
+        if any(p != plans[0] for p in plans[1:]):
+            raise ValueError(f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message "
+                             "but are played differently, so a prompt cannot tell them apart; restrict "
+                             "env.categories (e.g. [base]) for scripted runs")
+        return tasks[0], plans[0]
 
     def _plan(self, task: BFCLTask, success: bool, variant: int) -> list[dict[str, Any]]:
         key = (task.id, success, variant)
@@ -114,7 +123,7 @@ class ScriptedGenerator:
 
     def _start(self, prompt: list[int], seed: int | None, position: int) -> _Script:
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-        task = self._task(text)
+        tasks = self._tasks(text)
         if self.high_token in text:
             p = self.success_high
         elif self.low_token in text:
@@ -125,8 +134,9 @@ class ScriptedGenerator:
         rng = random.Random(int(digest[:16], 16))
         success = rng.random() < p
         variant = rng.randrange(4)  # a few different failures per task
+        task, plan = self._script_for(tasks, success, variant)
         self.played["success" if success else "failure"] += 1
-        return _Script(self._plan(task, success, variant), 0, success, task.id)
+        return _Script(plan, 0, success, task.id)
 
     # ------------------------------------------------------------------ generator interface
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

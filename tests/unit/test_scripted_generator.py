@@ -78,3 +78,18 @@ def test_bad_settings_and_unknown_prompts(renderer, suite, base_suite):
     _, engine = _engine(renderer, suite)
     with pytest.raises(ValueError, match=r"tasks \['multi_turn_base_20', 'multi_turn_miss_func_20', 'multi_turn_long_context_20'\] open with"):
         engine.rollout([RolloutSpec(suite["multi_turn_base_20"], 0, True)], seed=0)
+
+
+def test_twins_with_the_same_plan_are_played(renderer):
+    """bfcl_micro tasks that differ only in files the request does not touch open with the same message and are
+    played alike: each twin's rollouts score as its own ground truth and failure do, in its own environment."""
+    from nemo_rcgrpo.envs.bfcl.env import merged_prompt
+    from nemo_rcgrpo.envs.sources import make_suite
+
+    micro = make_suite("bfcl_micro", ["base"])
+    twins = [t for t in micro.tasks.values() if merged_prompt(t) == merged_prompt(micro["micro_0"])]
+    assert len(twins) > 2 and len({repr(t.initial_config) for t in twins}) > 1  # other initial states
+    gen, engine = _engine(renderer, micro, success_high=1.0, success_low=0.0)
+    specs = [RolloutSpec(t, g, token) for g, t in enumerate(twins) for token in (True, False)]
+    assert [t.reward for t in engine.rollout(specs, seed=5)] == [1.0, 0.0] * len(twins)
+    assert gen.played == {"success": len(twins), "failure": len(twins)}
