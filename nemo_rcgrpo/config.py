@@ -226,6 +226,59 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True)
+class PolicySetup:
+    """Everything the policy factories read, and nothing else: `load_tokenizer_and_model`, `make_renderer` and the
+    generator factories (`make_generator`, a plugin's ``@register("generator", ...)``) take this, the same for a
+    training run (``TrainConfig.policy_setup()``) and an evaluation (``EvalConfig.policy_setup(model_path)``)."""
+
+    model: ModelConfig = ModelConfig()
+    chat: ChatConfig = ChatConfig()
+    reward_tokens: RewardTokensConfig = RewardTokensConfig()
+    generation: GenerationConfig = GenerationConfig()
+    env: BFCLEnvConfig = BFCLEnvConfig()  # the tasks played (the scripted generator plays their ground truth)
+    run_dir: str = "runs/default"  # a started vLLM server keeps its weight folder under it
+    generation_gpus: int = 0  # layout.generation_gpus of a training job (the server's GPUs); 0 elsewhere
+
+    def validate(self) -> None:
+        _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
+        _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
+        _choice("chat.format", self.chat.format, FORMATS)
+        _choice("chat.renderer", self.chat.renderer, RENDERERS)
+        _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
+        _choice("generation.backend", self.generation.backend, names("generator"))
+        if self.generation.max_batch_size <= 0:
+            raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
+        if self.generation.backend == "vllm":
+            self._validate_vllm()
+        if self.generation.backend == "scripted":
+            self._validate_scripted()
+        if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
+            raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
+
+    def _validate_vllm(self) -> None:
+        v = self.generation.vllm
+        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
+        _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if v.url is not None and not str(v.url).startswith(("http://", "https://")):
+            raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
+        for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
+            if getattr(v, key) <= 0:
+                raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
+        if v.max_retries < 0 or not 0 <= v.port < 65536 or not 0 < v.gpu_memory_utilization <= 1:
+            raise ConfigError("generation.vllm: max_retries >= 0, 0 <= port < 65536, 0 < gpu_memory_utilization <= 1")
+        if v.max_model_len is not None and v.max_model_len <= 0:
+            raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
+
+    def _validate_scripted(self) -> None:
+        s = self.generation.scripted
+        _choice("generation.scripted.failure_type", s.failure_type, names("failure"))
+        for key in ("success_rate", "success_high", "success_low"):
+            value = getattr(s, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     stage: str = "sft"
     seed: int = 1234
@@ -256,6 +309,12 @@ class TrainConfig:
         """The registered stage ``stage`` names (`nemo_rcgrpo/stages.py`): its loop, conditioning, data, filter."""
         return stage_of(self.stage)
 
+    def policy_setup(self) -> PolicySetup:
+        """The sections the policy factories read (model, chat, reward tokens, generator, tasks, run folder)."""
+        return PolicySetup(model=self.model, chat=self.chat, reward_tokens=self.reward_tokens,
+                           generation=self.generation, env=self.env, run_dir=self.run_dir,
+                           generation_gpus=self.layout.generation_gpus)
+
     @property
     def is_rl(self) -> bool:
         return self.stage_spec.loop == "rl"
@@ -266,31 +325,18 @@ class TrainConfig:
 
     def validate(self) -> None:
         _choice("stage", self.stage, names("stage"))
-        _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
-        _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
-        _choice("chat.format", self.chat.format, FORMATS)
-        _choice("chat.renderer", self.chat.renderer, RENDERERS)
-        _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
+        self.policy_setup().validate()  # model, chat, reward tokens, generation
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
         _choice("policy.backend", self.policy.backend, ("torch", "megatron"))
         self._validate_megatron()
-        _choice("generation.backend", self.generation.backend, names("generator"))
-        if self.generation.max_batch_size <= 0:
-            raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
-        if self.generation.backend == "vllm":
-            self._validate_vllm()
-        if self.generation.backend == "scripted":
-            self._validate_scripted()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         if self.is_rl:
             self._validate_rl()
         if self.stage_spec.conditioned and self.model.reward_tokens == "none":
             raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
-        if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
-            raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
         t = self.trainer
         positive = {"trainer.lr": t.lr, "trainer.global_batch_size": t.global_batch_size,
                     "trainer.micro_batch_size": t.micro_batch_size, "trainer.epochs": t.epochs,
@@ -340,28 +386,6 @@ class TrainConfig:
                 setting = "spec=te" if m.spec == "te" else "sequence_parallel=true"
                 raise ConfigError(f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
                                   "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)")
-
-    def _validate_vllm(self) -> None:
-        v = self.generation.vllm
-        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
-        _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
-        if v.url is not None and not str(v.url).startswith(("http://", "https://")):
-            raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
-        for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
-            if getattr(v, key) <= 0:
-                raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
-        if v.max_retries < 0 or not 0 <= v.port < 65536 or not 0 < v.gpu_memory_utilization <= 1:
-            raise ConfigError("generation.vllm: max_retries >= 0, 0 <= port < 65536, 0 < gpu_memory_utilization <= 1")
-        if v.max_model_len is not None and v.max_model_len <= 0:
-            raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
-
-    def _validate_scripted(self) -> None:
-        s = self.generation.scripted
-        _choice("generation.scripted.failure_type", s.failure_type, names("failure"))
-        for key in ("success_rate", "success_high", "success_low"):
-            value = getattr(s, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
 
     def _validate_rl(self) -> None:
         rl = self.rl  # the choices of pluggable parts are the registry's names (a plugin's included)

@@ -138,7 +138,7 @@ def main() -> int:
             f"| model | expert: log p(.|high) - log p(.|low) | {pct}% CI | share > 0 "
             f"| failure: log p(.|low) - log p(.|high) | {pct}% CI | share > 0 |",
             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, m in (("before (SmolLM2 + mean-initialised tokens)", base), ("after RCTP-FT", trained)):
+    for name, m in ((f"before ({args.base} + mean-initialised tokens)", base), (f"after RCTP-FT ({args.model})", trained)):
         e, f = m["expert"], m["failure"]
         rows.append(f"| {name} | {e['mean']:+.3f} (n={e['n']}) | {ci(e)} | {e['positive_share']:.2f} "
                     f"| {f['mean']:+.3f} (n={f['n']}) | {ci(f)} | {f['positive_share']:.2f} |")

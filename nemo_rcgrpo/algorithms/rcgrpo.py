@@ -88,8 +88,9 @@ class RLTrainer:
         self.run_dir = Path(cfg.run_dir)
         seed_everything(cfg.seed)
         ensure_data(cfg, dist)
-        self.tokenizer, model = load_tokenizer_and_model(cfg)
-        self.renderer = make_renderer(cfg, self.tokenizer)
+        setup = cfg.policy_setup()
+        self.tokenizer, model = load_tokenizer_and_model(setup)
+        self.renderer = make_renderer(setup, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
         self.parameters = sum(p.numel() for p in model.parameters())
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
@@ -108,7 +109,7 @@ class RLTrainer:
         if not self.task_ids:
             raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
         rl = cfg.rl
-        self.generator = make_generator(cfg, self.policy.module, self.tokenizer) if dist.is_main else None
+        self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
         self.record["reward_goal"] = dataclasses.asdict(goal)

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
-from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.config import PolicySetup, TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
@@ -47,7 +47,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_tokenizer_and_model(cfg: TrainConfig):
+def load_tokenizer_and_model(cfg: PolicySetup):
     """Tokenizer + model with the format's control tokens and the reward tokens (if special)."""
     resolve_model_path(cfg.model.path)  # a missing model is reported as such, not as a missing tokenizer
     tokenizer = load_tokenizer(cfg.model.path)
@@ -63,7 +63,7 @@ def load_tokenizer_and_model(cfg: TrainConfig):
     return tokenizer, model
 
 
-def make_renderer(cfg: TrainConfig, tokenizer) -> ChatRenderer:
+def make_renderer(cfg: PolicySetup, tokenizer) -> ChatRenderer:
     return ChatRenderer(tokenizer, cfg.chat.format, tool_description=cfg.chat.tool_description,
                         renderer=cfg.chat.renderer, reward_tokens=(cfg.reward_tokens.high, cfg.reward_tokens.low),
                         literal_reward_tokens=cfg.model.reward_tokens != "special")
@@ -112,8 +112,9 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     seed_everything(cfg.seed)
     run_dir = Path(cfg.run_dir)
     data_path = ensure_data(cfg, dist)
-    tokenizer, model = load_tokenizer_and_model(cfg)
-    renderer = make_renderer(cfg, tokenizer)
+    setup = cfg.policy_setup()
+    tokenizer, model = load_tokenizer_and_model(setup)
+    renderer = make_renderer(setup, tokenizer)
     records = load_records(data_path, cfg.data.split)
     examples, data_stats = build_examples(records, renderer, cfg.chat.max_length, cfg.seed, cfg.data.max_examples)
     t = cfg.trainer

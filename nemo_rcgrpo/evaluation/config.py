@@ -6,8 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rcgrpo.config import (ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig, TrainConfig, _build,
+from nemo_rcgrpo.config import (ChatConfig, GenerationConfig, ModelConfig, PolicySetup, RewardTokensConfig, _build,
                                 _choice)
+from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
@@ -121,7 +122,7 @@ class EvalConfig:
         if self.policy == "checkpoint":
             if not self.checkpoint.path:
                 raise ConfigError("policy=checkpoint needs checkpoint.path (an HF folder, a model name or a run dir)")
-            self.train_config()  # validates model / chat / generation
+            self.policy_setup().validate()  # model / chat / reward tokens / generation
         if self.policy == "endpoint":
             e = self.endpoint
             if not e.model:
@@ -131,13 +132,16 @@ class EvalConfig:
             if e.timeout <= 0 or e.max_retries < 0 or e.backoff < 0 or e.concurrency < 1:
                 raise ConfigError("endpoint.timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1")
 
-    def train_config(self, model_path: str | None = None) -> TrainConfig:
-        """The settings a checkpoint policy shares with training (model loading, chat format, generator)."""
-        return TrainConfig.from_dict({
-            "stage": "sft", "seed": self.seed, "run_dir": str(self.out_dir),
-            "model": {**dataclasses.asdict(self.model), "path": model_path or self.checkpoint.path or "smollm2"},
-            "chat": dataclasses.asdict(self.chat), "generation": plain(dataclasses.asdict(self.generation)),
-            "reward_tokens": dataclasses.asdict(self.reward_tokens)})
+    def env_config(self) -> BFCLEnvConfig:
+        """The environment of the episodes: the task source, protocol's episode shape, categories and step limit."""
+        return BFCLEnvConfig(task_source=self.task_source, mode=self.mode, categories=tuple(self.categories),
+                             max_steps=self.max_steps)
+
+    def policy_setup(self, model_path: str | None = None) -> PolicySetup:
+        """What a checkpoint policy is built from, as in training: model loading, chat format, generator, tasks."""
+        return PolicySetup(model=dataclasses.replace(self.model, path=model_path or self.checkpoint.path or "smollm2"),
+                           chat=self.chat, reward_tokens=self.reward_tokens, generation=self.generation,
+                           env=self.env_config(), run_dir=str(self.out_dir))
 
     def to_dict(self) -> dict[str, Any]:
         return plain(dataclasses.asdict(self))  # api keys are never settings (only the variable's name)

@@ -158,10 +158,6 @@ def _record(cfg: EvalConfig, task: BFCLTask, sample: int, seed: int, reward_toke
     }
 
 
-def env_config(cfg: EvalConfig) -> BFCLEnvConfig:
-    return BFCLEnvConfig(mode=cfg.mode, categories=tuple(cfg.categories), max_steps=cfg.max_steps)
-
-
 class MessagePolicy:
     """oracle, null and endpoint: whole messages in and out, episodes run in a thread pool."""
 
@@ -171,7 +167,7 @@ class MessagePolicy:
     def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
             only: set[str] | None = None) -> list[dict]:
         """Episodes of ``task_ids`` (those in ``only``); episode seeds follow the position in ``task_ids``."""
-        env_cfg = env_config(self.cfg)
+        env_cfg = self.cfg.env_config()
         for t in task_ids:
             suite.gold(t)  # memoised before the threads start
 
@@ -246,9 +242,9 @@ class CheckpointPolicy:
         fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
         goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
                           **{k: v for k, v in saved.items() if k in fields})
-        tcfg = cfg.train_config(str(model_path))
+        setup = cfg.policy_setup(str(model_path))
         seed_everything(cfg.seed)
-        self.tokenizer, model = load_tokenizer_and_model(tcfg)
+        self.tokenizer, model = load_tokenizer_and_model(setup)
         if state is not None:
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected or [k for k in missing if "lm_head" not in k]:
@@ -257,11 +253,11 @@ class CheckpointPolicy:
         model.eval().requires_grad_(False)
         if torch.cuda.is_available():
             model = model.cuda()
-        self.generator = make_generator(tcfg, model, self.tokenizer)
+        self.generator = make_generator(setup, model, self.tokenizer)
         if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
             self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
-            self.generator, make_renderer(tcfg, self.tokenizer), env_config(cfg).opener(suite),
+            self.generator, make_renderer(setup, self.tokenizer), setup.env.opener(suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
             reward_goal=goal)

@@ -1,14 +1,22 @@
-"""Generators: token ids in, token ids and sampling logprobs out, chosen by ``generation.backend``."""
+"""Generators: token ids in, token ids and sampling logprobs out, chosen by ``generation.backend``.
+
+A factory is registered by name and called as ``factory(setup, model, tokenizer)``: ``setup`` is the run's
+`nemo_rcgrpo.config.PolicySetup` (model, chat, reward tokens, generation, env, run_dir), the same in training and
+in `rcgrpo eval`; ``model`` the HF policy module the generator may share or copy; ``tokenizer`` its tokenizer.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nemo_rcgrpo.registry import _TABLES, register
 
+if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and needs none of the config
+    from nemo_rcgrpo.config import PolicySetup
+
 
 @register("generator", "hf")
-def _hf(cfg: Any, model: Any, tokenizer: Any):
+def _hf(cfg: PolicySetup, model: Any, tokenizer: Any):
     from nemo_rcgrpo.generation.hf_local import HFGenerator
 
     return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size,
@@ -16,22 +24,26 @@ def _hf(cfg: Any, model: Any, tokenizer: Any):
 
 
 @register("generator", "vllm")
-def _vllm(cfg: Any, model: Any, tokenizer: Any):
+def _vllm(cfg: PolicySetup, model: Any, tokenizer: Any):
     from nemo_rcgrpo.generation.vllm_server import make_vllm_generator
 
     return make_vllm_generator(cfg, model, tokenizer)
 
 
 @register("generator", "scripted")
-def _scripted(cfg: Any, model: Any, tokenizer: Any):
+def _scripted(cfg: PolicySetup, model: Any, tokenizer: Any):
     from nemo_rcgrpo.generation.scripted import make_scripted_generator
 
     return make_scripted_generator(cfg, model, tokenizer)
 
 
-# name -> factory(train config, policy model, tokenizer) -> Generator: the registry's table
+# name -> factory(policy setup, policy model, tokenizer) -> Generator: the registry's table
 GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = _TABLES["generator"]
 
 
-def make_generator(cfg: Any, model: Any, tokenizer: Any):
-    return GENERATORS[cfg.generation.backend](cfg, model, tokenizer)
+def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
+    from nemo_rcgrpo.config import PolicySetup
+
+    if not isinstance(setup, PolicySetup):  # a whole TrainConfig is not a factory's input (cfg.policy_setup())
+        raise TypeError(f"make_generator takes a PolicySetup, not {type(setup).__name__}")
+    return GENERATORS[setup.generation.backend](setup, model, tokenizer)

@@ -497,11 +497,12 @@ class VLLMGenerator:
 
 
 def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
+    """The generator of ``generation=vllm`` from a `PolicySetup` (``cfg``): a started or an attached server."""
     v = cfg.generation.vllm
     weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
     tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
     return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
-                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=getattr(getattr(cfg, "layout", None), "generation_gpus", 0))
+                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=cfg.generation_gpus)
 
 
 # ---------------------------------------------------------------------- rcgrpo serve

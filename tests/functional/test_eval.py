@@ -251,3 +251,18 @@ def test_checkpoint_evaluates_end_to_end(tmp_path, stage1_run, protocol):
     assert rc == 0
     again = [json.loads(l) for l in (out2 / "trajectories.jsonl").read_text().splitlines()]
     assert [x["text"] for x in again] == [x["text"] for x in records]
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.0])
+def test_checkpoint_through_the_scripted_generator_plays_the_evaluated_tasks(tmp_path, rate):
+    """The generator is built from the evaluation's own settings (`EvalConfig.policy_setup`): with
+    task_source=bfcl_micro the scripted generator knows the micro tasks, and its success rate is the score."""
+    rc, out = _eval(tmp_path, f"scripted_{rate}", "policy=checkpoint", "checkpoint.path=tiny-llama",
+                    "task_source=bfcl_micro", "categories=[base]", "limit=6", "reward_token=none",
+                    "generation=scripted", f"generation.scripted.success_rate={rate}", "max_new_tokens=256",
+                    "max_turns=4", "max_total_tokens=2048", "chat.tool_description=compact")
+    assert rc == 0
+    r = _results(out)
+    records = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert r["tasks"] == 6 and len(records) == 6 and all(rec["task_id"].startswith("micro_") for rec in records)
+    assert [rec["success"] for rec in records] == [rate == 1.0] * 6 and r["overall"] == 100.0 * rate
