@@ -24,10 +24,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -45,6 +43,7 @@ from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
 from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, names
+from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
 
 
@@ -243,17 +242,8 @@ def run(cfg: PrepareDataConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     if out.exists() and not cfg.overwrite:
         raise FileExistsError(f"out_dir {out} already exists; pass overwrite=true or choose another out_dir")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the dataset is an ordinary folder
-    try:
+    with staged_folder(out) as staging:
         stats = build(cfg, staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return stats
 
 

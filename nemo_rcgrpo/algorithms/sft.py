@@ -221,17 +221,12 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
 def export_hf(model: torch.nn.Module, tokenizer, target: Path, record: dict | None = None) -> Path:
     """An HF folder (weights + tokenizer with the reward tokens + the training record), written beside and moved
     into place."""
-    import shutil
-
+    from nemo_rcgrpo.utils.atomic import staged_folder
     from nemo_rcgrpo.utils.provenance import write_record
 
-    tmp = target.parent / f".tmp-{target.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if record is not None:
-        write_record(tmp, record)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+    with staged_folder(target) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if record is not None:
+            write_record(tmp, record)
     return target

@@ -207,12 +207,10 @@ _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "fl
 
 
 def _atomic_write(folder: Path, write) -> Path:
-    tmp = folder.parent / f".tmp-{folder.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    from nemo_rcgrpo.utils.atomic import staged_folder
+
+    with staged_folder(folder) as tmp:
+        write(tmp)
     return folder
 
 

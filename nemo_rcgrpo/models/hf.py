@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
+
+from nemo_rcgrpo.utils.atomic import merge_into
 
 SMOLLM2_ALIASES = frozenset({"smollm2", "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"})
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,7 +59,7 @@ def smollm2_tokenizer_dir() -> Path:
 
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    _atomic_folder(target, lambda tmp: tokenizer.save_pretrained(tmp))
+    merge_into(target, lambda tmp: tokenizer.save_pretrained(tmp))
     (target / _TOKENIZER_DONE).write_text(str(gguf) + "\n")
     return target
 
@@ -74,19 +74,6 @@ TINY_MODELS = {
     "tiny-qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0),
 }
-
-
-def _atomic_folder(target: Path, write) -> None:
-    """Write a folder through a temporary sibling and move its files in, then mark it complete."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        write(tmp)
-        target.mkdir(exist_ok=True)
-        for item in tmp.iterdir():
-            os.replace(item, target / item.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def smollm2_model_dir() -> Path:
@@ -109,7 +96,7 @@ def smollm2_model_dir() -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    _atomic_folder(target, lambda tmp: model.save_pretrained(tmp))
+    merge_into(target, lambda tmp: model.save_pretrained(tmp))
     (target / _MODEL_DONE).write_text(str(gguf) + "\n")
     return target
 
@@ -135,7 +122,7 @@ def tiny_model_dir(name: str) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    _atomic_folder(target, write)
+    merge_into(target, write)
     (target / _MODEL_DONE).write_text(name + "\n")
     return target
 

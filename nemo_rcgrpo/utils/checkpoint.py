@@ -15,7 +15,6 @@ optimizer state is resolved against the checkpoint on load (``path``).
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -24,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from nemo_rcgrpo.utils.atomic import swap_in
 
 STATE_FILE = "trainer_state.json"
 
@@ -114,12 +115,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
 
             write_record(tmp / "tokenizer", record)
     (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-    replaced = root / f".old-step_{step}"
-    if final.exists():  # set aside, not deleted, until the new one is in place
-        shutil.rmtree(replaced, ignore_errors=True)
-        os.replace(final, replaced)
-    os.replace(tmp, final)
-    shutil.rmtree(replaced, ignore_errors=True)
+    swap_in(tmp, final)  # an older step_N is set aside, not deleted, until the new one is in place
     complete = _complete(root)
     for old in complete[:-keep_last]:
         if old != final:  # never the checkpoint just written

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from nemo_rcgrpo.utils import checkpoint as ckpt
 from nemo_rcgrpo.utils.checkpoint import (
     STATE_FILE,
     CheckpointError,
@@ -120,7 +119,7 @@ def test_keep_last_prunes_only_the_oldest_and_only_after_the_new_one_is_complete
         assert (src / STATE_FILE).is_file()  # the state file is written before the move
         return real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", spy_replace)
+    monkeypatch.setattr(os, "replace", spy_replace)  # utils/atomic.py: swap_in
     _save(tmp_path, 11, keep_last=2)
     # complete by number: 1, 2, 10, 11 -> keep the last 2 (10, 11); 1 and 2 go, only after the rename
     assert seen_at_rename == [["step_1", "step_10", "step_2", "step_50"]]

@@ -1,0 +1,65 @@
+"""Folders that appear whole or not at all: checkpoints, exports, prepared datasets, weight folders for vLLM.
+
+A folder is written under a temporary sibling name and moved into place by a rename once it is complete. A folder
+it replaces is set aside first (``.old-NAME``) and removed only after the new one is in place. So the final name
+never holds a partial folder, and a crash leaves the old folder or the new one there, except between the two
+renames, when the old one is still whole as ``.old-NAME``.
+
+    with staged_folder(run_dir / "hf") as tmp:      # a unique .tmp-hf.XXXX sibling
+        model.save_pretrained(tmp)                  # an exception: tmp removed, run_dir/hf untouched
+    # here run_dir/hf is the new folder
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+def swap_in(staged: Path, target: Path) -> Path:
+    """Move the complete folder ``staged`` to ``target`` (same file system); an existing ``target`` is set aside as
+    ``.old-NAME`` and removed once the new one is in place."""
+    staged, target = Path(staged), Path(target)
+    aside = target.parent / f".old-{target.name}"
+    if target.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    os.replace(staged, target)
+    shutil.rmtree(aside, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new empty sibling of ``target`` to write into; when the block ends without an exception it replaces
+    ``target`` (`swap_in`), and it is removed in any case."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
+    try:
+        yield tmp
+        swap_in(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def merge_into(target: Path, write) -> None:
+    """``write(tmp)`` into a new sibling, then move each file it wrote into ``target`` (created if missing) by a
+    rename: a file appears whole or not at all. For a cache folder that several writers fill with different files
+    (the SmolLM2 tokenizer first, its weights later), where `staged_folder` would replace the other's files."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        target.mkdir(exist_ok=True)
+        for item in tmp.iterdir():
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,69 @@
+"""utils/atomic.py: a folder replaced whole or not at all (exports, prepared data, vLLM weight folders, checkpoints),
+and files merged into a shared cache folder one whole file at a time."""
+
+import os
+
+import pytest
+
+from nemo_rcgrpo.utils.atomic import staged_folder, swap_in
+
+
+def _tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_a_written_folder_replaces_the_old_one_whole(tmp_path):
+    target = tmp_path / "out" / "hf"
+    with staged_folder(target) as tmp:
+        assert tmp.parent == target.parent and tmp.name.startswith(".tmp-hf.") and not target.exists()
+        (tmp / "a.txt").write_text("1")
+    assert _tree(target) == ["a.txt"] and oct(target.stat().st_mode & 0o777) == "0o755"
+    with staged_folder(target) as tmp:
+        (tmp / "b.txt").write_text("2")
+        assert (target / "a.txt").read_text() == "1"  # the old folder stays readable while the new one is written
+    assert _tree(target) == ["b.txt"]  # replaced, not merged
+    assert sorted(p.name for p in target.parent.iterdir()) == ["hf"]  # no temporary or set-aside folder left
+
+
+def test_an_error_while_writing_leaves_the_old_folder_untouched(tmp_path):
+    target = tmp_path / "hf"
+    with staged_folder(target) as tmp:
+        (tmp / "a.txt").write_text("1")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with staged_folder(target) as tmp:
+            (tmp / "half.txt").write_text("x")
+            raise RuntimeError("disk full")
+    assert _tree(target) == ["a.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_crash_between_the_renames_keeps_the_old_folder_whole(tmp_path, monkeypatch):
+    target, staged = tmp_path / "step_3", tmp_path / ".tmp-step_3"
+    for folder, name in ((target, "old.pt"), (staged, "new.pt")):
+        folder.mkdir()
+        (folder / name).write_text(name)
+    calls = []
+    real = os.replace
+
+    def replace(src, dst):
+        calls.append((os.path.basename(src), os.path.basename(dst)))
+        if len(calls) == 2:
+            raise OSError("killed")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="killed"):
+        swap_in(staged, target)
+    assert calls == [("step_3", ".old-step_3"), (".tmp-step_3", "step_3")]
+    assert not target.exists() and _tree(tmp_path / ".old-step_3") == ["old.pt"]  # never half of each
+    monkeypatch.setattr(os, "replace", real)
+    swap_in(staged, target)  # the next save goes through; the set-aside folder is cleared
+    assert _tree(target) == ["new.pt"] and sorted(p.name for p in tmp_path.iterdir()) == ["step_3"]
+
+
+def test_merge_into_adds_files_beside_the_others(tmp_path):
+    from nemo_rcgrpo.utils.atomic import merge_into
+
+    target = tmp_path / "cache"
+    merge_into(target, lambda tmp: (tmp / "tokenizer.json").write_text("t"))
+    merge_into(target, lambda tmp: (tmp / "model.safetensors").write_text("w"))
+    assert _tree(target) == ["model.safetensors", "tokenizer.json"] and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
