@@ -79,3 +79,36 @@ def test_gpu_recipe_layouts_add_up(name):
         assert plan["generation_gpus"] % plan["generation_tp"] == 0
         assert plan["train_gpus_per_node"] + plan["generation_gpus"] == plan["gpus_per_node"] == 8
         assert TrainConfig.from_dict(compose(cfg.rl.stage1_recipe)).stage in ("sft", "rctp")
+
+
+def _stated(yaml_section, defaults, prefix=""):
+    """(key, stated value, dataclass default) for every value a YAML file states, nested sections walked."""
+    for key, value in yaml_section.items():
+        if key == "defaults":
+            continue
+        default = defaults.get(key, "<not a field>")
+        if isinstance(value, dict) and isinstance(default, dict):
+            yield from _stated(value, default, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value, list(default) if isinstance(default, tuple) else default
+
+
+@pytest.mark.parametrize("name", ["stage1_defaults.yaml", "generation/hf.yaml", "generation/scripted.yaml",
+                                  "generation/vllm.yaml"])
+def test_the_default_files_state_the_schema_defaults(name):
+    """conf/stage1_defaults.yaml and the generation group restate the dataclass defaults for reading: they may not
+    drift from them (the schema, nemo_rcgrpo/config.py, is the one source; interpolations aside)."""
+    import dataclasses
+
+    import yaml
+
+    from nemo_rcgrpo.config import GenerationConfig
+
+    stated = yaml.safe_load((conf_dir() / name).read_text())
+    schema = dataclasses.asdict(TrainConfig() if name == "stage1_defaults.yaml" else GenerationConfig())
+    if name != "stage1_defaults.yaml":
+        stated = {k: v for k, v in stated.items() if k != "backend"}  # the one key a group member chooses
+    # an interpolation (run_dir: runs/${stage}, an environment variable) is resolved by Hydra, not a default
+    drift = [(k, v, d) for k, v, d in _stated(stated, schema) if v != d and "${" not in str(v)]
+    assert not drift, f"{name}: (key, YAML, dataclass) {drift}"
+    assert len(list(_stated(stated, schema))) >= (20 if name == "stage1_defaults.yaml" else 0)
