@@ -32,18 +32,22 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
     "loss_aggregation": ("rl.loss.aggregation",
                          "fn(per_token [B, T], mask [B, T], num_valid_tokens, batch) -> scalar loss"),
-    "generator": ("generation.backend", "factory(train config, policy model, tokenizer) -> Generator"),
+    "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
     "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
                 "fn(task, plan, rng) -> (perturbed plan, description) or None"),
     "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
-                    "fn(categories) -> suite (.tasks {id: BFCLTask}, .gold(task), .split(seed, test_fraction))"),
+                    "fn(categories) -> suite (.tasks {id: task}; for prepare-data and BFCL's env also .gold(task), "
+                    ".split(seed, test_fraction))"),
+    "env": ("env.name", "factory(env config, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
+                        "nemo_rcgrpo.envs.interfaces"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
 _BUILTINS = {"stage": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
-             "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources"}
+             "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
+             "env": "nemo_rcgrpo.envs.sources"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _loaded: set[str] = set()

@@ -45,7 +45,7 @@ from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, m
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, collate
-from nemo_rcgrpo.envs.sources import make_suite
+from nemo_rcgrpo.envs.sources import make_opener, make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
@@ -113,11 +113,11 @@ class RLTrainer:
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
         self.record["reward_goal"] = dataclasses.asdict(goal)
-        self.engine = RolloutEngine(self.generator, self.renderer, cfg.env.opener(self.suite),
+        self.engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
                                     max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
-        self.eval_engine = RolloutEngine(self.generator, self.renderer, cfg.env.opener(self.suite),
+        self.eval_engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
                                          max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
         test_pointers = Path(cfg.data.dir) / "rl_test.jsonl"
@@ -401,6 +401,12 @@ class RLTrainer:
         set_rng_state(state["rng"])
         self.step, self.task_cursor = ts["step"], ts["task_cursor"]
 
+    def _categories(self) -> list[str]:
+        """The categories of the run's training tasks (BFCL's in BFCL's order, a plugin's by name)."""
+        from nemo_rcgrpo.envs.bfcl.tasks import category_order
+
+        return sorted({self.suite[t].category for t in self.task_ids}, key=category_order)
+
     def _banner(self, ckpt: Path | None) -> None:
         cfg, rl = self.cfg, self.cfg.rl
         start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
@@ -408,7 +414,7 @@ class RLTrainer:
                   if cfg.stage_spec.conditioned else "")
         say(start_banner(
             cfg, recipe=self.recipe, parameters=self.parameters, checkpoint=ckpt, start_step=start,
-            data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {list(cfg.env.categories)}, "
+            data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
                  f"{len(self.eval_ids)} held-out for evaluation"
                  + (f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"),
             steps=f"{cfg.trainer.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "

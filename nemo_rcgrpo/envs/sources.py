@@ -1,4 +1,4 @@
-"""Task sources: where an environment's tasks come from, registered by name (``env.task_source``).
+"""Task sources (``env.task_source``) and environments (``env.name``), registered by name.
 
     from nemo_rcgrpo import register
 
@@ -9,6 +9,14 @@
 Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (1,320 short generated tasks on BFCL's
 file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
 `rcgrpo eval` all build their suite through `make_suite`, so one name picks the tasks everywhere.
+
+An environment is a factory of the env settings and the suite that returns an opener (`envs/interfaces.py`):
+
+    @register("env", "my_env")
+    def my_env(config, suite):         # config: the run's env section; -> .open(task) -> (Env, opening messages)
+        return MyOpener(suite, max_steps=config.max_steps)
+
+Shipped: ``bfcl``. `examples/plugins/kv_store/` trains a key-value-store environment of its own from the CLI.
 """
 
 from __future__ import annotations
@@ -32,6 +40,25 @@ def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
     from nemo_rcgrpo.envs.bfcl.micro import MicroSuite
 
     return MicroSuite(tuple(categories), data_dir=data_dir)
+
+
+@register("env", "bfcl")
+def bfcl_env(config, suite):
+    """BFCL's executable environment (`envs/bfcl/env.py`) with ``config``'s settings, reset with the suite's
+    memoised gold replay: the task sources ``bfcl``, ``bfcl_micro`` and any BFCL-like suite (``.gold``)."""
+    from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
+
+    return BFCLOpener(config, suite)
+
+
+def make_opener(config, suite):
+    """What the rollout engine opens its environments with: the ``env.name`` entry, given the env settings and the
+    suite of ``env.task_source``."""
+    envs = table("env")
+    if config.name not in envs:
+        raise ConfigError(f"env.name={config.name!r}: registered: {list(names('env'))} (a plugin's env needs "
+                          "plugins=[its module])")
+    return envs[config.name](config, suite)
 
 
 def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask, category_order
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.utils.config import ConfigError
@@ -122,7 +122,7 @@ def summarize(records: Sequence[dict[str, Any]], samples: int = 1) -> dict[str, 
     out: dict[str, Any] = {
         "overall": 100.0 * statistics.fmean(task_acc.values()) if task_acc else 0.0,
         "categories": {c: {"accuracy": 100.0 * statistics.fmean(v), "tasks": len(v)}
-                       for c, v in sorted(cats.items(), key=lambda kv: CATEGORIES.index(kv[0]))},
+                       for c, v in sorted(cats.items(), key=lambda kv: category_order(kv[0]))},
         "tasks": len(task_acc), "episodes": len(records),
     }
     out["category_mean"] = statistics.fmean(c["accuracy"] for c in out["categories"].values()) if cats else 0.0
@@ -219,6 +219,7 @@ class CheckpointPolicy:
         from nemo_rcgrpo.generation import make_generator
         from nemo_rcgrpo.generation.base import SamplingParams
         from nemo_rcgrpo.models.hf import load_tokenizer
+        from nemo_rcgrpo.envs.sources import make_opener
         from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
         from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record
 
@@ -257,7 +258,7 @@ class CheckpointPolicy:
         if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
             self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
-            self.generator, make_renderer(setup, self.tokenizer), setup.env.opener(suite),
+            self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
             reward_goal=goal)

@@ -14,7 +14,7 @@ from nemo_rcgrpo.utils.config import ConfigError
 
 @dataclass(frozen=True)
 class BFCLEnvConfig:
-    name: str = "bfcl"
+    name: str = "bfcl"  # a registered env (nemo_rcgrpo.envs.sources: bfcl | a plugin's)
     task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro (envs/bfcl/micro.py) | a plugin's
     mode: str = "merged"  # per_turn (official BFCL protocol) | merged (paper's RL episode)
     categories: tuple[str, ...] = CATEGORIES
@@ -28,9 +28,9 @@ class BFCLEnvConfig:
     max_observation_chars: int = 65_536  # longer tool results are truncated (longest gold result: ~32k)
 
     def __post_init__(self) -> None:
-        _choice("env.name", self.name, ("bfcl",))
         from nemo_rcgrpo.registry import names
 
+        _choice("env.name", self.name, names("env"))
         _choice("env.task_source", self.task_source, names("task_source"))
         _choice("env.mode", self.mode, EPISODE_MODES)
         _choice("env.arg_types", self.arg_types, ARG_TYPE_MODES)

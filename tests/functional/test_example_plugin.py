@@ -1,0 +1,93 @@
+"""examples/plugins/kv_store: an environment outside the package (its tasks, env, reward, stage-1 data and
+recipes), trained from the CLI by name: `rcgrpo train --config-dir examples/plugins/kv_store --config-name
+kv_rcgrpo plugins=[kv_store]` runs its RCTP-FT first (rl.stage1_recipe) and then RC-GRPO steps on it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "examples" / "plugins" / "kv_store"
+
+
+def _rcgrpo(*args, timeout=600):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def kv():
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        import make_data
+        import kv_store
+
+        yield make_data, kv_store
+    finally:
+        sys.path.remove(str(PLUGIN))
+        import nemo_rcgrpo.registry as registry
+
+        registry.table("task_source").pop("kv_store", None)
+        registry.table("env").pop("kv_store", None)
+        for name in ("make_data", "kv_store"):
+            sys.modules.pop(name, None)
+
+
+def test_the_data_builder_plays_every_trajectory_through_the_environment(kv, tmp_path):
+    make_data, kv_store = kv
+    counts = make_data.build(tmp_path)
+    assert counts["sft"] == counts["failures"] == 360 and counts["rctp"] == 720
+    assert counts["rl_train"] + counts["rl_test"] == 360 and counts["rl_test"] > 20
+    tasks = kv_store.make_tasks()
+    for line in (tmp_path / "rctp.jsonl").read_text().splitlines()[:60]:
+        r = json.loads(line)
+        env, _ = kv_store.KVOpener(8).open(tasks[r["task_id"]])
+        calls = [c["function"] for m in r["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+        for c in calls:  # replaying the line's calls in a fresh env earns the line's reward label
+            env.step([kv_store.ToolCall(c["name"], json.loads(c["arguments"]))])
+        assert env.reward().value == r["reward"], r["task_id"]
+    # untrusted calls are error observations: unknown tool, a non-string value, an unparsable call
+    env, _ = kv_store.KVOpener(8).open(tasks["kv_0"])
+    from nemo_rcgrpo.types import ToolCallError
+
+    res = env.step([kv_store.ToolCall("rm", {"key": "x"}), kv_store.ToolCall("put", {"key": "x", "value": 3}),
+                    ToolCallError("{bad", "not JSON")])
+    assert [o.ok for o in res.observations] == [False, False, False] and not env.done
+
+
+def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
+    make_data, kv_store = kv
+    data = tmp_path / "data"
+    make_data.build(data)
+    common = ["--config-dir", str(PLUGIN), "--config-name", "kv_rcgrpo", f"data.dir={data}",
+              f"run_dir={tmp_path / 'rl'}", f"model.path={tmp_path / 's1' / 'hf'}", "trainer.max_steps=2",
+              "rl.eval_every=2", "rl.eval_tasks=10", "logging.progress=false", "logging.tensorboard=false",
+              "rl.stage1_overrides=['trainer.max_steps=30','logging.tensorboard=false']"]
+    proc = _rcgrpo("train", *common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training rl.stage1_recipe=kv_rctp first" in proc.stderr
+    assert "categories ['copy', 'delete', 'put']" in proc.stdout + proc.stderr  # the plugin's own, not BFCL's
+    s1 = [json.loads(l) for l in (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()]
+    assert len(s1) == 30 and s1[-1]["loss"] < s1[0]["loss"]  # stage 1 (RCTP-FT) trained on the plugin's data
+    metrics = [json.loads(l) for l in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and "eval_accuracy_put" in metrics[1]
+    tasks = kv_store.make_tasks()
+    records = [json.loads(l) for l in (tmp_path / "rl" / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(records) == 20 and {r["category"] for r in records} <= {"put", "copy", "delete"}
+    assert {r["reward_token"] for r in records} == {"high", "low"}  # stratified reward tokens in every group
+    for r in records:  # the reward is the environment's own: final store against the task's target
+        task = tasks[r["task_id"]]
+        store_ok = r["reward_details"]["store"] == dict(task.target) and r["truncated"] is None
+        assert r["reward"] == float(store_ok and r["actions_ok"]) and r["state_ok"] == store_ok, r
+    # a wrong env name is one line naming the registered ones, the plugin's included
+    proc = _rcgrpo("train", *common, "env.name=kv_stor")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: env.name='kv_stor': choose one of ['bfcl', 'kv_store']"
+    proc = _rcgrpo("plugins", "plugins=[kv_store]")
+    assert proc.returncode == 0 and "env (env.name): bfcl, kv_store" in proc.stdout
