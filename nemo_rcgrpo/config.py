@@ -109,7 +109,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    """generation.backend=vllm (nemo_rcgrpo/generation/vllm_server.py)."""
+    """generation.backend=vllm (nemo_rcgrpo/generation/vllm_generator.py, vllm_server.py)."""
 
     url: str | None = None  # attach to a running server (`rcgrpo serve`), e.g. http://gen-node:8000; null: start one
     host: str = "127.0.0.1"  # a started server's address

@@ -25,7 +25,7 @@ def _hf(cfg: PolicySetup, model: Any, tokenizer: Any):
 
 @register("generator", "vllm")
 def _vllm(cfg: PolicySetup, model: Any, tokenizer: Any):
-    from nemo_rcgrpo.generation.vllm_server import make_vllm_generator
+    from nemo_rcgrpo.generation.vllm_generator import make_vllm_generator
 
     return make_vllm_generator(cfg, model, tokenizer)
 

@@ -1,4 +1,8 @@
-"""A vLLM OpenAI-compatible server as the rollout generator: launch, attach, weight sync, `rcgrpo serve`.
+"""A vLLM OpenAI-compatible server for the rollout generator: its process (launch, health, stop) and `rcgrpo serve`.
+
+The pieces: this module (the server process, `rcgrpo serve`); `vllm_generator.py` (the ``Generator`` over a
+server, managed or attached); `vllm_sync.py` (weights by folder); `weight_transfer.py` and `vllm_worker.py` (weights
+by a process group); `vllm_client.py` (HTTP).
 
 Layouts:
 - managed (``generation.vllm.url: null``): the trainer writes the policy's
@@ -44,14 +48,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
 
 import torch
 
-from nemo_rcgrpo.generation.base import Completion, SamplingParams
-from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
-from nemo_rcgrpo.utils.dist import free_port  # noqa: F401 - also importable from here, as before
-from nemo_rcgrpo.utils.weight_stream import WeightStream
+from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
+from nemo_rcgrpo.utils.dist import free_port
 
 SERVED_NAME = "policy"
 EXTENSION_MODULE = "rcgrpo_vllm_worker"  # the server's copy of nemo_rcgrpo/generation/vllm_worker.py
@@ -178,148 +179,8 @@ class VLLMServer:
 
 
 # ---------------------------------------------------------------------- weights
-def _save(tensors: dict[str, torch.Tensor], folder: Path, dtypes: dict[str, torch.dtype] | None = None) -> None:
-    """One safetensors file; names sharing storage (tied embeddings) are written as separate copies."""
-    from safetensors.torch import save_file
-
-    cpu, seen = {}, set()
-    for name, t in tensors.items():
-        t = t.detach().to("cpu", (dtypes or {}).get(name, t.dtype)).contiguous()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        cpu[name] = t.clone() if key in seen else t
-        seen.add(key)
-    save_file(cpu, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _manifest(folder: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
-                sl = sf.get_slice(name)
-                out[name] = (tuple(sl.get_shape()), getattr(torch, _ST_DTYPES.get(sl.get_dtype(), "float32")))
-    return out
-
-
-_ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64", "I32": "int32"}
-
-
-def _atomic_write(folder: Path, write) -> Path:
-    from nemo_rcgrpo.utils.atomic import staged_folder
-
-    with staged_folder(folder) as tmp:
-        write(tmp)
-    return folder
-
-
-class FolderSync:
-    """Weights through the filesystem: checked, written to ``weight_dir/v<version>``, reloaded by every worker."""
-
-    def __init__(self, client: VLLMClient, weight_dir: Path, rpc_timeout: float):
-        self.client, self.weight_dir, self.rpc_timeout = client, Path(weight_dir), rpc_timeout
-        self.manifest: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
-        self.serving: Path | None = None  # the folder the server holds now (rollback target)
-
-    def check(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The tensors to write, in the served names, copied to host memory as they arrive (a GPU policy's stream
-        never holds the whole model on its device); WeightSyncError (before anything is sent) if they do not fit."""
-        tensors = {n: t.detach().cpu() for n, t in weights}
-        self.check_meta([(n, tuple(t.shape)) for n, t in tensors.items()])
-        return tensors
-
-    def check_meta(self, meta) -> None:
-        """WeightSyncError unless ``meta`` ([(name, shape, ...)]) has the served model's names and shapes."""
-        if self.manifest is None:
-            return
-        shapes = {m[0]: tuple(m[1]) for m in meta}
-        unknown = sorted(set(shapes) - set(self.manifest))
-        missing = sorted(set(self.manifest) - set(shapes))
-        wrong = [f"{n} {s} (served {self.manifest[n][0]})" for n, s in shapes.items()
-                 if n in self.manifest and s != self.manifest[n][0]]
-        if unknown or missing or wrong:
-            raise WeightSyncError("weights do not fit the served model: " + "; ".join(
-                f"{what} {items[:3]}{' ...' if len(items) > 3 else ''}" for what, items in
-                (("unknown", unknown), ("missing", missing), ("wrong shape", wrong)) if items) +
-                "; nothing was sent, the previous weights are still serving")
-
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
-        if isinstance(weights, (str, Path)):
-            folder = Path(weights)
-            if self.manifest is not None and _manifest(folder) != self.manifest:
-                raise WeightSyncError(f"{folder}: tensors differ from the served model's names/shapes/dtypes; "
-                                      f"nothing was sent, the previous weights are still serving")
-        else:
-            tensors = self.check(weights)
-            dtypes = {n: d for n, (_, d) in (self.manifest or {}).items()}
-            folder = _atomic_write(self.weight_dir / f"v{version}", lambda tmp: _save(tensors, tmp, dtypes))
-        self.reload(folder, version)
-        if self.manifest is None:
-            self.manifest = _manifest(folder)
-
-    def reload(self, folder: Path, version: int) -> None:
-        previous = self.serving
-        self.client.pause()
-        try:
-            try:
-                self.client.collective_rpc("reload_weights", {"weights_path": str(folder.resolve())}, self.rpc_timeout)
-            except GeneratorUnavailable:
-                raise
-            except GeneratorError as e:
-                self._roll_back(previous, version, e)
-        finally:
-            self.client.resume()
-        self.serving = folder
-        self.keep_only(folder)
-
-    def keep_only(self, folder: Path) -> None:
-        """Delete every weight folder but ``folder`` (the one being served)."""
-        for old in self.weight_dir.glob("v*"):
-            if old.is_dir() and old.resolve() != folder.resolve() and old.name[1:].isdigit():
-                shutil.rmtree(old, ignore_errors=True)
-
-    def _roll_back(self, previous: Path | None, version: int, error: GeneratorError):
-        if previous is None:
-            raise WeightSyncError(f"weight update to version {version} failed on the server: {error}") from None
-        try:
-            self.client.collective_rpc("reload_weights", {"weights_path": str(previous.resolve())}, self.rpc_timeout)
-        except GeneratorError as again:
-            raise GeneratorUnavailable(f"weight update to version {version} failed ({error}) and reloading the "
-                                       f"previous weights {previous} failed too ({again}): restart the server") from None
-        raise WeightSyncError(f"weight update to version {version} failed on the server ({error}); "
-                              f"the previous weights ({previous.name}) are still serving") from None
-
-
-def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> dict[str, torch.Tensor]:
-    """The tensors as a dict; a tied model gets ``lm_head.weight`` (a copy of the embedding) where the source
-    omits it, as Megatron's export does: the served model is untied, so its output layer must be sent too."""
-    tensors = {n: t.detach().cpu() for n, t in weights}  # host copies as they arrive: the folder is written from them
-    embed = tensors.get("model.embed_tokens.weight")
-    if tied and embed is not None and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = embed.detach().clone()
-    return tensors
-
-
-def _stream_with_lm_head(weights, tied: bool) -> WeightStream:
-    """``_with_lm_head`` for a stream: the embedding is sent a second time, last, as ``lm_head.weight``."""
-    stream = weights if isinstance(weights, WeightStream) else WeightStream.of(weights)
-    names = {m[0]: m for m in stream.meta}
-    embed = names.get("model.embed_tokens.weight")
-    if not tied or embed is None or "lm_head.weight" in names:
-        return stream
-
-    def export():
-        kept = None
-        for name, tensor in stream:
-            kept = tensor if name == embed[0] else kept
-            yield name, tensor
-        yield "lm_head.weight", kept
-
-    return WeightStream(stream.meta + [("lm_head.weight", embed[1], embed[2])], export)
-
-
-# ---------------------------------------------------------------------- generator
 def managed_server_devices(devices: str | None, visible: list[str] | None, local_world: int,
                            generation_gpus: int) -> str | None:
     """CUDA_VISIBLE_DEVICES of a server this trainer starts: never a GPU that one of its ranks uses.
@@ -347,160 +208,11 @@ def managed_server_devices(devices: str | None, visible: list[str] | None, local
     return devices
 
 
-def _visible_gpus() -> list[str] | None:
+def visible_gpus() -> list[str] | None:
     if not torch.cuda.is_available():
         return None
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     return [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(torch.cuda.device_count())]
-
-
-class VLLMGenerator:
-    """The ``Generator`` over a vLLM server (managed or attached); started on first use."""
-
-    def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
-                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None, generation_gpus: int = 0):
-        self.vcfg, self.model, self.tokenizer, self.model_path = vcfg, model, tokenizer, model_path
-        self.generation_gpus = generation_gpus  # layout.generation_gpus: a managed server's GPUs when devices is unset
-        self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
-        self.dtype = dtype if vcfg.dtype == "auto" else vcfg.dtype
-        self.version = 0
-        self.server: VLLMServer | None = None
-        self.client: VLLMClient | None = None
-        self.sync: FolderSync | CollectiveSync | None = None
-        self._tied: bool | None = None
-
-    @property
-    def weight_sync(self) -> str:
-        """'collective' (auto; also 'nccl', which insists on NCCL) or 'folder'."""
-        return "folder" if self.vcfg.weight_sync == "folder" else "collective"
-
-    def start(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None, version: int = 0) -> None:
-        """Attach to ``url``, or serve ``weights`` (default: the model's own) from ``weight_dir/v<version>``."""
-        if self.client is not None:
-            return
-        v = self.vcfg
-        folder = None
-        if v.url:
-            url, alive = v.url, None
-        else:
-            devices = managed_server_devices(v.devices, _visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                                             self.generation_gpus)
-            folder = self._write_initial(weights if weights is not None else self.model.state_dict().items(), version)
-            spec = ServerSpec(model=str(folder.resolve()), host=v.host, port=v.port, tp=v.tp, dtype=self.dtype,
-                              max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
-                              seed=v.seed, kv_cache_gib=v.kv_cache_gib, enforce_eager=v.enforce_eager,
-                              devices=devices, python=v.python, worker_extension=self.weight_sync == "collective",
-                              extra_args=tuple(v.extra_args))
-            self.server = VLLMServer(spec, self.weight_dir / "server.log")
-            try:
-                url = self.server.start(v.startup_timeout)
-            except BaseException:
-                self.server.stop()
-                raise
-            alive = self.server.exit_reason
-        client = VLLMClient(url, request_timeout=v.request_timeout, max_retries=v.max_retries,
-                            max_concurrency=v.max_concurrency, alive=alive)
-        if not client.healthy() and v.url:
-            raise GeneratorUnavailable(f"vLLM server {url} (generation.vllm.url) is not answering /health; "
-                                       f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null")
-        self._check_reward_tokens(client)
-        folders = FolderSync(client, self.weight_dir, v.request_timeout)
-        if folder is not None:
-            folders.manifest, folders.serving = _manifest(folder), folder
-            folders.keep_only(folder)  # folders of an earlier server (a resumed run) are stale
-        self.sync = folders
-        if self.weight_sync == "collective":
-            from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
-
-            self.sync = CollectiveSync(client, v.nccl_master, v.request_timeout, folders,
-                                       backend="nccl" if v.weight_sync == "nccl" else None,
-                                       default_dtype=DTYPES[self.dtype])
-        self.client = client
-        client.set_weight_version(version)
-        self.version = version
-
-    def _write_initial(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
-        """The served folder: config, tokenizer, weights. Tied embeddings are served untied (lm_head written as
-        its own tensor): vLLM's in-place reload on CPU refreshes the embedding but not a tied output layer."""
-        config = self._hf_config()
-        tensors = _with_lm_head(weights, self.tied)
-        embed = tensors.get("model.embed_tokens.weight")
-        if embed is not None:
-            config.vocab_size = int(embed.shape[0])  # reward tokens (and any vocabulary padding) included
-        if self.tied and "lm_head.weight" in tensors:
-            config.tie_word_embeddings = False
-
-        def write(tmp: Path) -> None:
-            config.save_pretrained(tmp)
-            if getattr(self.model, "generation_config", None) is not None:
-                self.model.generation_config.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            _save(tensors, tmp, {n: DTYPES[self.dtype] for n, t in tensors.items() if t.is_floating_point()})
-
-        return _atomic_write(self.weight_dir / f"v{version}", write)
-
-    def _hf_config(self):
-        """A copy of the policy's HF config (from the model, else from ``model_path``)."""
-        import copy
-
-        config = getattr(self.model, "config", None)
-        if hasattr(config, "save_pretrained"):
-            return copy.deepcopy(config)
-        from transformers import AutoConfig  # not an HF module: the config of the model it was built from
-
-        from nemo_rcgrpo.models.hf import resolve_model_path
-
-        return AutoConfig.from_pretrained(str(resolve_model_path(self.model_path)), local_files_only=True)
-
-    @property
-    def tied(self) -> bool:
-        """Whether the policy ties its output layer to the embedding (then it is served untied)."""
-        if self._tied is None:
-            self._tied = bool(getattr(self._hf_config(), "tie_word_embeddings", False))
-        return self._tied
-
-    def _check_reward_tokens(self, client: VLLMClient) -> None:
-        """The served tokenizer must map each reward token to the trainer's single id (the stage-1 export as is)."""
-        for token in self.reward_tokens:
-            ours = self.tokenizer.convert_tokens_to_ids(token)
-            served = client.tokenize(token)
-            if served != [ours]:
-                raise GeneratorError(f"the served tokenizer at {client.url} encodes reward token {token!r} as "
-                                     f"{served}, the trainer's as [{ours}]: serve the policy's own export "
-                                     f"(a stage-1 run's hf/ folder) with its tokenizer")
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        self.start()
-        return self.client.generate(prompts, params)
-
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
-        """Push new weights as ``version``. Before the first use this starts the server on them instead."""
-        if not isinstance(weights, (str, Path)):
-            if self.client is None and not self.vcfg.url:
-                self.start(weights, version)  # the served folder gets the untied output layer there
-                return
-            weights = _stream_with_lm_head(weights, self.tied)
-        self.start()
-        self.sync.push(weights, version)
-        self.client.set_weight_version(version)
-        self.version = version
-
-    def close(self) -> None:
-        if self.sync is not None and hasattr(self.sync, "close"):
-            self.sync.close()
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        self.client = self.sync = None
-
-
-def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
-    """The generator of ``generation=vllm`` from a `PolicySetup` (``cfg``): a started or an attached server."""
-    v = cfg.generation.vllm
-    weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
-    tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
-    return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
-                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=cfg.generation_gpus)
 
 
 # ---------------------------------------------------------------------- rcgrpo serve

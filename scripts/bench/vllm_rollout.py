@@ -35,7 +35,8 @@ from nemo_rcgrpo.envs.bfcl import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
-from nemo_rcgrpo.generation.vllm_server import VLLMGenerator, _with_lm_head
+from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
+from nemo_rcgrpo.generation.vllm_sync import _with_lm_head
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 

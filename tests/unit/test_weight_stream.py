@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rcgrpo.generation.vllm_server import _stream_with_lm_head
+from nemo_rcgrpo.generation.vllm_sync import _stream_with_lm_head
 from nemo_rcgrpo.utils.weight_stream import WeightStream, plan_buckets
 
 from tests.megatron.helpers import free_port

@@ -38,7 +38,7 @@ def smol():
 
 @pytest.fixture(scope="module")
 def gen(smol, tmp_path_factory):
-    from nemo_rcgrpo.generation.vllm_server import VLLMGenerator
+    from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
 
     tok, model, _ = smol
     g = VLLMGenerator(VLLMConfig(enforce_eager=True, kv_cache_gib=1, max_model_len=2048), model=model, tokenizer=tok,
@@ -111,19 +111,19 @@ def test_weight_update_serves_the_new_weights(gen, smol, updated):
     # through the process group, in several buckets, every tensor checked by its sum on the worker; no folder
     stats = gen.sync.stats
     assert (stats["syncs"], stats["fallbacks"]) == (1, 0) and stats["broadcasts"] > 4, stats
-    from nemo_rcgrpo.generation.vllm_server import _with_lm_head
+    from nemo_rcgrpo.generation.vllm_sync import _with_lm_head
 
     assert stats["bytes"] == sum(t.numel() * 4 for t in _with_lm_head(new.state_dict().items(), gen.tied).values())
     assert sorted(p.name for p in gen.weight_dir.glob("v*")) == ["v0"]  # the folder the server started from
 
 
 def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, monkeypatch):
-    from nemo_rcgrpo.generation import vllm_server
+    from nemo_rcgrpo.generation import vllm_sync
 
     tok, model, prompts = smol
     new, _ = updated
     # the folder path (weight_sync=folder, and the collective path's fallback) on the same server: version 1 again
-    gen.sync.fallback.push(vllm_server._with_lm_head(new.state_dict().items(), gen.tied).items(), 1)
+    gen.sync.fallback.push(vllm_sync._with_lm_head(new.state_dict().items(), gen.tied).items(), 1)
     serving = [c.token_ids for c in gen.generate(prompts, _greedy(tok))]
     bad = dict(model.state_dict())
     bad["model.layers.3.mlp.down_proj.weight"] = torch.zeros(5, 7)
@@ -134,9 +134,9 @@ def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, mon
         gen.update_weights(missing.items(), 2)
     # a folder reload that fails on the server (here: a folder without weights) is rolled back
     with monkeypatch.context() as m:
-        m.setattr(vllm_server, "_save", lambda tensors, folder, dtypes=None: None)
+        m.setattr(vllm_sync, "_save", lambda tensors, folder, dtypes=None: None)
         with pytest.raises(WeightSyncError, match=r"failed on the server .*still serving"):
-            gen.sync.fallback.push(vllm_server._with_lm_head(model.state_dict().items(), gen.tied).items(), 2)
+            gen.sync.fallback.push(vllm_sync._with_lm_head(model.state_dict().items(), gen.tied).items(), 2)
     assert [c.token_ids for c in gen.generate(prompts, _greedy(tok))] == serving
     assert gen.version == 1 and gen.client.weight_version() == "1"
     # a collective transfer that fails is redone through a folder with the same tensors: version 2 serves
@@ -145,7 +145,7 @@ def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, mon
     def fails_after_two_tensors(self, stream):
         tensors = iter(stream)
         next(tensors), next(tensors)
-        raise vllm_server.GeneratorError("a worker refused")
+        raise vllm_sync.GeneratorError("a worker refused")
 
     from nemo_rcgrpo.utils.weight_stream import WeightStream
 

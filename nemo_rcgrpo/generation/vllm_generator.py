@@ -1,0 +1,171 @@
+"""The ``Generator`` over a vLLM server (``generation.backend=vllm``): a managed server started on the policy's
+weights, or an attached one (``generation.vllm.url``); generation through the OpenAI-compatible API, token ids in
+and out; weight updates by the collective path (`weight_transfer.py`) or by folder (`vllm_sync.py`). The server
+process itself: `vllm_server.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+from nemo_rcgrpo.generation.base import Completion, SamplingParams
+from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
+from nemo_rcgrpo.generation.vllm_server import DTYPES, ServerSpec, VLLMServer, managed_server_devices, visible_gpus
+from nemo_rcgrpo.generation.vllm_sync import (FolderSync, _atomic_write, _manifest, _save, _stream_with_lm_head,
+                                              _with_lm_head)
+
+if TYPE_CHECKING:
+    from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
+
+
+class VLLMGenerator:
+    """The ``Generator`` over a vLLM server (managed or attached); started on first use."""
+
+    def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
+                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None, generation_gpus: int = 0):
+        self.vcfg, self.model, self.tokenizer, self.model_path = vcfg, model, tokenizer, model_path
+        self.generation_gpus = generation_gpus  # layout.generation_gpus: a managed server's GPUs when devices is unset
+        self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
+        self.dtype = dtype if vcfg.dtype == "auto" else vcfg.dtype
+        self.version = 0
+        self.server: VLLMServer | None = None
+        self.client: VLLMClient | None = None
+        self.sync: FolderSync | CollectiveSync | None = None
+        self._tied: bool | None = None
+
+    @property
+    def weight_sync(self) -> str:
+        """'collective' (auto; also 'nccl', which insists on NCCL) or 'folder'."""
+        return "folder" if self.vcfg.weight_sync == "folder" else "collective"
+
+    def start(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None, version: int = 0) -> None:
+        """Attach to ``url``, or serve ``weights`` (default: the model's own) from ``weight_dir/v<version>``."""
+        if self.client is not None:
+            return
+        v = self.vcfg
+        folder = None
+        if v.url:
+            url, alive = v.url, None
+        else:
+            devices = managed_server_devices(v.devices, visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                             self.generation_gpus)
+            folder = self._write_initial(weights if weights is not None else self.model.state_dict().items(), version)
+            spec = ServerSpec(model=str(folder.resolve()), host=v.host, port=v.port, tp=v.tp, dtype=self.dtype,
+                              max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
+                              seed=v.seed, kv_cache_gib=v.kv_cache_gib, enforce_eager=v.enforce_eager,
+                              devices=devices, python=v.python, worker_extension=self.weight_sync == "collective",
+                              extra_args=tuple(v.extra_args))
+            self.server = VLLMServer(spec, self.weight_dir / "server.log")
+            try:
+                url = self.server.start(v.startup_timeout)
+            except BaseException:
+                self.server.stop()
+                raise
+            alive = self.server.exit_reason
+        client = VLLMClient(url, request_timeout=v.request_timeout, max_retries=v.max_retries,
+                            max_concurrency=v.max_concurrency, alive=alive)
+        if not client.healthy() and v.url:
+            raise GeneratorUnavailable(f"vLLM server {url} (generation.vllm.url) is not answering /health; "
+                                       f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null")
+        self._check_reward_tokens(client)
+        folders = FolderSync(client, self.weight_dir, v.request_timeout)
+        if folder is not None:
+            folders.manifest, folders.serving = _manifest(folder), folder
+            folders.keep_only(folder)  # folders of an earlier server (a resumed run) are stale
+        self.sync = folders
+        if self.weight_sync == "collective":
+            from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
+
+            self.sync = CollectiveSync(client, v.nccl_master, v.request_timeout, folders,
+                                       backend="nccl" if v.weight_sync == "nccl" else None,
+                                       default_dtype=DTYPES[self.dtype])
+        self.client = client
+        client.set_weight_version(version)
+        self.version = version
+
+    def _write_initial(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
+        """The served folder: config, tokenizer, weights. Tied embeddings are served untied (lm_head written as
+        its own tensor): vLLM's in-place reload on CPU refreshes the embedding but not a tied output layer."""
+        config = self._hf_config()
+        tensors = _with_lm_head(weights, self.tied)
+        embed = tensors.get("model.embed_tokens.weight")
+        if embed is not None:
+            config.vocab_size = int(embed.shape[0])  # reward tokens (and any vocabulary padding) included
+        if self.tied and "lm_head.weight" in tensors:
+            config.tie_word_embeddings = False
+
+        def write(tmp: Path) -> None:
+            config.save_pretrained(tmp)
+            if getattr(self.model, "generation_config", None) is not None:
+                self.model.generation_config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            _save(tensors, tmp, {n: DTYPES[self.dtype] for n, t in tensors.items() if t.is_floating_point()})
+
+        return _atomic_write(self.weight_dir / f"v{version}", write)
+
+    def _hf_config(self):
+        """A copy of the policy's HF config (from the model, else from ``model_path``)."""
+        import copy
+
+        config = getattr(self.model, "config", None)
+        if hasattr(config, "save_pretrained"):
+            return copy.deepcopy(config)
+        from transformers import AutoConfig  # not an HF module: the config of the model it was built from
+
+        from nemo_rcgrpo.models.hf import resolve_model_path
+
+        return AutoConfig.from_pretrained(str(resolve_model_path(self.model_path)), local_files_only=True)
+
+    @property
+    def tied(self) -> bool:
+        """Whether the policy ties its output layer to the embedding (then it is served untied)."""
+        if self._tied is None:
+            self._tied = bool(getattr(self._hf_config(), "tie_word_embeddings", False))
+        return self._tied
+
+    def _check_reward_tokens(self, client: VLLMClient) -> None:
+        """The served tokenizer must map each reward token to the trainer's single id (the stage-1 export as is)."""
+        for token in self.reward_tokens:
+            ours = self.tokenizer.convert_tokens_to_ids(token)
+            served = client.tokenize(token)
+            if served != [ours]:
+                raise GeneratorError(f"the served tokenizer at {client.url} encodes reward token {token!r} as "
+                                     f"{served}, the trainer's as [{ours}]: serve the policy's own export "
+                                     f"(a stage-1 run's hf/ folder) with its tokenizer")
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        self.start()
+        return self.client.generate(prompts, params)
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
+        """Push new weights as ``version``. Before the first use this starts the server on them instead."""
+        if not isinstance(weights, (str, Path)):
+            if self.client is None and not self.vcfg.url:
+                self.start(weights, version)  # the served folder gets the untied output layer there
+                return
+            weights = _stream_with_lm_head(weights, self.tied)
+        self.start()
+        self.sync.push(weights, version)
+        self.client.set_weight_version(version)
+        self.version = version
+
+    def close(self) -> None:
+        if self.sync is not None and hasattr(self.sync, "close"):
+            self.sync.close()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self.client = self.sync = None
+
+
+def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
+    """The generator of ``generation=vllm`` from a `PolicySetup` (``cfg``): a started or an attached server."""
+    v = cfg.generation.vllm
+    weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
+    tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
+    return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
+                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=cfg.generation_gpus)
