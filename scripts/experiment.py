@@ -114,6 +114,8 @@ def variance_stats(groups: list[dict[str, Any]]) -> dict[str, Any]:
         sel = [r for g in groups for r, t in zip(g["rewards"], g["tokens"]) if t == token]
         if sel:
             out[f"reward_{token}"] = statistics.fmean(sel)
+    if "reward_high" in out and "reward_low" in out:  # Prop. 4.3 from these rollouts' own mu_h, mu_l (same tasks)
+        out["bound"] = prop43_bound(out["reward_high"], out["reward_low"])
     return out
 
 
@@ -297,10 +299,12 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
         f"| SFT, no token | {_fmt_ci(e1['sft']['mean'], e1['sft']['ci'])} |", "",
         f"mu_h - mu_l = {gap:+.3f} (goal: at least 0.3: {'met' if gap >= 0.3 else 'NOT met'}).", "",
         "## E2: reward variance at the start of stage 2 (rollouts of the first step, training tasks)", "",
-        f"G = {G}, p = {P_HIGH}. Prop. 4.3's bound from E1: ((G-1)/G) p(1-p) (mu_h - mu_l)^2 = {res['bound']:.4f} "
-        "(for iid tokens; E1 is measured on held-out tasks, E2 on training tasks).", "",
+        f"G = {G}, p = {P_HIGH}. Prop. 4.3's bound ((G-1)/G) p(1-p) (mu_h - mu_l)^2 (iid tokens) from E1's held-out "
+        f"mu_h, mu_l: {res['bound']:.4f}; the last column takes mu_h, mu_l from the row's own rollouts (the "
+        "training tasks of E2).", "",
         "| init + algorithm (tokens) | groups | zero-variance groups | mean within-group variance | reward "
-        "(high / low token) | groups with one token only |", "|---|---:|---|---|---|---:|",
+        "(high / low token) | groups with one token only | Prop. 4.3 bound from this row |",
+        "|---|---:|---|---|---|---:|---:|",
     ]
     names = {"sft_grpo": "SFT + GRPO", "rctp_rcgrpo_iid": "RCTP-FT + RC-GRPO (iid)",
              "rctp_rcgrpo_stratified": "RCTP-FT + RC-GRPO (stratified)"}
@@ -309,9 +313,9 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
                                                  if "reward_high" in s else "")
         lines.append(f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
                      f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | "
-                     f"{s['one_token_groups']:.2f} |" if name != "sft_grpo" else
+                     f"{s['one_token_groups']:.2f} | {s['bound']:.4f} |" if "bound" in s else
                      f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
-                     f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | - |")
+                     f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | - | - |")
     if res["e3_rows"]:
         lines += ["", f"## E3: the 2x2 ablation, {args.steps} steps, {args.seeds} seeds", "",
                   "Held-out success: greedy episodes on the 120 held-out tasks (the runs' in-training evaluation), with "

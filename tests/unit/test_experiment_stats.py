@@ -95,6 +95,10 @@ def test_report_and_render_on_outputs_of_the_real_formats(exp, tmp_path):
     assert res["e1"]["high"]["mean"] == pytest.approx(0.75) and res["e1"]["low"]["mean"] == pytest.approx(0.25)
     assert res["bound"] == pytest.approx(exp.prop43_bound(0.75, 0.25))
     assert set(res["e2"]) == {name for name, *_ in exp.E2_CONDITIONS}
+    # each group: high, low, high, low, high with rewards 1, 0, 1, 0, 1 -> mu_h 1, mu_l 0; variance 0.24 > 0.2
+    s = res["e2"]["rctp_rcgrpo_iid"]
+    assert (s["reward_high"], s["reward_low"], s["bound"]) == (1.0, 0.0, pytest.approx(exp.prop43_bound(1.0, 0.0)))
+    assert s["variance"] == pytest.approx(0.24) and s["bound"] == pytest.approx(0.2)
     text = exp.render(res, argparse.Namespace(e1_samples=2, steps=steps, seeds=1), {"data": 1.0})
     table = [l for l in text.splitlines() if l.startswith("| SFT") or l.startswith("| RCTP")]
     e3 = [l for l in table if l.count("|") == 9]
