@@ -40,7 +40,7 @@ class ChatConfig:
 @dataclass(frozen=True)
 class DataConfig:
     dir: str = "data/bfcl_v4"
-    file: str | None = None  # default: sft.jsonl for stage sft, rctp.jsonl for stage rctp
+    file: str | None = None  # in data.dir: JSONL, Parquet or a saved Dataset (data/dataset.py); default sft.jsonl / rctp.jsonl
     split: str = "train"
     mode: str = "merged"  # episode shape used when the data has to be prepared
     max_examples: int | None = None  # a slice of the data (after the seeded shuffle)

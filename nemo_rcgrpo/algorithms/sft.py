@@ -76,7 +76,7 @@ def model_fingerprint(model: torch.nn.Module, path: str) -> str:
 
 def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
     path = Path(cfg.data.dir) / cfg.data_file
-    if not path.is_file() and cfg.data.prepare_if_missing and dist.is_main:
+    if not path.exists() and cfg.data.prepare_if_missing and dist.is_main:
         if Path(cfg.data.dir).exists():
             raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
                                     f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
@@ -87,7 +87,7 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
             cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
         subprocess.run(cmd, check=True)
     barrier(dist)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
     return path
 
@@ -115,7 +115,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     setup = cfg.policy_setup()
     tokenizer, model = load_tokenizer_and_model(setup)
     renderer = make_renderer(setup, tokenizer)
-    records = load_records(data_path, cfg.data.split)
+    records = load_records(data_path, cfg.data.split, progress=cfg.logging.progress and dist.is_main)
     examples, data_stats = build_examples(records, renderer, cfg.chat.max_length, cfg.seed, cfg.data.max_examples)
     t = cfg.trainer
     steps_per_epoch = len(examples) // t.global_batch_size

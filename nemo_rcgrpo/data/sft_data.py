@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -23,14 +22,15 @@ class Example:
         return len(self.ids)
 
 
-def load_records(path: Path, split: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={path.parent}`")
-    records = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    return [r for r in records if split == "all" or r.get("split") == split]
+def load_records(path: Path, split: str, progress: bool = False) -> Sequence[dict[str, Any]]:
+    """The stage-1 rows of ``split`` at ``path`` (JSONL, Parquet or a saved Dataset: `data/dataset.py`), as renderer
+    records read one at a time from the memory-mapped Dataset."""
+    from nemo_rcgrpo.data.dataset import Rows, load_stage1
+
+    return Rows(load_stage1(path, split, progress=progress))
 
 
-def build_examples(records: list[dict[str, Any]], renderer: ChatRenderer, max_length: int,
+def build_examples(records: Sequence[dict[str, Any]], renderer: ChatRenderer, max_length: int,
                    seed: int, max_examples: int | None) -> tuple[list[Example], dict[str, int]]:
     """Seeded shuffle, optional slice, tokenise; examples longer than max_length are dropped."""
     order = list(range(len(records)))
