@@ -107,7 +107,8 @@ class RLTrainer:
         self.task_ids = [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
         self.task_ids = [t for t in self.task_ids if t in self.suite.tasks]
         if not self.task_ids:
-            raise ValueError(f"no tasks of categories {list(cfg.env.categories)} in {pointers}")
+            raise ValueError(f"no task of {pointers} is in task source {cfg.env.task_source} (categories "
+                             f"{list(cfg.env.categories)})")
         rl = cfg.rl
         self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy

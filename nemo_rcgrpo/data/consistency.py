@@ -69,7 +69,9 @@ def _first_line(data_dir: Path, task_ids: set[str], reward_goal: str | None) -> 
             if not line.strip():
                 continue
             record = json.loads(line)
-            if record.get("task_id") in task_ids and (reward_goal is None or record.get("reward_goal") == reward_goal):
+            # an RCTP line carries its token as reward_goal (prepare-data); a user's line may say only reward: 1
+            token = record.get("reward_goal", reward_goal if record.get("reward") == 1 else None)
+            if record.get("task_id") in task_ids and (reward_goal is None or token == reward_goal):
                 return record
     return None
 
@@ -92,8 +94,9 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     if stage1[: len(prompt)] == prompt:
         return record["task_id"]
     system = next((m.get("content") for m in record["messages"] if m.get("role") == "system"), None)
-    env = env_config.make_env()
-    if system is not None and system != env.system_prompt:
+    if getattr(env_config, "name", "bfcl") != "bfcl":  # another registered env: its own settings decide the prompt
+        setting = f"the opening messages and tools of env {env_config.name} against the data's"
+    elif system is not None and system != env_config.make_env().system_prompt:
         setting = "env.system_prompt"
     elif [t.get("function", {}).get("name") for t in record.get("tools") or []] != \
             [t["function"]["name"] for t in engine.opening(suite[record["task_id"]], None)[2]]:

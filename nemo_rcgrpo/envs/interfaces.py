@@ -2,8 +2,9 @@
 
 The engine (`rollout/multi_turn.py`) names none of BFCL's types. It gets an ``EnvOpener``, whose ``open(task)``
 returns a fresh environment already reset on the task, and the opening messages. Whatever the environment needs
-for that, such as BFCL's memoised gold replays, stays on its side of the seam. The BFCL implementation is
-`envs/bfcl/config.py: BFCLOpener`, made by ``BFCLEnvConfig.opener(suite)``.
+for that, such as BFCL's memoised gold replays, stays on its side of the seam. Openers are registered by name
+(kind ``env``, setting ``env.name``; `envs/sources.py: make_opener`); BFCL's is `envs/bfcl/config.py: BFCLOpener`,
+and `examples/plugins/kv_store` has one outside the package.
 """
 
 from __future__ import annotations

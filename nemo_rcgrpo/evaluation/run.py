@@ -33,8 +33,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask, category_order
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask, category_order
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.utils.config import ConfigError

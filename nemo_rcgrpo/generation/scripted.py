@@ -17,7 +17,9 @@ sampling seed the engine passes (step and round), the rollout's position in the 
 prompt ids, so a resumed run plays the same rollouts as an uninterrupted one.
 
 Token-in, token-out like every generator: the task is recognised in the decoded prompt (its first user message;
-categories whose tasks share a request, such as base and long_context, cannot be told apart and are refused),
+tasks that share a request are played alike when their plans are the same messages, as bfcl_micro's twins that
+differ only in files the request does not touch, and refused otherwise, as base and long_context with both
+categories in the run),
 later turns of a rollout are recognised because their prompt extends an earlier prompt plus completion, and a
 completion is the token ids of the planned assistant message as the chat format renders it (the trained tokens:
 content and end-of-turn). Sampler logprobs are 0.0 (the completion is a choice, not a sample). Weights sent to it

@@ -157,6 +157,3 @@ def _stream_with_lm_head(weights, tied: bool) -> WeightStream:
         yield "lm_head.weight", kept
 
     return WeightStream(stream.meta + [("lm_head.weight", embed[1], embed[2])], export)
-
-
-# ---------------------------------------------------------------------- generator

@@ -15,7 +15,8 @@ context budget or a message hits ``max_new_tokens`` without a stop token
 (truncated: reward 0, reason recorded).
 
 Environments come through the seam of `envs/interfaces.py`: ``envs.open(task)`` gives each rollout a fresh
-``Env`` reset on its task (BFCL's: ``BFCLEnvConfig.opener(suite)``), so nothing here names an environment's types.
+``Env`` reset on its task (the registered ``env.name``: `envs/sources.py: make_opener`), so nothing here names an
+environment's types.
 
 One rollout never takes down its batch: an exception while advancing or scoring
 a rollout (a tokenizer that cannot read an id, an environment bug) ends that

@@ -13,6 +13,7 @@ renames, when the old one is still whole as ``.old-NAME``.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -36,9 +37,12 @@ def swap_in(staged: Path, target: Path) -> Path:
 @contextlib.contextmanager
 def staged_folder(target: Path) -> Iterator[Path]:
     """A new empty sibling of ``target`` to write into; when the block ends without an exception it replaces
-    ``target`` (`swap_in`), and it is removed in any case."""
+    ``target`` (`swap_in`), and it is removed in any case. One writer per target: temporary siblings left by a
+    writer that was killed (no ``finally`` runs on SIGKILL) are removed first."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".tmp-{glob.escape(target.name)}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}.", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
     try:

@@ -30,7 +30,8 @@ def kv():
 
         yield make_data, kv_store
     finally:
-        sys.path.remove(str(PLUGIN))
+        while str(PLUGIN) in sys.path:  # make_data.py puts its folder on the path too
+            sys.path.remove(str(PLUGIN))
         import nemo_rcgrpo.registry as registry
 
         registry.table("task_source").pop("kv_store", None)
@@ -91,3 +92,15 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == "error: env.name='kv_stor': choose one of ['bfcl', 'kv_store']"
     proc = _rcgrpo("plugins", "plugins=[kv_store]")
     assert proc.returncode == 0 and "env (env.name): bfcl, kv_store" in proc.stdout
+    # trained as served: data whose system prompt is not the env's is refused before any rollout
+    import shutil
+
+    shutil.copytree(data, tmp_path / "data2")
+    lines = [json.loads(l) for l in (data / "rctp.jsonl").read_text().splitlines()]
+    for line in lines:
+        line["messages"][0]["content"] += " Be brief."
+    (tmp_path / "data2" / "rctp.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    proc = _rcgrpo("train", *common, f"data.dir={tmp_path / 'data2'}", f"run_dir={tmp_path / 'rl2'}")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "is not a prefix of its stage-1 rendering" in last, proc.stderr[-2000:]
+    assert "the opening messages and tools of env kv_store" in last

@@ -23,7 +23,7 @@ ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _stage1_args(data_dir, run_dir, *extra):
-    """rctp_smollm_cpu with its data order and seed, cut to 3 short steps of 2 sequences (CPU test budget)."""
+    """rctp_smollm_cpu with its data order and seed, cut to a few short steps of 2 sequences (CPU test budget)."""
     return ["--config-name=rctp_smollm_cpu", f"run_dir={run_dir}", f"data.dir={data_dir}", "chat.max_length=900",
             "data.max_examples=16", "trainer.global_batch_size=2", "trainer.micro_batch_size=1",
             "trainer.max_steps=3", "trainer.lr=1e-4", "logging.progress=false", "logging.tensorboard=false", *extra]

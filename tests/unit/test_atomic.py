@@ -67,3 +67,15 @@ def test_merge_into_adds_files_beside_the_others(tmp_path):
     merge_into(target, lambda tmp: (tmp / "tokenizer.json").write_text("t"))
     merge_into(target, lambda tmp: (tmp / "model.safetensors").write_text("w"))
     assert _tree(target) == ["model.safetensors", "tokenizer.json"] and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_killed_writer_leaves_no_copy_behind_for_good(tmp_path):
+    """SIGKILL runs no ``finally``: the next write of the same target removes what the killed one left."""
+    target = tmp_path / "hf"
+    left = tmp_path / ".tmp-hf.abc123"
+    left.mkdir()
+    (left / "model.safetensors").write_text("half")
+    (tmp_path / ".tmp-hfx.keep").mkdir()  # another target's temporary folder is not touched
+    with staged_folder(target) as tmp:
+        (tmp / "a.txt").write_text("1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-hfx.keep", "hf"]

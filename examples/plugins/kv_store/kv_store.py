@@ -115,7 +115,7 @@ class KVEnv:
                 self.done = True
                 break
             observations.append(self._run(call, getattr(call, "id", None) or f"call_{self.steps}_{i}"))
-        if not self.done and self.steps >= self.max_steps:
+        if not self.done and self.steps > self.max_steps:  # as BFCL's env: cut when the count exceeds the limit
             self.truncate(f"more than {self.max_steps} tool-calling steps")
         messages = [{"role": "tool", "tool_call_id": o.tool_call_id, "name": o.name or "", "content": o.content}
                     for o in observations]

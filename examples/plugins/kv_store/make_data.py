@@ -12,7 +12,8 @@ environment's own and its reward is checked: experts score 1, failures 0. OUT_DI
     rl_train.jsonl         the training tasks of stage 2 (task ids); rl_test.jsonl the held-out ones
 
 A line of sft.jsonl / rctp.jsonl: {"task_id", "category", "split", "mode", "messages" (OpenAI chat messages,
-assistant tool_calls with JSON-string arguments), "tools" (OpenAI schemas)}, and "reward" in rctp.jsonl.
+assistant tool_calls with JSON-string arguments), "tools" (OpenAI schemas)}, and in rctp.jsonl "reward" (1 / 0)
+and "reward_goal" (the token its first user message carries).
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def build(out: Path, seed: int = 0) -> dict[str, int]:
         assert bad_reward == 0.0, (task.id, kind, bad_reward)  # a failure is verified, not assumed
         files["sft"].append({**base, "messages": messages})
         files["failures"].append({**base, "messages": bad, "failure_type": kind})
-        files["rctp"] += [{**base, "messages": goal.apply(messages, True), "reward": 1},
-                          {**base, "messages": goal.apply(bad, False), "reward": 0, "failure_type": kind}]
+        files["rctp"] += [{**base, "messages": goal.apply(messages, True), "reward": 1, "reward_goal": goal.token(True)},
+                          {**base, "messages": goal.apply(bad, False), "reward": 0, "reward_goal": goal.token(False),
+                           "failure_type": kind}]
         files[f"rl_{split}"].append({"task_id": task.id, "category": task.category, "env": "kv_store",
                                      "task_source": "kv_store", "mode": "merged"})
     for name, lines in files.items():

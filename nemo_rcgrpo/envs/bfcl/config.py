@@ -68,9 +68,12 @@ class BFCLEnvConfig:
             max_observation_chars=self.max_observation_chars,
         )
 
-    def opener(self, suite: BFCLSuite) -> "BFCLOpener":
-        """What the rollout engine opens its environments with (`envs/interfaces.py: EnvOpener`)."""
-        return BFCLOpener(self, suite)
+    def opener(self, suite: BFCLSuite):
+        """What the rollout engine opens its environments with (`envs/interfaces.py: EnvOpener`): the registered
+        env ``name`` (`envs/sources.py: make_opener`; BFCL's is `BFCLOpener`)."""
+        from nemo_rcgrpo.envs.sources import make_opener
+
+        return make_opener(self, suite)
 
 
 class BFCLOpener:
