@@ -19,12 +19,15 @@ recomputed from the outputs (eval trajectories, rollout dumps, metrics.jsonl) by
 (tests/unit/test_experiment_stats.py runs both on outputs of the same formats).
 
 Usage: python scripts/experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
-                                    [--steps 30] [--e1-samples 4] [--e2-groups 60] [--fresh]
+                                    [--steps 30] [--e1-samples 4] [--e2-groups 60] [--jobs 2] [--fresh]
+
+--jobs N runs N commands at once (each with cores/N torch threads), each as soon as the outputs it reads exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime as dt
 import json
 import os
@@ -32,9 +35,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -130,12 +134,22 @@ def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ running the commands
+class Job(NamedTuple):
+    name: str
+    args: list[str]
+    done: Path  # the output whose presence means the job has run
+    deps: tuple[str, ...] = ()  # jobs whose outputs it reads
+
+
 class Runner:
-    def __init__(self, out: Path, quiet: bool = True):
-        self.out, self.quiet = out, quiet
+    def __init__(self, out: Path, jobs: int = 1, quiet: bool = True):
+        self.out, self.quiet, self.jobs = out, quiet, max(1, jobs)
+        # each job's torch threads: the cores shared out, so concurrent jobs do not oversubscribe them
+        self.threads = max(1, (os.cpu_count() or 1) // self.jobs)
         self.seconds: dict[str, float] = {}
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
         timings = out / "seconds.json"
         if timings.is_file():
             self.seconds = json.loads(timings.read_text())
@@ -147,51 +161,88 @@ class Runner:
         cmd = [str(Path(sys.executable).parent / "rcgrpo"), *args]
         print(f"[{dt.datetime.now():%H:%M:%S}] {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
+        env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": str(self.threads)}
         with (self.logs / f"{name}.log").open("w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                 env={**os.environ, "PYTHONHASHSEED": "0"})
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         if rc != 0:
             tail = (self.logs / f"{name}.log").read_text().splitlines()[-5:]
             raise SystemExit(f"{name} failed (exit {rc}); {self.logs / (name + '.log')}:\n" + "\n".join(tail))
-        self.seconds[name] = time.perf_counter() - t0
-        (self.out / "seconds.json").write_text(json.dumps(self.seconds, indent=1))
+        with self._lock:
+            self.seconds[name] = time.perf_counter() - t0
+            (self.out / "seconds.json").write_text(json.dumps(self.seconds, indent=1))
+
+    def run(self, jobs: Sequence[Job]) -> None:
+        """Run the jobs, ``self.jobs`` at a time, each once its dependencies have run, in the order given
+        among those ready (the longest first, so the cores stay busy to the end). A failure stops new starts."""
+        names = {j.name for j in jobs}
+        unknown = {d for j in jobs for d in j.deps} - names
+        if unknown:
+            raise ValueError(f"jobs depend on unknown jobs {sorted(unknown)}")
+        pending, finished, running = list(jobs), set(), {}
+        with cf.ThreadPoolExecutor(self.jobs) as pool:
+            while pending or running:
+                for job in [j for j in pending if set(j.deps) <= finished][: self.jobs - len(running)]:
+                    pending.remove(job)
+                    running[pool.submit(self.rcgrpo, job.name, job.args, job.done)] = job
+                if not running:
+                    raise ValueError(f"jobs {[j.name for j in pending]} wait on each other")
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    job = running.pop(future)
+                    if future.exception() is not None:
+                        pending.clear()  # the running ones finish; nothing new starts
+                        for other in running:
+                            other.result()
+                        raise future.exception()
+                    finished.add(job.name)
 
 
-def run_all(args: argparse.Namespace) -> None:
+def experiment_jobs(args: argparse.Namespace) -> list[Job]:
+    """Every command of the experiment, as jobs with their dependencies (data -> stage 1 -> E1, E2, E3)."""
     out: Path = args.out
     data = out / "data"
-    r = Runner(out)
-    r.rcgrpo("data", ["prepare-data", "task_source=bfcl_micro", f"out_dir={data}", "tokenizer=null",
-                      "progress=false"], data / "stats.json")
-    for stage in ("sft", "rctp"):
-        r.rcgrpo(f"stage1_{stage}", ["train", "--config-name", f"micro_{stage}", f"run_dir={out / stage}",
-                                     f"data.dir={data}", "logging.progress=false", "logging.tensorboard=false"],
-                 out / stage / "hf" / "config.json")
-    common_eval = ["eval", "policy=checkpoint", "task_source=bfcl_micro", f"data_dir={data}", "limit=null",
-                   "progress=false", "chat.tool_description=compact", *EVAL_BUDGET]
-    for name, model, token in (("e1_high", "rctp", "high"), ("e1_low", "rctp", "low"), ("e1_sft", "sft", "none")):
-        r.rcgrpo(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
-                        f"samples={args.e1_samples}", "temperature=1.0", f"out_dir={out / name}"],
-                 out / name / "results.json")
-    for name, model, token in INIT_EVALS:  # step 0 of E3: greedy, the token the in-training evaluation uses
-        r.rcgrpo(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
-                        f"out_dir={out / name}"], out / name / "results.json")
-    for name, model, algo, sampling in E2_CONDITIONS:
-        run_dir = out / "e2" / name
-        extra = [f"rl.reward_token_sampling={sampling}"] if sampling else []
-        r.rcgrpo(f"e2_{name}", ["train", "--config-name", f"micro_{algo}", f"model.path={out / model / 'hf'}",
-                                f"run_dir={run_dir}", f"data.dir={data}", "trainer.max_steps=1",
-                                f"rl.tasks_per_step={args.e2_groups}", "rl.eval_every=0", "trainer.export_hf=false",
-                                "logging.progress=false", "logging.tensorboard=false", *extra],
-                 run_dir / "rollouts" / "step_1.jsonl")
-    for seed in range(1, args.seeds + 1):
+    jobs = [Job("data", ["prepare-data", "task_source=bfcl_micro", f"out_dir={data}", "tokenizer=null",
+                         "progress=false"], data / "stats.json")]
+    for stage in ("rctp", "sft"):  # RCTP-FT first: twice SFT's steps
+        jobs.append(Job(f"stage1_{stage}", ["train", "--config-name", f"micro_{stage}", f"run_dir={out / stage}",
+                                            f"data.dir={data}", "logging.progress=false", "logging.tensorboard=false"],
+                        out / stage / "hf" / "config.json", ("data",)))
+    for seed in range(1, args.seeds + 1):  # the long runs first
         for model, algo in CONDITIONS:
             run_dir = out / "e3" / f"{model}_{algo}_s{seed}"
-            r.rcgrpo(f"e3_{model}_{algo}_s{seed}", [
+            jobs.append(Job(f"e3_{model}_{algo}_s{seed}", [
                 "train", "--config-name", f"micro_{algo}", f"model.path={out / model / 'hf'}", f"run_dir={run_dir}",
                 f"data.dir={data}", f"seed={seed}", f"trainer.max_steps={args.steps}",
                 f"rl.eval_every={args.eval_every}", "trainer.export_hf=false", "logging.progress=false",
-                "logging.tensorboard=false"], run_dir / "eval" / f"step_{args.steps}.jsonl")
+                "logging.tensorboard=false"], run_dir / "eval" / f"step_{args.steps}.jsonl", (f"stage1_{model}",)))
+    for name, model, algo, sampling in E2_CONDITIONS:
+        run_dir = out / "e2" / name
+        extra = [f"rl.reward_token_sampling={sampling}"] if sampling else []
+        jobs.append(Job(f"e2_{name}", ["train", "--config-name", f"micro_{algo}", f"model.path={out / model / 'hf'}",
+                                       f"run_dir={run_dir}", f"data.dir={data}", "trainer.max_steps=1",
+                                       f"rl.tasks_per_step={args.e2_groups}", "rl.eval_every=0",
+                                       "trainer.export_hf=false", "logging.progress=false",
+                                       "logging.tensorboard=false", *extra],
+                        run_dir / "rollouts" / "step_1.jsonl", (f"stage1_{model}",)))
+    common_eval = ["eval", "policy=checkpoint", "task_source=bfcl_micro", f"data_dir={data}", "limit=null",
+                   "progress=false", "chat.tool_description=compact", *EVAL_BUDGET]
+    for name, model, token in (("e1_high", "rctp", "high"), ("e1_low", "rctp", "low"), ("e1_sft", "sft", "none")):
+        jobs.append(Job(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
+                               f"samples={args.e1_samples}", "temperature=1.0", f"out_dir={out / name}"],
+                        out / name / "results.json", (f"stage1_{model}",)))
+    for name, model, token in INIT_EVALS:  # step 0 of E3: greedy, the token the in-training evaluation uses
+        jobs.append(Job(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
+                               f"out_dir={out / name}"], out / name / "results.json", (f"stage1_{model}",)))
+    return jobs
+
+
+def run_all(args: argparse.Namespace) -> None:
+    r = Runner(args.out, jobs=args.jobs)
+    t0, before = time.perf_counter(), len(r.seconds)
+    r.run(experiment_jobs(args))
+    if len(r.seconds) > before:  # something ran: its wall-clock time adds to an interrupted run's
+        r.seconds["wall"] = r.seconds.get("wall", 0.0) + time.perf_counter() - t0
+        (args.out / "seconds.json").write_text(json.dumps(r.seconds, indent=1))
 
 
 # ------------------------------------------------------------------ the report
@@ -324,8 +375,11 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
                   "rollouts' metrics (metrics.jsonl).", "",
                   *res["e3_rows"], "", "![training dynamics](experiments/e3_dynamics.png)"]
     lines += ["", "## Time", "", "| stage | seconds |", "|---|---:|"]
-    lines += [f"| {k} | {v:.0f} |" for k, v in seconds.items()]
-    lines += [f"| total | {sum(seconds.values()):.0f} |"]
+    runs = {k: v for k, v in seconds.items() if k != "wall"}
+    lines += [f"| {k} | {v:.0f} |" for k, v in runs.items()]
+    lines += [f"| total (the commands' seconds added up) | {sum(runs.values()):.0f} |"]
+    if "wall" in seconds:
+        lines += [f"| wall clock ({args.jobs} command{'s' if args.jobs > 1 else ''} at once) | {seconds['wall']:.0f} |"]
     return "\n".join(lines)
 
 
@@ -341,6 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--e1-samples", type=int, default=4)
     p.add_argument("--e2-groups", type=int, default=60)
+    p.add_argument("--jobs", type=int, default=2, help="commands run at once, the cores shared out between them "
+                   "(default 2: on 2 cores, two one-thread runs do more than one two-thread run)")
     p.add_argument("--fresh", action="store_true", help="remove --out first")
     p.add_argument("--report-only", action="store_true", help="recompute the report from --out, run nothing")
     args = p.parse_args(argv)
@@ -357,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "e3_dynamics.png")
     header = (f"Measured {dt.date.today():%Y-%m-%d} on {cpu_name()}, {os.cpu_count()} cores, torch CPU. Command: "
               f"`python scripts/experiment.py --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
-              f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups}`; outputs in {args.out.name}/.")
+              f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {args.jobs}`; outputs in {args.out.name}/.")
     section = "\n".join([START, header, "", render(res, args, seconds), END])
     text = args.doc.read_text() if args.doc.is_file() else ""
     if START in text and END in text:

@@ -45,37 +45,104 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Calla
     return f
 
 
+# model types whose causal-LM forward is exactly lm_head(decoder(...)) (no logit scaling or soft-capping), so the
+# output layer can be applied to the trained positions only (`position_logits`)
+GATHERED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def gathers(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s output layer may be applied to chosen positions only (`position_logits`)."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "model_type", None) in GATHERED_MODEL_TYPES and hasattr(model, "get_decoder")
+            and hasattr(model, "get_output_embeddings"))
+
+
+def position_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits at the N positions (rows[i], cols[i]) of a [B, T] batch: the decoder runs on every token,
+    the output layer (over a 50k-150k vocabulary, most of a small model's cost) only on the positions asked for."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+    return model.get_output_embeddings()(hidden[rows, cols])  # [N, V]
+
+
+class PositionHead(torch.nn.Module):
+    """``position_logits`` as a module, so DDP wraps it and its gradients are synchronised as the model's."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.lm = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
+                cols: torch.Tensor) -> torch.Tensor:
+        return position_logits(self.lm, input_ids, attention_mask, rows, cols)
+
+
+def _trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    loss_mask: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
+    """[N, V] fp32 logits at the positions t whose token t+1 is trained, and those (rows, cols) in the shifted
+    [B, T-1] grid; None where the model cannot gather (a DDP model gathers only as a `PositionHead`)."""
+    inner = model.module if isinstance(model, DDP) else model
+    if not (isinstance(inner, PositionHead) or (inner is model and gathers(model))):
+        return None
+    rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)  # [N], [N]
+    if isinstance(inner, PositionHead):
+        logits = model(input_ids, attention_mask, rows, cols)
+    else:
+        logits = position_logits(model, input_ids, attention_mask, rows, cols)
+    return logits.float(), (rows, cols)
+
+
+def _entropies(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] entropies, in chunks along the first dimension, without gradient (a whole
+    [N, V] softmax beside the graph would double the peak)."""
+    with torch.no_grad():
+        out = torch.empty(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
+        for c in range(0, logits.shape[0], ENTROPY_CHUNK):
+            logp_all = logits[c:c + ENTROPY_CHUNK].detach().log_softmax(-1)
+            out[c:c + ENTROPY_CHUNK] = -(logp_all.exp() * logp_all).sum(-1)
+        return out
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor | None = None, entropy_out: list | None = None) -> torch.Tensor:
     """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
 
-    With ``loss_mask`` [B, T], logits are computed only at the positions that
-    predict a masked token in some row (the output layer over a 50k-150k
-    vocabulary is a large share of the cost); positions no row needs are 0.
+    With ``loss_mask`` [B, T], logits are computed only where they are needed (the output layer over a
+    50k-150k vocabulary is a large share of the cost): at each row's own trained positions where the model
+    gathers (`gathers`, `PositionHead`), else at the positions that predict a masked token in some row
+    (``logits_to_keep``); positions not computed are 0.
     ``entropy_out`` (with ``loss_mask``): a list that receives the [B, T] entropies of the same forward pass
     (no gradient), so a training step needs no separate pass for them.
     """
     targets = input_ids[:, 1:]  # [B, T-1]
+    if loss_mask is None and isinstance(model.module if isinstance(model, DDP) else model, PositionHead):
+        loss_mask = torch.ones_like(input_ids)  # every position, through the head DDP wraps
     if loss_mask is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [B, T-1, V]
         lp = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         lp = lp.view(targets.shape)
-    else:
-        keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K] positions t whose t+1 is trained
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
-        picked = targets[:, keep]  # [B, K]
-        kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
+    gathered = _trained_logits(model, input_ids, attention_mask, loss_mask)
+    if gathered is not None:
+        logits, (rows, cols) = gathered  # [N, V]
+        kept = -F.cross_entropy(logits, targets[rows, cols], reduction="none")  # [N]
         lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
-        lp[:, keep] = kept.view(picked.shape)
+        lp = lp.index_put((rows, cols), kept)  # out of place: the [N] values keep their graph
         if entropy_out is not None:
-            with torch.no_grad():  # in chunks of positions: a [B, K, V] softmax beside the graph would double the peak
-                ent_kept = torch.empty(logits.shape[:2], dtype=logits.dtype, device=logits.device)  # [B, K]
-                for c in range(0, logits.shape[1], ENTROPY_CHUNK):
-                    logp_all = logits[:, c:c + ENTROPY_CHUNK].detach().log_softmax(-1)  # [B, chunk, V]
-                    ent_kept[:, c:c + ENTROPY_CHUNK] = -(logp_all.exp() * logp_all).sum(-1)
-                ent = torch.zeros_like(lp)
-                ent[:, keep] = ent_kept
+            ent = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
+            ent[rows, cols] = _entropies(logits)
             entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
+    keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K] positions t whose t+1 is trained
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
+    picked = targets[:, keep]  # [B, K]
+    kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
+    lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
+    lp[:, keep] = kept.view(picked.shape)
+    if entropy_out is not None:
+        ent = torch.zeros_like(lp)
+        ent[:, keep] = _entropies(logits.transpose(0, 1)).transpose(0, 1)  # chunks of positions
+        entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
 
 
@@ -83,17 +150,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] token logprobs and [B, T] entropies of the predictive distribution, at masked positions."""
-    targets = input_ids[:, 1:]
-    keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K]
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
-    logp_all = logits.log_softmax(-1)  # [B, K, V]
-    picked = logp_all.gather(-1, targets[:, keep].unsqueeze(-1)).squeeze(-1)  # [B, K]
-    ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, K]
-    lp = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
-    en = torch.zeros_like(lp)
-    lp[:, keep], en[:, keep] = picked, ent
-    pad = torch.zeros_like(lp[:, :1])
-    return torch.cat([pad, lp], dim=1), torch.cat([pad, en], dim=1)
+    out: list[torch.Tensor] = []
+    lp = token_logprobs(model, input_ids, attention_mask, loss_mask, out)
+    return lp, out[0]
 
 
 class TorchPolicy:
@@ -106,7 +165,8 @@ class TorchPolicy:
         self.module = self.model
         if dist.world_size > 1:
             ids = [dist.device.index] if dist.device.type == "cuda" else None
-            self.model = DDP(self.model, device_ids=ids)
+            # DDP wraps what the training forward calls: the position-gathering head where the model allows it
+            self.model = DDP(PositionHead(self.model) if gathers(self.model) else self.model, device_ids=ids)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.mixed = any(p.dtype in LOW_PRECISION for p in self.params)
         # fp32 master weights for a low-precision model (the module docstring); the optimizer updates these

@@ -106,3 +106,49 @@ def test_report_and_render_on_outputs_of_the_real_formats(exp, tmp_path):
     assert "- (no step with reward variance)" in next(l for l in e3 if l.startswith("| SFT + GRPO"))
     assert (tmp_path / "plot.png").stat().st_size > 0
     assert "mu_h - mu_l = +0.500 (goal: at least 0.3: met)" in text
+
+
+def test_jobs_start_only_after_what_they_read(exp, tmp_path, monkeypatch):
+    """The runner starts a job once its dependencies have finished, two at a time, and stops starting new
+    ones after a failure; the experiment's own jobs depend on the stage-1 model each reads."""
+    import threading
+    import time
+
+    events, lock = [], threading.Lock()
+
+    def fake(self, name, args, done):
+        with lock:
+            events.append(("start", name))
+        time.sleep({"a": 0.2, "b": 0.05}.get(name, 0.01))
+        if name == "bad":
+            raise SystemExit("bad failed")
+        with lock:
+            events.append(("end", name))
+
+    monkeypatch.setattr(exp.Runner, "rcgrpo", fake)
+    r = exp.Runner(tmp_path, jobs=2)
+    Job = exp.Job
+    r.run([Job("a", [], tmp_path), Job("b", [], tmp_path), Job("c", [], tmp_path, ("b",)),
+           Job("d", [], tmp_path, ("a", "c"))])
+    order = [e for e in events]
+    assert order.index(("start", "c")) > order.index(("end", "b"))
+    assert order.index(("start", "d")) > max(order.index(("end", "a")), order.index(("end", "c")))
+    assert order.index(("start", "c")) < order.index(("end", "a"))  # c did not wait for a
+    events.clear()
+    with pytest.raises(SystemExit, match="bad failed"):
+        r.run([Job("bad", [], tmp_path), Job("a", [], tmp_path), Job("after", [], tmp_path, ("bad",))])
+    assert ("start", "after") not in events and ("end", "a") in events  # the running one finished
+    with pytest.raises(ValueError, match="unknown"):
+        r.run([Job("x", [], tmp_path, ("nope",))])
+
+    import argparse
+    jobs = exp.experiment_jobs(argparse.Namespace(out=tmp_path, seeds=2, steps=10, eval_every=5, e1_samples=2,
+                                                  e2_groups=50))
+    by = {j.name: j for j in jobs}
+    assert len(by) == len(jobs) == 1 + 2 + 2 * 4 + 3 + 6
+    for j in jobs:
+        if j.name == "data":
+            continue
+        reads = [a for a in j.args if a.startswith(("model.path=", "checkpoint.path="))]
+        want = ("data",) if j.name.startswith("stage1_") else (f"stage1_{reads[0].split('/')[-2]}",)
+        assert j.deps == want, j.name
