@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 
 MAX_LINE_CHARS = 4_000_000
 MAX_RECORD_CHARS = 1_000_000  # one output record (16 KB of calls produced 37.5 MB of observations before)

@@ -70,12 +70,17 @@ TARGETS: dict[str, Target] = {
     "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/test_rl_math.py",)),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
                      ("tests/unit/test_reward.py", "tests/unit/test_reward_classes.py")),
+    "calls": Target(
+        "nemo_rcgrpo/envs/bfcl/calls.py",
+        ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
+        scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call",
+               "_check_plain_names", "_check_call_id"),
+    ),
     "executor": Target(
         "nemo_rcgrpo/envs/bfcl/executor.py",
         ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
-        scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call", "_check_type",
-               "_as_number", "_walk_fits", "_resource_guard", "_check_plain_names", "_check_call_id", "_bind", "named_arguments", "Toolbox.__init__",
-               "Toolbox.bind"),
+        scope=("_check_type", "_as_number", "_walk_fits", "_resource_guard", "_bind", "named_arguments",
+               "Toolbox.__init__", "Toolbox.bind"),
     ),
     "tokenize": Target(
         "nemo_rcgrpo/data/tokenize.py", ("tests/unit/test_chat_format.py",),

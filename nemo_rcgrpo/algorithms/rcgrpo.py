@@ -40,8 +40,8 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
-from nemo_rcgrpo.algorithms.sft import (ensure_data, load_tokenizer_and_model, make_renderer, model_fingerprint,
-                                        seed_everything, export_hf)
+from nemo_rcgrpo.algorithms.sft import ensure_data
+from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, collate

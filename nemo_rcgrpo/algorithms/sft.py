@@ -12,25 +12,20 @@ and an HF export (``run_dir/hf``) that transformers and vLLM load directly.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
-from nemo_rcgrpo.config import PolicySetup, TrainConfig
+from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
-from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
-from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resize_with_mean, resolve_model_path
+from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
@@ -39,39 +34,6 @@ from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, loa
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_tokenizer_and_model(cfg: PolicySetup):
-    """Tokenizer + model with the format's control tokens and the reward tokens (if special)."""
-    resolve_model_path(cfg.model.path)  # a missing model is reported as such, not as a missing tokenizer
-    tokenizer = load_tokenizer(cfg.model.path)
-    model = load_model(cfg.model.path, cfg.model.dtype)
-    n_old = len(tokenizer)
-    added = ensure_format_tokens(tokenizer, cfg.chat.format)
-    if added:
-        resize_with_mean(tokenizer, model, added, n_old)
-    if cfg.model.reward_tokens == "special":
-        add_reward_tokens(tokenizer, model, (cfg.reward_tokens.high, cfg.reward_tokens.low))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, model
-
-
-def make_renderer(cfg: PolicySetup, tokenizer) -> ChatRenderer:
-    return ChatRenderer(tokenizer, cfg.chat.format, tool_description=cfg.chat.tool_description,
-                        renderer=cfg.chat.renderer, reward_tokens=(cfg.reward_tokens.high, cfg.reward_tokens.low),
-                        literal_reward_tokens=cfg.model.reward_tokens != "special")
-
-
-def model_fingerprint(model: torch.nn.Module, path: str) -> str:
-    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
-    return hashlib.sha256(json.dumps([type(model).__name__, shapes], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
@@ -216,17 +178,3 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             export_hf(hf, tokenizer, run_dir / "hf", record)
     barrier(dist)
     return {"steps": end_step, "total_steps": total_steps, "start_step": start_step, **last, **data_stats}
-
-
-def export_hf(model: torch.nn.Module, tokenizer, target: Path, record: dict | None = None) -> Path:
-    """An HF folder (weights + tokenizer with the reward tokens + the training record), written beside and moved
-    into place."""
-    from nemo_rcgrpo.utils.atomic import staged_folder
-    from nemo_rcgrpo.utils.provenance import write_record
-
-    with staged_folder(target) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if record is not None:
-            write_record(tmp, record)
-    return target

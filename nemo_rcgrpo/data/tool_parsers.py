@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
-from nemo_rcgrpo.envs.bfcl.executor import CallRejected, parse_json_call
+from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
 MAX_CALLS = 128  # more calls than this in one message reject the message

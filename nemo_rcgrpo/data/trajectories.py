@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
-from nemo_rcgrpo.envs.bfcl.executor import named_arguments, parse_call_string
+from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
+from nemo_rcgrpo.envs.bfcl.executor import named_arguments
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall

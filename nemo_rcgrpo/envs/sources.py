@@ -30,7 +30,7 @@ from nemo_rcgrpo.utils.config import ConfigError
 
 @register("task_source", "bfcl")
 def bfcl(categories: Iterable[str], data_dir: Path | None = None):
-    from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite
+    from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 
     return BFCLSuite(tuple(categories), data_dir=data_dir)
 

@@ -33,7 +33,9 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask, category_order
+from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, category_order
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.utils.config import ConfigError
@@ -213,7 +215,7 @@ class CheckpointPolicy:
     def __init__(self, cfg: EvalConfig, suite: BFCLSuite):
         import torch
 
-        from nemo_rcgrpo.algorithms.sft import load_tokenizer_and_model, make_renderer, seed_everything
+        from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
         from nemo_rcgrpo.data.reward_goal import RewardGoal
         from nemo_rcgrpo.generation import make_generator
         from nemo_rcgrpo.generation.base import SamplingParams

@@ -41,7 +41,8 @@ from nemo_rcgrpo.data.chat_format import one_call_per_message
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask
+from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 
 FINAL_TEXT = "I have completed the request."
@@ -174,7 +175,7 @@ class ScriptedGenerator:
 
 
 def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGenerator:
-    from nemo_rcgrpo.algorithms.sft import make_renderer
+    from nemo_rcgrpo.models.setup import make_renderer
     from nemo_rcgrpo.envs.sources import make_suite
 
     s = cfg.generation.scripted

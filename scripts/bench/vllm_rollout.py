@@ -33,6 +33,7 @@ from nemo_rcgrpo.config import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
 from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
@@ -68,7 +69,7 @@ def main() -> int:
     hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
 
     def engine(gen):
-        return RolloutEngine(gen, renderer, BFCLEnvConfig(mode="merged").opener(suite),
+        return RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode="merged"), suite),
                              SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
                              max_turns=args.max_turns, max_total_tokens=4096)
 

@@ -89,7 +89,7 @@ def test_config_from_hydra_and_validation(tmp_path):
 
 
 def test_task_selection(suite, tmp_path):
-    from nemo_rcgrpo.data.splits import split_by_scenario
+    from nemo_rcgrpo.envs.splits import split_by_scenario
 
     paper = select_tasks(EvalConfig(out_dir=str(tmp_path)), suite)
     assert paper == split_by_scenario(suite, 1234, 0.1).to_json(suite)["test"] and len(paper) == 80

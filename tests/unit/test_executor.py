@@ -3,14 +3,8 @@ import json
 import pytest
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.executor import (
-    CallRejected,
-    Toolbox,
-    format_result,
-    parse_call_string,
-    parse_json_call,
-    to_tool_call,
-)
+from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_call_string, parse_json_call, to_tool_call
+from nemo_rcgrpo.envs.bfcl.executor import Toolbox, format_result
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
 

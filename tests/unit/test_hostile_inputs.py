@@ -12,7 +12,9 @@ from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.tool_parsers import parse_hermes, parse_llama3_json
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
-from nemo_rcgrpo.envs.bfcl.executor import to_tool_call, valid_text
+from nemo_rcgrpo.envs.sources import make_opener
+from nemo_rcgrpo.envs.bfcl.calls import to_tool_call
+from nemo_rcgrpo.types import valid_text
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
@@ -75,7 +77,7 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
     hostile = SURROGATES[0][0]
     good = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
     gen = FixedGenerator(renderer, [(markers[0], hostile), (markers[1], good)])
-    engine = RolloutEngine(gen, renderer, BFCLEnvConfig(mode="merged").opener(suite), SamplingParams(max_new_tokens=64),
+    engine = RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode="merged"), suite), SamplingParams(max_new_tokens=64),
                            max_turns=2)
     trajs = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
     assert [t.error for t in trajs] == [None, None]  # surrogates are now plain escape text

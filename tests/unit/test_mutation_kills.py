@@ -15,23 +15,10 @@ from nemo_rcgrpo.algorithms import reward_tokens
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss, sft_loss
 from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS, stratified_count
-from nemo_rcgrpo.envs.bfcl.executor import (
-    MAX_CALL_CHARS,
-    MAX_INT_EXPONENT,
-    MAX_NAME_CHARS,
-    MAX_NESTING,
-    MAX_PRECISION,
-    MAX_TREE_ENTRIES,
-    CallRejected,
-    ExecutedCall,
-    Toolbox,
-    _resource_guard,
-    _walk_fits,
-    named_arguments,
-    parse_call_string,
-    parse_json_call,
-    to_tool_call,
-)
+from nemo_rcgrpo.envs.bfcl.calls import (MAX_CALL_CHARS, MAX_NAME_CHARS, MAX_NESTING, CallRejected, parse_call_string,
+                                         parse_json_call, to_tool_call)
+from nemo_rcgrpo.envs.bfcl.executor import (MAX_INT_EXPONENT, MAX_PRECISION, MAX_TREE_ENTRIES, ExecutedCall, Toolbox,
+                                            _resource_guard, _walk_fits, named_arguments)
 from nemo_rcgrpo.envs.bfcl.reward import GoldAction, GoldReplay, OfficialChecker, action_matches
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
 from nemo_rcgrpo.types import OfficialVerdict, ToolCall, ToolCallError

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLSuite, BFCLTask
+from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 from nemo_rcgrpo.types import Message
 from nemo_rcgrpo.utils.config import ConfigError
 
@@ -67,13 +68,6 @@ class BFCLEnvConfig:
             holdout_tools_in_message=self.holdout_tools_in_message,
             max_observation_chars=self.max_observation_chars,
         )
-
-    def opener(self, suite: BFCLSuite):
-        """What the rollout engine opens its environments with (`envs/interfaces.py: EnvOpener`): the registered
-        env ``name`` (`envs/sources.py: make_opener`; BFCL's is `BFCLOpener`)."""
-        from nemo_rcgrpo.envs.sources import make_opener
-
-        return make_opener(self, suite)
 
 
 class BFCLOpener:

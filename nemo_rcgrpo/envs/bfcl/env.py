@@ -31,7 +31,9 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, CallRejected, ExecutedCall, Toolbox, to_tool_call, valid_text
+from nemo_rcgrpo.envs.bfcl.calls import CallRejected, to_tool_call
+from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, ExecutedCall, Toolbox
+from nemo_rcgrpo.types import valid_text
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask

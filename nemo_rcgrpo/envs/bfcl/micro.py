@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLSuite, BFCLTask, ToolDoc
+from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, ToolDoc
 
 SEED = 20261202
 NUM_TRAIN, NUM_TEST = 1200, 120
@@ -144,7 +146,7 @@ class MicroSuite(BFCLSuite):
 
     def split(self, seed: int, test_fraction: float = 0.1):
         """The family's own split (ids below NUM_TRAIN train, the rest held out), whatever the seed and fraction."""
-        from nemo_rcgrpo.data.splits import Split
+        from nemo_rcgrpo.envs.splits import Split
 
         numbers = sorted(t.scenario for t in self)
         return Split(SEED, NUM_TEST / (NUM_TRAIN + NUM_TEST), tuple(n for n in numbers if n < NUM_TRAIN),

@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Split:
-    """Which scenarios are held out. ``suite`` below: any task suite (`envs/bfcl/tasks.py: BFCLSuite`); its tasks
+    """Which scenarios are held out. ``suite`` below: any task suite (`envs/bfcl/suite.py: BFCLSuite`); its tasks
     need ``.scenario``, ``.id`` and ``.category``."""
 
     seed: int
