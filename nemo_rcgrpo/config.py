@@ -27,6 +27,7 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16 (GPU)
     reward_tokens: str = "special"  # special (one id each) | literal (plain text) | none
     gradient_checkpointing: bool = False
+    name: str | None = None  # a short name of the model (the model group's: llama8b, qwen7b); init paths use it
 
 
 @dataclass(frozen=True)

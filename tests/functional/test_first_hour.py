@@ -33,7 +33,8 @@ def test_help_lists_recipes_and_settings_with_defaults(command, expected, capsys
     if command == "train":  # one line per recipe with its description; bases are not recipes
         lines = {l.split()[0]: l for l in out.splitlines() if l.startswith("  ") and l.split()}
         assert "Smoke run" in lines["smoke_rl"] and "stage1_defaults" not in lines
-        not_recipes = {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "eval", "eval_smollm_cpu", "prepare_data"}
+        not_recipes = {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "paper_rl_defaults", "paper_stage1_defaults",
+                       "eval", "eval_smollm_cpu", "prepare_data"}
         assert {p.stem for p in conf_dir().glob("*.yaml")} - not_recipes <= set(lines)  # every train recipe listed
         # the meaning is the YAML comment, the one place it is written
         settings = {k: (v, c) for k, v, c in documented_settings(conf_dir() / "rl_defaults.yaml")}

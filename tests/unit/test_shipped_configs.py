@@ -21,7 +21,7 @@ def test_recipes_are_found():
     # everything in conf/ is a train recipe, a base, or belongs to eval / prepare-data
     others = {n for n, _ in recipes("eval")} | {"eval", "prepare_data"}
     assert {p.stem for p in conf_dir().glob("*.yaml")} - set(TRAIN_RECIPES) - others == {
-        "stage1_defaults", "rl_defaults", "rl_gpu_defaults"}
+        "stage1_defaults", "rl_defaults", "rl_gpu_defaults", "paper_rl_defaults", "paper_stage1_defaults"}
 
 
 @pytest.mark.parametrize("name", TRAIN_RECIPES)
@@ -51,6 +51,24 @@ def test_train_recipe_validates(name, monkeypatch):
         assert cfg.chat.format == ("llama3_json" if "llama" in name else "hermes")
     if name == "sft_qwen7b":
         assert cfg.model.path == "/models/qwen"  # from the environment variable
+
+
+@pytest.mark.parametrize("model", ["llama8b", "qwen7b"])
+def test_the_paper_recipes_are_composed_from_groups(model):
+    """Every cell of the 2x2 ablation is the method's recipe with other init / algorithm groups, and the other model
+    is one group away: the recipes are composed, not copied (conf/model, conf/init, conf/algorithm)."""
+    other = "qwen7b" if model == "llama8b" else "llama8b"
+    for init in ("sft", "rctp"):
+        for algo in ("grpo", "rcgrpo"):
+            cell = compose(f"ablation_{init}_{algo}_{model}")
+            assert compose(f"rcgrpo_{model}", [f"init={init}", f"algorithm={algo}",
+                                               f"run_dir=runs/ablation_{init}_{algo}_{model}"]) == cell
+            assert compose(f"rcgrpo_{other}", [f"model={model}", f"init={init}", f"algorithm={algo}",
+                                               f"run_dir=runs/ablation_{init}_{algo}_{model}"]) == cell
+            assert cell["model"]["path"] == f"runs/{init}_{model}/hf" and cell["rl"]["stage1_recipe"] == f"{init}_{model}"
+    assert compose(f"grpo_{model}", [f"run_dir=runs/ablation_sft_grpo_{model}"]) == compose(f"ablation_sft_grpo_{model}")
+    assert compose(f"sft_{model}", ["stage=rctp", f"run_dir=runs/rctp_{model}", "trainer.epochs=5"]) == \
+        compose(f"rctp_{model}")
 
 
 def test_prepare_data_config_validates():

@@ -1,4 +1,5 @@
-"""Typed, validated settings of the BFCL environment (Hydra group ``env``: conf/env/bfcl.yaml)."""
+"""Typed, validated settings of the BFCL environment: the ``env`` section of a recipe (``env.mode=per_turn`` ...);
+the defaults are this dataclass's, written nowhere else."""
 
 from __future__ import annotations
 
