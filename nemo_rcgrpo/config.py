@@ -330,7 +330,7 @@ class TrainConfig:
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
-        _choice("policy.backend", self.policy.backend, ("torch", "megatron"))
+        _choice("policy.backend", self.policy.backend, names("policy_backend"))
         self._validate_megatron()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)

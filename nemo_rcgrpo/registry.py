@@ -33,6 +33,8 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "loss_aggregation": ("rl.loss.aggregation",
                          "fn(per_token [B, T], mask [B, T], num_valid_tokens, batch) -> scalar loss"),
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
+    "policy_backend": ("policy.backend", "factory(train config, HF model, dist, total_steps) -> Policy: "
+                                         "nemo_rcgrpo.models.interfaces"),
     "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
                 "fn(task, plan, rng) -> (perturbed plan, description) or None"),
     "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
@@ -46,6 +48,7 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
+             "policy_backend": "nemo_rcgrpo.models.factory",
              "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
              "env": "nemo_rcgrpo.envs.sources"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"

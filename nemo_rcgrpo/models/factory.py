@@ -1,4 +1,6 @@
-"""Pick the policy backend from ``policy.backend`` (torch | megatron) with one call for both trainers."""
+"""The policy backends, registered by name (kind ``policy_backend``, setting ``policy.backend``: torch | megatron |
+a plugin's), and what the training loops do with any of them through the `Policy` seam (`models/interfaces.py`):
+data-parallel view, HF model, reference, weight sync to a generator, checkpoints."""
 
 from __future__ import annotations
 
@@ -6,61 +8,55 @@ from typing import Callable
 
 import torch
 
+from nemo_rcgrpo.models.interfaces import Policy
+from nemo_rcgrpo.registry import lookup, register
 from nemo_rcgrpo.utils.checkpoint import checkpoint_tmp_dir, prepare_checkpoint, save_checkpoint
-from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier
+from nemo_rcgrpo.utils.dist import DistInfo, barrier
 from nemo_rcgrpo.utils.weight_stream import WeightStream
 
 
-def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int):
-    """TorchPolicy or MegatronPolicy around ``model`` (an HF model with the reward tokens already added)."""
-    if cfg.policy.backend == "megatron":
-        from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
-
-        return MegatronPolicy(model, cfg, dist, total_steps)
+@register("policy_backend", "torch")
+def torch_backend(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+    """One process, or torchrun DDP (gloo on CPU, NCCL on GPU): `models/torch_policy.py`."""
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
 
     return TorchPolicy(model, cfg.trainer, dist, total_steps, cfg.model.gradient_checkpointing)
 
 
-def data_parallel(policy, dist: DistInfo) -> tuple[DistInfo, Callable]:
+@register("policy_backend", "megatron")
+def megatron_backend(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+    """Megatron-Core TP x PP x DP (`models/megatron/policy.py`); ``cfg.policy.megatron`` says how."""
+    from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
+
+    return MegatronPolicy(model, cfg, dist, total_steps)
+
+
+def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+    """The ``policy.backend`` entry around ``model`` (an HF model with the reward tokens already added)."""
+    return lookup("policy_backend", cfg.policy.backend)(cfg, model, dist, total_steps)
+
+
+def data_parallel(policy: Policy, dist: DistInfo) -> tuple[DistInfo, Callable]:
     """The data-parallel view the trainer splits batches by, and a sum over data-parallel replicas.
 
     Torch backend: every rank is a replica. Megatron: the TP x PP ranks of one replica share micro-batches.
     """
-    if hasattr(policy, "data_parallel"):
-        return policy.data_parallel()
-    return dist, lambda value: all_reduce_sum(value, dist)
+    return policy.data_parallel()
 
 
-def hf_module(policy) -> torch.nn.Module | None:
+def hf_module(policy: Policy) -> torch.nn.Module | None:
     """The HF model holding the current weights (Megatron: synced onto rank 0; a collective; None elsewhere)."""
-    if hasattr(policy, "sync_hf_model"):
-        return policy.sync_hf_model()
-    return policy.module
+    return policy.sync_hf_model()
 
 
-def make_reference(policy, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+def make_reference(policy: Policy, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """Reference logprobs [B, T] of the frozen initial weights (call before the first optimizer step).
 
     Torch: a frozen copy of the HF model, on the policy's device (batches come from CPU and go back). Megatron: a
     frozen second GPTModel sharded like the policy, so the reference costs 1/tp of a model per rank and its
     logprobs are vocab-parallel too.
     """
-    if hasattr(policy, "frozen_reference"):
-        return policy.frozen_reference()
-    import copy
-
-    from nemo_rcgrpo.models.torch_policy import token_logprobs
-
-    reference = copy.deepcopy(policy.module).eval().requires_grad_(False)  # on the policy's device, in its dtype
-    device = next(reference.parameters()).device
-
-    @torch.no_grad()
-    def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        ids, attn, mask = (batch[k].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
-        return token_logprobs(reference, ids, attn, mask).cpu()  # batches live on CPU between passes
-
-    return logprobs
+    return policy.frozen_reference()
 
 
 def sync_generator(policy, generator, backend: str, version: int) -> None:
@@ -73,15 +69,14 @@ def sync_generator(policy, generator, backend: str, version: int) -> None:
     pass. Whatever the generator does, the export is finished before this returns, so no rank is left waiting.
     """
     if backend == "hf":
-        if hasattr(policy, "sync_hf_model"):
-            policy.sync_hf_model()
+        policy.sync_hf_model()  # torch: the generator's model is the policy's (nothing moves)
         return
-    collective = getattr(policy, "export_is_collective", False)
-    if not hasattr(policy, "export_meta"):  # a policy that cannot announce its tensors: list them first
+    collective = policy.export_is_collective
+    meta = policy.export_meta()  # a collective on its first call with megatron
+    if meta is None and not collective:  # a policy that cannot announce its tensors: list them first
         if generator is not None:
             generator.update_weights(WeightStream.of(policy.export_weights()), version)
         return
-    meta = policy.export_meta()  # a collective on its first call with megatron
     if generator is None:  # the other ranks: each pass of rank 0's export, until rank 0 says it is over
         while collective:
             for _ in policy.export_weights():
@@ -111,7 +106,7 @@ def save_policy_checkpoint(policy, dist: DistInfo, run_dir, step: int, **kwargs)
     shards from every rank into the checkpoint's temporary folder; rank 0 then adds the rest (``kwargs``: see
     ``save_checkpoint``) and moves the folder into place."""
     sd = policy.state_dict()  # a collective with the megatron backend
-    sharded = hasattr(policy, "save_sharded")
+    sharded = policy.sharded_checkpoints
     if sharded:
         if dist.is_main:
             prepare_checkpoint(run_dir, step)

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nemo_rcgrpo.config import TrainerConfig
-from nemo_rcgrpo.utils.dist import DistInfo
+from nemo_rcgrpo.models.interfaces import LossFn
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
@@ -156,6 +156,12 @@ def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attent
 
 
 class TorchPolicy:
+    """The ``torch`` policy backend (`models/interfaces.py: Policy`): the HF model itself, DDP-wrapped under
+    torchrun; every rank is a data-parallel replica and holds the whole model."""
+
+    export_is_collective = False
+    sharded_checkpoints = False
+
     def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, dist: DistInfo, total_steps: int,
                  gradient_checkpointing: bool = False):
         self.dist = dist
@@ -278,6 +284,33 @@ class TorchPolicy:
         for group, fn in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
             group["lr"] = self.base_lr * fn(self.scheduler.last_epoch)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def data_parallel(self) -> tuple[DistInfo, Callable]:
+        """Every rank is a replica: its own place, and a sum over all ranks."""
+        return self.dist, lambda value: all_reduce_sum(value, self.dist)
+
+    def sync_hf_model(self) -> torch.nn.Module:
+        """The HF model itself (it holds the current weights; nothing to copy)."""
+        return self.module
+
+    @torch.no_grad()
+    def frozen_reference(self) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+        """Logprobs of a frozen copy of the current weights, on the policy's device and in its dtype (batches
+        come from CPU and go back)."""
+        import copy
+
+        reference = copy.deepcopy(self.module).eval().requires_grad_(False)
+        device = next(reference.parameters()).device
+
+        @torch.no_grad()
+        def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            ids, attn, mask = (batch[k].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
+            return token_logprobs(reference, ids, attn, mask).cpu()
+
+        return logprobs
+
+    def save_sharded(self, directory) -> None:
+        raise NotImplementedError("the torch backend's checkpoints are whole (sharded_checkpoints is False)")
 
     def export_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         """What ``export_weights`` yields: names, shapes, dtypes, in order."""

@@ -2,8 +2,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig, ConfigError
 
@@ -11,14 +9,16 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _env_cfg(*overrides):
-    with initialize_config_dir(config_dir=str(CONF / "env"), version_base=None):
-        cfg = compose(config_name="bfcl", overrides=list(overrides))
-    return BFCLEnvConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))
+    """The env section of the stage-2 defaults, with ``key=value`` overrides of it (``+key=...`` adds one)."""
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    given = [f"+env.{o[1:]}" if o.startswith("+") else f"env.{o}" for o in overrides]
+    return BFCLEnvConfig.from_mapping(compose_recipe("rl_defaults", given)["env"])
 
 
 def test_shipped_env_config_composes_and_builds_an_env(suite):
     cfg = _env_cfg()
-    assert cfg == BFCLEnvConfig()  # the YAML and the dataclass defaults agree
+    assert cfg == BFCLEnvConfig()  # the recipe's env section restates no default differently
     env = _env_cfg("mode=per_turn", "arg_types=strict").make_env()
     assert (env.mode, env.arg_types) == ("per_turn", "strict")
     env.reset(suite["multi_turn_base_0"])

@@ -40,6 +40,7 @@ def test_every_kind_has_its_shipped_entries():
     assert set(names("failure")) >= {"wrong_tool", "wrong_param", "premature_termination"}
     assert names("task_source")[:2] == ("bfcl", "bfcl_micro")
     assert names("stage")[:5] == ("sft", "rctp", "grpo", "rcgrpo", "dapo_filter")
+    assert names("policy_backend")[:2] == ("torch", "megatron")
     assert set(KINDS) == {line.split(" (")[0] for line in describe().splitlines()}
 
 
@@ -163,3 +164,36 @@ def test_stages_are_registered_entries_checked_where_they_are_made():
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=test_rl", "model.reward_tokens=none"]))
     with pytest.raises(ConfigError, match=r"stage='nope': choose one of \['sft', 'rctp', 'grpo'"):
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=nope"]))
+
+
+def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
+    """policy.backend names a registered factory; make_policy builds it and the loops' helpers use only the
+    `Policy` methods (no backend is told apart by its attributes); a wrong name lists the registered ones."""
+    from nemo_rcgrpo.models import factory
+    from nemo_rcgrpo.models.hf import load_model
+    from nemo_rcgrpo.models.interfaces import Policy
+    from nemo_rcgrpo.models.torch_policy import TorchPolicy
+    from nemo_rcgrpo.utils.dist import DistInfo
+
+    built = []
+
+    @register("policy_backend", "mine")
+    def mine(cfg, model, dist, total_steps):
+        policy = TorchPolicy(model, cfg.trainer, dist, total_steps)
+        built.append(policy)
+        return policy
+
+    cfg = TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=mine"]))
+    torch.manual_seed(0)
+    model = load_model("tiny-llama")
+    dist = DistInfo(0, 1, 0, torch.device("cpu"))
+    policy = factory.make_policy(cfg, model, dist, total_steps=3)
+    assert built == [policy] and isinstance(policy, Policy)
+    view, dp_sum = factory.data_parallel(policy, dist)
+    assert view == dist and dp_sum(2.0) == 2.0
+    assert factory.hf_module(policy) is model
+    ids = torch.randint(0, 100, (2, 6))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    assert torch.allclose(factory.make_reference(policy, model)(batch), policy.logprobs(batch))
+    with pytest.raises(ConfigError, match=r"policy.backend='nope': choose one of \['torch', 'megatron', 'mine'\]"):
+        TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))

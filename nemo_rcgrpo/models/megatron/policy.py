@@ -81,6 +81,8 @@ def pad_micro_batches(batches: list[dict[str, torch.Tensor]], same_shape: bool =
 
 
 class MegatronPolicy:
+    sharded_checkpoints = True  # dist_checkpointing folders, written by every rank (save_sharded)
+
     def __init__(self, hf_model: torch.nn.Module, cfg, dist: DistInfo, total_steps: int):
         """hf_model: the HF model (reward tokens already added) that gives the shape and initial weights."""
         from megatron.core import parallel_state as ps

@@ -1,0 +1,62 @@
+"""The seam between the training loops and a policy backend, as a Protocol (shapes in the docstrings).
+
+Stage 1 (`algorithms/sft.py`) and stage 2 (`algorithms/rcgrpo.py`) drive a policy only through these methods,
+by way of `models/factory.py`; nothing there asks which backend it holds. Backends are registered by name (kind
+``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
+``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a dict of [B, T] CPU tensors:
+``input_ids``, ``attention_mask``, ``loss_mask`` (1 on the trained tokens), plus what the loss reads
+(``advantages`` [B], ``ref_logprobs`` [B, T], ...); a backend moves it to its device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import torch
+
+from nemo_rcgrpo.utils.dist import DistInfo
+
+Batch = dict[str, torch.Tensor]
+# (token logprobs [B, T], batch, global number of valid tokens) -> (scalar loss, float metrics)
+LossFn = Callable[[torch.Tensor, Batch, float], "tuple[torch.Tensor, dict[str, float]]"]
+WeightMeta = list[tuple[str, tuple[int, ...], torch.dtype]]  # (HF name, shape, dtype) in export order
+
+
+@runtime_checkable
+class Policy(Protocol):
+    # every rank takes part in export_weights / export_meta / state_dict (Megatron at world size > 1)
+    export_is_collective: bool
+    # checkpoints hold a backend folder written by save_sharded from every rank (Megatron's dist_checkpointing)
+    sharded_checkpoints: bool
+
+    def logprobs(self, batch: Batch, with_entropy: bool = False) -> Any:
+        """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""
+
+    def train_step(self, micro_batches: list[Batch], loss_fn: LossFn, num_valid_tokens: float,
+                   with_entropy: bool = False) -> dict[str, Any]:
+        """One optimizer step over this rank's micro-batches: loss_local, grad_norm, lr and the loss's metrics
+        summed (with ``with_entropy`` also entropy_sums: per micro-batch the [B] entropy sums)."""
+
+    def data_parallel(self) -> tuple[DistInfo, Callable[[Any], Any]]:
+        """The data-parallel view batches are split by, and a sum over the data-parallel replicas."""
+
+    def sync_hf_model(self) -> torch.nn.Module | None:
+        """The HF model holding the current weights on rank 0 (a collective where weights are sharded)."""
+
+    def frozen_reference(self) -> Callable[[Batch], torch.Tensor]:
+        """Reference logprobs [B, T] (on CPU) of a frozen copy of the current weights."""
+
+    def export_meta(self) -> WeightMeta | None:
+        """What export_weights yields (rank 0; None on ranks that only take part)."""
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors in export_meta's order (for generators and exports)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """{"model": HF-named tensors (rank 0), "optimizer": ..., "scheduler": ...} for a checkpoint."""
+
+    def load_state_dict(self, model: dict, optimizer: dict, scheduler: dict) -> None: ...
+
+    def save_sharded(self, directory: Path) -> None:
+        """Write the backend's own shards into ``directory`` (only where sharded_checkpoints)."""
