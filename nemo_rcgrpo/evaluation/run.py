@@ -26,18 +26,17 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from tqdm import tqdm
 
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, category_order
-from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
+from nemo_rcgrpo.envs.bfcl.tasks import category_order
 from nemo_rcgrpo.evaluation.config import EvalConfig
+from nemo_rcgrpo.evaluation.policies import make_policy
 from nemo_rcgrpo.utils.config import ConfigError
 
 SAMPLE_SEED_STRIDE = 1_000_003
@@ -85,24 +84,6 @@ def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
 
 
 # ---------------------------------------------------------------------- scoring
-def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
-                   details: dict[str, Any]) -> str | None:
-    if success:
-        return None
-    if protocol == "bfcl" and official_error:
-        return official_error
-    if truncated:
-        return f"truncated: {truncated}"
-    parts = []
-    diffs = details.get("state_differences") or {}
-    if diffs:
-        parts.append(f"final state differs ({', '.join(sorted(diffs))})")
-    missing = details.get("missing_actions") or []
-    if missing:
-        parts.append(f"{len(missing)} gold action(s) missing, first: {missing[0]}")
-    return "; ".join(parts) or "reward 0"
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c successes (Chen et al., 2021)."""
     if n - c < k:
@@ -145,214 +126,6 @@ def markdown_table(summary: dict[str, Any], title: str) -> str:
 
 
 # ---------------------------------------------------------------------- policies
-def _record(cfg: EvalConfig, task: BFCLTask, sample: int, seed: int, reward_token: str | None, *, reward,
-            official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
-            calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
-    success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
-    return {
-        "task_id": task.id, "category": task.category, "sample": sample, "seed": seed, "reward_token": reward_token,
-        "success": success, "reward": reward, "official_valid": official_valid,
-        "failure_reason": failure_reason(cfg.protocol, success=success, truncated=truncated,
-                                         official_error=official_error, details=details),
-        "truncated": truncated, "num_turns": num_turns, "tool_errors": tool_errors,
-        "generated_tokens": generated_tokens, "calls": calls, "observations": observations, **extra,
-    }
-
-
-class MessagePolicy:
-    """oracle, null and endpoint: whole messages in and out, episodes run in a thread pool."""
-
-    def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict):
-        self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
-
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
-            only: set[str] | None = None) -> list[dict]:
-        """Episodes of ``task_ids`` (those in ``only``); episode seeds follow the position in ``task_ids``."""
-        env_cfg = self.cfg.env_config()
-        for t in task_ids:
-            suite.gold(t)  # memoised before the threads start
-
-        def one(index: int, task_id: str) -> dict:
-            task = suite[task_id]
-            env = env_cfg.make_env()
-            opening = env.reset(task, gold=suite.gold(task))
-            agent = self.make_agent()
-            episode_seed = seed + index
-            agent.start(task, self.cfg.mode, episode_seed)
-            ep = play_episode(agent, env, opening, max_turns=self.cfg.max_turns)
-            reward = env.reward()
-            verdict = env.official_verdict()
-            rec = _record(self.cfg, task, sample, episode_seed, None, reward=reward.value,
-                          official_valid=None if verdict is None else verdict.valid,
-                          official_error=None if verdict is None or verdict.valid else
-                          f"{verdict.error_type}: {verdict.error_message}",
-                          truncated=env.truncated, details=reward.details, num_turns=ep.num_turns,
-                          tool_errors=ep.tool_errors, generated_tokens=ep.generated_tokens, calls=ep.calls,
-                          observations=ep.observations, extra={"messages": ep.messages})
-            on_done(rec)
-            return rec
-
-        jobs = [(i, t) for i, t in enumerate(task_ids) if only is None or t in only]
-        if self.concurrency == 1:
-            return [one(i, t) for i, t in jobs]
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(one, i, t) for i, t in jobs]
-            finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futures:  # the first failure (e.g. a dead endpoint) is raised here
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
-            return [f.result() for f in futures]
-
-    def close(self) -> None:
-        pass
-
-
-class CheckpointPolicy:
-    """A trained model through the generator named by ``generation.backend`` (hf or vllm), token in / token out."""
-
-    def __init__(self, cfg: EvalConfig, suite: BFCLSuite):
-        import torch
-
-        from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
-        from nemo_rcgrpo.data.reward_goal import RewardGoal
-        from nemo_rcgrpo.generation import make_generator
-        from nemo_rcgrpo.generation.base import SamplingParams
-        from nemo_rcgrpo.models.hf import load_tokenizer
-        from nemo_rcgrpo.envs.sources import make_opener
-        from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
-        from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record
-
-        self.cfg = cfg
-        model_path, state, source = resolve_checkpoint(cfg.checkpoint.path, cfg.checkpoint.step)
-        has_tokens = cfg.reward_tokens.high in load_tokenizer(model_path).get_vocab()
-        record = read_record(model_path)
-        token = cfg.reward_token
-        if token == "auto":  # as the model was trained (its training record), as in-training evaluation does
-            token = auto_reward_token(record)
-            if record is None and has_tokens:
-                print(f"warning: {source} has reward tokens but no training record ({RECORD_FILE}); reward_token=auto "
-                      "evaluates it without a token: set reward_token=high for an RCTP-FT / RC-GRPO model",
-                      file=sys.stderr)
-        if token != "none" and cfg.model.reward_tokens == "special" and not has_tokens:
-            print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
-                  f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
-        self.reward_token = {"high": True, "low": False, "none": None}[token]
-        # the reward goal the model was trained with (template, position, separator), from its training record
-        saved = (record or {}).get("reward_goal") or {}
-        fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
-        goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
-                          **{k: v for k, v in saved.items() if k in fields})
-        setup = cfg.policy_setup(str(model_path))
-        seed_everything(cfg.seed)
-        self.tokenizer, model = load_tokenizer_and_model(setup)
-        if state is not None:
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            if unexpected or [k for k in missing if "lm_head" not in k]:
-                raise ValueError(f"checkpoint weights do not fit {model_path}: missing {missing[:3]}, "
-                                 f"unexpected {unexpected[:3]}")
-        model.eval().requires_grad_(False)
-        if torch.cuda.is_available():
-            model = model.cuda()
-        self.generator = make_generator(setup, model, self.tokenizer)
-        if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
-            self.generator.update_weights(model.state_dict().items(), 0)
-        self.engine = RolloutEngine(
-            self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
-            SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
-            max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
-            reward_goal=goal)
-        self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
-                            "generator": cfg.generation.backend, "reward_token": token,
-                            "chat_format": cfg.chat.format}
-
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
-            only: set[str] | None = None) -> list[dict]:
-        from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
-
-        task_ids = [t for t in task_ids if only is None or t in only]
-        out = []
-        chunk = self.cfg.generation.max_batch_size
-        for start in range(0, len(task_ids), chunk):
-            part = task_ids[start:start + chunk]
-            specs = [RolloutSpec(suite[t], start + i, self.reward_token) for i, t in enumerate(part)]
-            for t in self.engine.rollout(specs, seed=seed + start):
-                rec = _record(self.cfg, suite[t.task_id], sample, seed + start, t.reward_token, reward=t.reward,
-                              official_valid=t.official_valid, official_error=t.official_error,
-                              truncated=t.truncated, details=t.reward_details, num_turns=t.num_turns,
-                              tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
-                              observations=t.observations,
-                              extra={"text": t.texts, "reward_details": t.reward_details, "messages": t.messages(),
-                                     "prompt": self.engine.tokenizer.decode(t.token_ids[: t.prompt_length])})
-                on_done(rec)
-                out.append(rec)
-        return out
-
-    def close(self) -> None:
-        close = getattr(self.generator, "close", None)
-        if close is not None:
-            close()
-
-
-def resolve_checkpoint(path: str, step: int | None = None):
-    """(HF folder of the architecture, weights to load on top or None, description) for checkpoint.path."""
-    from nemo_rcgrpo.models.hf import resolve_model_path
-    from nemo_rcgrpo.utils.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
-
-    p = Path(path).expanduser()
-    if (p / "config.json").is_file():
-        return p, None, str(p)
-    if (p / "hf" / "config.json").is_file() and step is None:
-        return p / "hf", None, str(p / "hf")
-    if (p / "checkpoints").is_dir() or (p / "trainer_state.json").is_file():
-        run_dir = p if (p / "checkpoints").is_dir() else p.parent.parent
-        ckpt = (checkpoint_dir(run_dir) / f"step_{step}") if step is not None else (
-            p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
-        if ckpt is None or not ckpt.is_dir():
-            raise FileNotFoundError(f"no checkpoint {'step_' + str(step) if step else ''} in {run_dir}/checkpoints")
-        state = load_checkpoint(ckpt)
-        base = state["trainer_state"].get("model_path")
-        tokenizer_dir = ckpt / "tokenizer"
-        if not base:
-            raise FileNotFoundError(f"{ckpt} does not say which model it was trained from")
-        base_path = resolve_model_path(base)
-        if tokenizer_dir.is_dir():  # the checkpoint's tokenizer (with reward tokens) over the base model's files
-            import atexit
-            import shutil
-            import tempfile
-
-            merged = Path(tempfile.mkdtemp(prefix="rcgrpo-eval-model-"))
-            atexit.register(shutil.rmtree, merged, ignore_errors=True)
-            for f in base_path.iterdir():
-                if f.is_file() and not f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-                    (merged / f.name).symlink_to(f.resolve())
-            for f in tokenizer_dir.iterdir():
-                target = merged / f.name
-                if target.is_symlink():  # never write through a link into the base model's folder
-                    target.unlink()
-                shutil.copy(f, target)
-            base_path = merged
-        return base_path, state["model"], str(ckpt)
-    return resolve_model_path(path), None, path
-
-
-def make_policy(cfg: EvalConfig, suite: BFCLSuite):
-    if cfg.policy == "oracle":
-        return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
-    if cfg.policy == "null":
-        return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
-    if cfg.policy == "endpoint":
-        from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
-
-        EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
-        return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
-                                                        max_new_tokens=cfg.max_new_tokens),
-                             cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
-                                                        "model": cfg.endpoint.model})
-    return CheckpointPolicy(cfg, suite)
-
-
 # ---------------------------------------------------------------------- run
 def _load_done(path: Path) -> list[dict]:
     """Episodes already in a trajectories.jsonl (a torn last line is dropped)."""

@@ -6,7 +6,8 @@ import pytest
 
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.evaluation.endpoint import parse_tool_calls
-from nemo_rcgrpo.evaluation.run import failure_reason, pass_at_k, select_tasks, summarize
+from nemo_rcgrpo.evaluation.policies import failure_reason
+from nemo_rcgrpo.evaluation.run import pass_at_k, select_tasks, summarize
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 from nemo_rcgrpo.utils.config import ConfigError, compose
 
