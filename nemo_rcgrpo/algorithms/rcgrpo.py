@@ -30,28 +30,27 @@ import random
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
+from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
+from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
 from nemo_rcgrpo.algorithms.sft import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
-from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.envs.sources import make_opener, make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
                                         sync_generator)
-from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec, Trajectory
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.stages import has_variance
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
@@ -60,19 +59,6 @@ from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, loa
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
-
-
-def _pearson(xs: list[float], ys: list[float]) -> float | None:
-    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
-        return None
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / len(xs)
-    return cov / (statistics.pstdev(xs) * statistics.pstdev(ys))
-
-
-def _batch(trajs: list[Trajectory], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors for trajectories (loss mask 1 on generated tokens)."""
-    return collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], pad_id)
 
 
 # per-update sums of the loss's metrics (`grpo_loss`), added over micro-batches, updates and replicas
@@ -152,11 +138,11 @@ class RLTrainer:
                 for g, t in enumerate(task_ids) for tok in tokens[g]]
 
     # ------------------------------------------------------------------ one step
-    def collect(self, rng: random.Random) -> tuple[list[list[Trajectory]], dict[str, float]]:
+    def collect(self, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
         rl = self.cfg.rl
         stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
                  "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
-        groups: list[list[Trajectory]] = []
+        groups: list[RolloutGroup] = []
         keep = self.cfg.stage_spec.keep_group  # None: every group is trained on
         filtering = keep is not None
         rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
@@ -193,7 +179,7 @@ class RLTrainer:
                              + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
         return groups, stats
 
-    def train_step(self, groups: list[list[Trajectory]], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
+    def train_step(self, groups: list[RolloutGroup], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
         """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default);
         returns the metrics and the advantages [num_groups, G]."""
         rl = self.cfg.rl
@@ -201,7 +187,7 @@ class RLTrainer:
         rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
         adv = group_advantages(rewards, baseline=rl.advantage.baseline, scale=rl.advantage.scale, eps=rl.advantage.eps)
         t0 = time.perf_counter()
-        batches = self._micro_batches(trajs, adv.reshape(-1))
+        batches = micro_batches(trajs, adv.reshape(-1), self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
         # and the entropies come from that pass too (torch backend): no separate old-logprob pass
         fused = self.updates == 1 and rl.old_logprobs == "auto" and self.cfg.policy.backend == "torch"
@@ -220,24 +206,10 @@ class RLTrainer:
             self.generator.version = self.step + 1
         sync_seconds = time.perf_counter() - t0
         num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
-        metrics = self._metrics(groups, trajs, rewards, adv, entropy_sums, out, num_valid)
+        metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds)
         return metrics, adv
-
-    def _micro_batches(self, trajs: list[Trajectory], flat_adv: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Right-padded micro-batches in trajectory order, with advantages [B] and sampler logprobs [B, T]."""
-        micro = self.cfg.trainer.micro_batch_size
-        batches = []
-        for s in range(0, len(trajs), micro):
-            part = trajs[s:s + micro]
-            b = _batch(part, self.tokenizer.pad_token_id)
-            sampler = torch.zeros(b["input_ids"].shape, dtype=torch.float32)  # [B, T]
-            for row, t in enumerate(part):
-                sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
-            b.update(advantages=flat_adv[s:s + micro].float(), sampler_logprobs=sampler, first=torch.tensor(s))
-            batches.append(b)
-        return batches
 
     def _mine(self, indices) -> list[int]:
         """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the
@@ -292,69 +264,6 @@ class RLTrainer:
         totals.update(loss_local=totals["loss_local"] / updates, grad_norm=totals["grad_norm"] / updates,
                       lr=totals["lr"] / updates, updates=updates)
         return totals, entropy
-
-    def _metrics(self, groups, trajs, rewards, adv, entropy_sums, out, num_valid) -> dict[str, float]:
-        r = [t.reward for t in trajs]
-        entropies = [e / max(1, t.generated_tokens) for e, t in zip(entropy_sums, trajs)]  # per-trajectory means
-        m: dict[str, float] = {
-            "loss": out["loss_local"], "grad_norm": out["grad_norm"], "lr": out["lr"],
-            "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
-            "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
-            "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
-            # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
-            # per-trajectory means (short trajectories weigh more)
-            "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
-            # per token over every update (out["tokens"]: the generated tokens of all updates, each epoch once)
-            "kl": out["kl_sum"] / max(out["tokens"], 1.0),
-            "clip_fraction": out["clipped_tokens"] / max(out["tokens"], 1.0),
-            "updates": out["updates"],
-            "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
-            "turns": statistics.fmean(t.num_turns for t in trajs),
-            "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
-            "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
-            "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
-        }
-        # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
-        # among the rollouts of each reward token
-        if out["sampler_mult_err_sum"] > 0:  # the generator's logprobs against the trainer's, before the update
-            m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(out["tokens"], 1.0)
-            m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(out["tokens"], 1.0)
-        corr = _pearson(entropies, r)
-        if corr is not None:
-            m["entropy_reward_corr"] = corr
-        for token in ("high", "low"):
-            sel = [i for i, t in enumerate(trajs) if t.reward_token == token]
-            if sel:
-                m[f"reward_mean_{token}"] = statistics.fmean(r[i] for i in sel)
-                corr = _pearson([entropies[i] for i in sel], [r[i] for i in sel])
-                if corr is not None:
-                    m[f"entropy_reward_corr_{token}"] = corr
-        by_cat = defaultdict(list)
-        for t in trajs:
-            by_cat[t.category].append(t.reward)
-        for cat, vals in by_cat.items():
-            m[f"success_{cat}"] = statistics.fmean(vals)
-        return m
-
-    def dump(self, step: int, groups: list[list[Trajectory]], adv: torch.Tensor) -> None:
-        """rollouts/step_N.jsonl (N counts from 1, as metrics.jsonl and checkpoints/ do): one record per rollout; the
-        rendered prompt (reward goal included) is written once per group and token, on the first record that has
-        it, and the others name that record's line (``prompt_line``, from 1)."""
-        out = self.run_dir / "rollouts"
-        out.mkdir(parents=True, exist_ok=True)
-        first_line: dict[tuple[int, str | None], int] = {}
-        with (out / f"step_{step}.jsonl").open("w") as f:
-            line = 0
-            for g, group in enumerate(groups):
-                for j, t in enumerate(group):
-                    line += 1
-                    record = {"step": step, **t.record(), "group": g, "advantage": float(adv[g, j])}
-                    if (g, t.reward_token) in first_line:
-                        record["prompt_line"] = first_line[(g, t.reward_token)]
-                    else:
-                        first_line[(g, t.reward_token)] = line
-                        record["prompt"] = self.tokenizer.decode(t.token_ids[: t.prompt_length])
-                    f.write(json.dumps(record, default=str) + "\n")
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
@@ -459,7 +368,8 @@ class RLTrainer:
                 metrics, adv = self.train_step(groups, stats)
                 self.step += 1
                 if main:
-                    self.dump(self.step, groups, adv)
+                    write_rollouts(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", self.step, groups, adv,
+                                   self.tokenizer.decode)
                 if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
                     t0 = time.perf_counter()
                     metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)

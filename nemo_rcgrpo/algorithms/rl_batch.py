@@ -1,0 +1,128 @@
+"""The data of one RL step, typed and built in one place: the rollout groups, the training batches the policy
+backend gets (`models/interfaces.py: Policy`), the step's metrics and its rollout dump.
+
+Shapes: N groups of G rollouts; B rows of a micro-batch, T its padded length (right padding).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypedDict
+
+import torch
+
+from nemo_rcgrpo.algorithms.advantages import zero_variance_fraction
+from nemo_rcgrpo.data.sft_data import Example, collate
+from nemo_rcgrpo.rollout.multi_turn import Trajectory
+
+RolloutGroup = list[Trajectory]  # the G rollouts of one task (one group); advantages are taken within it
+
+
+class TrainBatch(TypedDict, total=False):
+    """One micro-batch of an RL step. Built by `micro_batches`; the loop adds the rest before the update."""
+
+    input_ids: torch.Tensor  # [B, T] long: prompt, generated tokens and observations, right-padded
+    attention_mask: torch.Tensor  # [B, T] long: 1 on real tokens
+    loss_mask: torch.Tensor  # [B, T] long: 1 on generated tokens (what the loss trains)
+    advantages: torch.Tensor  # [B] float: one per rollout, broadcast over its tokens
+    sampler_logprobs: torch.Tensor  # [B, T] float: the generator's logprobs of the generated tokens (0 elsewhere)
+    first: torch.Tensor  # scalar long: the index of row 0 among the step's rollouts
+    ref_logprobs: torch.Tensor  # [B, T] float: the frozen reference's (added by the loop)
+    old_logprobs: torch.Tensor  # [B, T] float: before the first update, where recomputed (added by the loop)
+    num_sequences: torch.Tensor  # scalar float: rows in the update's slice (added per update)
+
+
+def micro_batches(trajs: Sequence[Trajectory], flat_adv: torch.Tensor, pad_id: int, micro: int) -> list[TrainBatch]:
+    """Right-padded micro-batches of ``micro`` rollouts in trajectory order, with their advantages (``flat_adv``:
+    [len(trajs)]) and sampler logprobs."""
+    batches: list[TrainBatch] = []
+    for s in range(0, len(trajs), micro):
+        part = trajs[s:s + micro]
+        b = collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in part], pad_id)
+        sampler = torch.zeros(b["input_ids"].shape, dtype=torch.float32)  # [B, T]
+        for row, t in enumerate(part):
+            sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
+        b.update(advantages=flat_adv[s:s + micro].float(), sampler_logprobs=sampler, first=torch.tensor(s))
+        batches.append(b)
+    return batches
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's correlation, None where either side is constant or there are fewer than 2 points."""
+    if len(xs) < 2 or statistics.pstdev(xs) == 0 or statistics.pstdev(ys) == 0:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / len(xs)
+    return cov / (statistics.pstdev(xs) * statistics.pstdev(ys))
+
+
+def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor,
+                 entropy_sums: Sequence[float], out: dict[str, float], num_valid: float) -> dict[str, float]:
+    """The step's metrics from its groups, rewards [N, G], advantages [N, G], per-rollout entropy sums, the
+    updates' summed loss metrics ``out`` and the number of generated tokens."""
+    trajs = [t for g in groups for t in g]
+    r = [t.reward for t in trajs]
+    entropies = [e / max(1, t.generated_tokens) for e, t in zip(entropy_sums, trajs)]  # per-trajectory means
+    m: dict[str, float] = {
+        "loss": out["loss_local"], "grad_norm": out["grad_norm"], "lr": out["lr"],
+        "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
+        "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
+        # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
+        # per-trajectory means (short trajectories weigh more)
+        "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
+        # per token over every update (out["tokens"]: the generated tokens of all updates, each epoch once)
+        "kl": out["kl_sum"] / max(out["tokens"], 1.0),
+        "clip_fraction": out["clipped_tokens"] / max(out["tokens"], 1.0),
+        "updates": out["updates"],
+        "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
+        "turns": statistics.fmean(t.num_turns for t in trajs),
+        "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
+        "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
+        "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
+    }
+    if out["sampler_mult_err_sum"] > 0:  # the generator's logprobs against the trainer's, before the update
+        m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(out["tokens"], 1.0)
+        m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(out["tokens"], 1.0)
+    # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
+    # among the rollouts of each reward token
+    corr = pearson(entropies, r)
+    if corr is not None:
+        m["entropy_reward_corr"] = corr
+    for token in ("high", "low"):
+        sel = [i for i, t in enumerate(trajs) if t.reward_token == token]
+        if sel:
+            m[f"reward_mean_{token}"] = statistics.fmean(r[i] for i in sel)
+            corr = pearson([entropies[i] for i in sel], [r[i] for i in sel])
+            if corr is not None:
+                m[f"entropy_reward_corr_{token}"] = corr
+    by_cat = defaultdict(list)
+    for t in trajs:
+        by_cat[t.category].append(t.reward)
+    for cat, vals in by_cat.items():
+        m[f"success_{cat}"] = statistics.fmean(vals)
+    return m
+
+
+def write_rollouts(path: Path, step: int, groups: Sequence[RolloutGroup], adv: torch.Tensor,
+                   decode: Callable[[list[int]], str]) -> None:
+    """rollouts/step_N.jsonl (N counts from 1, as metrics.jsonl and checkpoints/ do): one record per rollout; the
+    rendered prompt (reward goal included) is written once per group and token, on the first record that has
+    it, and the others name that record's line (``prompt_line``, from 1)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    first_line: dict[tuple[int, str | None], int] = {}
+    with path.open("w") as f:
+        line = 0
+        for g, group in enumerate(groups):
+            for j, t in enumerate(group):
+                line += 1
+                record: dict[str, Any] = {"step": step, **t.record(), "group": g, "advantage": float(adv[g, j])}
+                if (g, t.reward_token) in first_line:
+                    record["prompt_line"] = first_line[(g, t.reward_token)]
+                else:
+                    first_line[(g, t.reward_token)] = line
+                    record["prompt"] = decode(t.token_ids[: t.prompt_length])
+                f.write(json.dumps(record, default=str) + "\n")

@@ -1,0 +1,64 @@
+"""algorithms/rl_batch.py: the training batches of an RL step, its metrics and its rollout dump, on hand-made
+trajectories with hand-computed answers."""
+
+import json
+
+import pytest
+import torch
+
+from nemo_rcgrpo.algorithms.rl_batch import micro_batches, pearson, step_metrics, write_rollouts
+from nemo_rcgrpo.rollout.multi_turn import Trajectory
+
+
+def _traj(ids, mask, reward, token, group=0, lp=None):
+    return Trajectory(task_id=f"t{group}", category="base", group=group, reward_token=token, token_ids=ids,
+                      loss_mask=mask, sampler_logprobs=lp or [0.0] * len(ids), prompt_length=2, reward=reward,
+                      num_turns=1)
+
+
+def test_micro_batches_carry_their_rows_advantages_and_sampler_logprobs():
+    trajs = [_traj([1, 2, 3], [0, 0, 1], 1.0, "high", lp=[0, 0, -0.5]),
+             _traj([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 0.0, "low", lp=[0, 0, -1, -2, -3]),
+             _traj([1, 2], [0, 1], 0.0, None)]
+    adv = torch.tensor([0.5, -0.25, 2.0])
+    b1, b2 = micro_batches(trajs, adv, pad_id=0, micro=2)
+    assert b1["input_ids"].tolist() == [[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]]
+    assert b1["loss_mask"].tolist() == [[0, 0, 1, 0, 0], [0, 0, 1, 1, 1]]
+    assert b1["advantages"].tolist() == [0.5, -0.25] and b2["advantages"].tolist() == [2.0]
+    assert b1["sampler_logprobs"][1].tolist() == [0, 0, -1, -2, -3] and b1["sampler_logprobs"][0, 3:].sum() == 0
+    assert (int(b1["first"]), int(b2["first"])) == (0, 2)
+
+
+def test_step_metrics_by_hand():
+    g0 = [_traj([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "high"), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low")]
+    g1 = [_traj([1, 2, 3], [0, 0, 1], 0.0, "high", 1), _traj([1, 2, 3], [0, 0, 1], 0.0, "low", 1)]
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    adv = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
+    out = {"loss_local": 0.3, "grad_norm": 1.5, "lr": 1e-6, "kl_sum": 0.6, "clipped_tokens": 3.0, "tokens": 6.0,
+           "updates": 1.0, "sampler_mult_err_sum": 0.0, "sampler_abs_diff_sum": 0.0}
+    m = step_metrics([g0, g1], rewards, adv, [0.4, 1.2, 0.3, 0.3], out, num_valid=6.0)
+    assert m["reward_mean"] == 0.25 and m["zero_variance_fraction"] == 0.5
+    assert m["reward_mean_high"] == 0.5 and m["reward_mean_low"] == 0.0
+    assert m["entropy"] == pytest.approx(2.2 / 6) and m["entropy_seq_mean"] == pytest.approx((0.2 + 0.6 + 0.3 + 0.3) / 4)
+    assert m["kl"] == pytest.approx(0.1) and m["clip_fraction"] == 0.5
+    assert m["nonzero_advantage_share"] == 0.5 and m["advantage_abs_mean"] == 0.5
+    # per-rollout mean entropies 0.2, 0.6, 0.3, 0.3 against rewards 1, 0, 0, 0
+    assert m["entropy_reward_corr"] == pytest.approx(pearson([0.2, 0.6, 0.3, 0.3], [1, 0, 0, 0]))
+    assert m["entropy_reward_corr"] < 0 and "sampler_logprob_abs_diff" not in m
+
+
+def test_pearson():
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert pearson([1, 1], [0, 1]) is None and pearson([1], [1]) is None
+
+
+def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
+    groups = [[_traj([7, 8, 9], [0, 0, 1], 1.0, "high"), _traj([7, 8, 9], [0, 0, 1], 0.0, "high"),
+               _traj([5, 8, 9], [0, 0, 1], 0.0, "low")]]
+    path = tmp_path / "rollouts" / "step_3.jsonl"
+    write_rollouts(path, 3, groups, torch.tensor([[0.5, -0.5, 0.0]]), decode=lambda ids: " ".join(map(str, ids)))
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    assert [l["advantage"] for l in lines] == [0.5, -0.5, 0.0] and {l["step"] for l in lines} == {3}
+    assert lines[0]["prompt"] == "7 8" and lines[1]["prompt_line"] == 1 and "prompt" not in lines[1]
+    assert lines[2]["prompt"] == "5 8"
