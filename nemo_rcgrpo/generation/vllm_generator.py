@@ -54,11 +54,8 @@ class VLLMGenerator:
             devices = managed_server_devices(v.devices, visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                              self.generation_gpus)
             folder = self._write_initial(weights if weights is not None else self.model.state_dict().items(), version)
-            spec = ServerSpec(model=str(folder.resolve()), host=v.host, port=v.port, tp=v.tp, dtype=self.dtype,
-                              max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
-                              seed=v.seed, kv_cache_gib=v.kv_cache_gib, enforce_eager=v.enforce_eager,
-                              devices=devices, python=v.python, worker_extension=self.weight_sync == "collective",
-                              extra_args=tuple(v.extra_args))
+            spec = ServerSpec.from_config(v, str(folder.resolve()), dtype=self.dtype, devices=devices,
+                                          worker_extension=self.weight_sync == "collective")
             self.server = VLLMServer(spec, self.weight_dir / "server.log")
             try:
                 url = self.server.start(v.startup_timeout)

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from nemo_rcgrpo.config import VLLMConfig
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
 from nemo_rcgrpo.utils.dist import free_port
 
@@ -70,23 +71,40 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 # ---------------------------------------------------------------------- launcher
+# The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config.VLLMConfig` (``generation.vllm``,
+# documented in conf/generation/vllm.yaml): a managed server takes them from the run's config
+# (`ServerSpec.from_config`), `rcgrpo serve` makes one command-line option of each (`serve_parser`).
+SERVER_FIELDS = ("host", "port", "tp", "dtype", "max_model_len", "gpu_memory_utilization", "seed", "kv_cache_gib",
+                 "enforce_eager", "devices", "python", "extra_args")
+_V = VLLMConfig()
+
+
 @dataclass
 class ServerSpec:
     model: str  # local HF folder (weights + tokenizer)
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: a free port
-    tp: int = 1
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.85
-    seed: int = 0
-    kv_cache_gib: int = 2  # CPU builds: VLLM_CPU_KVCACHE_SPACE
-    enforce_eager: bool = False
-    devices: str | None = None  # CUDA_VISIBLE_DEVICES
-    python: str | None = None  # an interpreter with vLLM installed (default: this one)
+    host: str = _V.host
+    port: int = _V.port  # 0: a free port
+    tp: int = _V.tp
+    dtype: str = "float32"  # a concrete dtype (VLLMConfig's "auto" is resolved to the model's by the generator)
+    max_model_len: int | None = _V.max_model_len
+    gpu_memory_utilization: float = _V.gpu_memory_utilization
+    seed: int = _V.seed
+    kv_cache_gib: int = _V.kv_cache_gib  # CPU builds: VLLM_CPU_KVCACHE_SPACE
+    enforce_eager: bool = _V.enforce_eager
+    devices: str | None = _V.devices  # CUDA_VISIBLE_DEVICES
+    python: str | None = _V.python  # an interpreter with vLLM installed (default: this one)
     worker_extension: bool = True  # load vllm_worker.WeightReceiver into the workers (the collective transfer)
     extension_dir: str | None = None  # where its standalone copy is written (default: beside the log)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_config(cls, vcfg: VLLMConfig, model: str, **given) -> "ServerSpec":
+        """The server of ``vcfg``'s settings (every one of SERVER_FIELDS) on ``model``; ``given`` overrides (a
+        resolved dtype, the devices chosen for it, whether to load the worker extension)."""
+        values = {name: getattr(vcfg, name) for name in SERVER_FIELDS}
+        values.update(given)
+        values["extra_args"] = tuple(values["extra_args"])
+        return cls(model=model, **values)
 
 
 def cpu_scheduler_args(max_model_len: int | None, model_dir: str) -> list[str]:
@@ -239,30 +257,51 @@ def visible_gpus() -> list[str] | None:
 
 
 # ---------------------------------------------------------------------- rcgrpo serve
-def main(argv: list[str] | None = None) -> int:
-    """`rcgrpo serve MODEL`: a vLLM server for attached runs (generation.vllm.url=http://HOST:PORT)."""
-    p = argparse.ArgumentParser(prog="rcgrpo serve", description="serve a policy export with vLLM for RL rollouts")
+# `rcgrpo serve` is a server for other machines: it listens on every interface, on a fixed port, in bf16
+SERVE_DEFAULTS = {"host": "0.0.0.0", "port": 8000, "dtype": "bfloat16", "python": os.environ.get("RCGRPO_VLLM_PYTHON")}
+SERVE_HELP = {"host": "the address to listen on", "dtype": "the served weights' dtype",
+              "python": "interpreter with vLLM installed (default: $RCGRPO_VLLM_PYTHON, else this one; the GPU "
+                        "container sets it to its vLLM venv)",
+              "devices": "CUDA_VISIBLE_DEVICES of the server, e.g. 4,5,6,7"}
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """`rcgrpo serve`'s options: one per server setting (SERVER_FIELDS but extra_args: any option it does not know
+    goes to vLLM), named, typed, defaulted (VLLMConfig's, but SERVE_DEFAULTS) and explained (conf/generation/
+    vllm.yaml's comments) as in ``generation.vllm``."""
+    from nemo_rcgrpo.utils.cli_help import documented_settings
+    from nemo_rcgrpo.utils.config import conf_dir
+
+    helps = {k.split(".")[-1]: c for k, _, c in documented_settings(conf_dir() / "generation" / "vllm.yaml")}
+    p = argparse.ArgumentParser(prog="rcgrpo serve", description="serve a policy export with vLLM for RL rollouts; "
+                                "options it does not know go to vLLM's server (e.g. --enable-prefix-caching)")
     p.add_argument("model", help="local HF folder (a stage-1 run's hf/ export) or a model name (smollm2, tiny-llama)")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kv-cache-gib", type=int, default=2, help="CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
-    p.add_argument("--enforce-eager", action="store_true", help="no graph compilation (faster start)")
-    p.add_argument("--devices", default=None, help="CUDA_VISIBLE_DEVICES for the server, e.g. 4,5,6,7")
+    for name in SERVER_FIELDS:
+        if name == "extra_args":
+            continue
+        default = SERVE_DEFAULTS.get(name, getattr(_V, name))
+        flag = "--" + name.replace("_", "-")
+        text = (SERVE_HELP.get(name) or helps.get(name) or name.replace("_", " ")) + " (default: %(default)s)"
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true", default=default, help=text)
+        elif name == "dtype":
+            p.add_argument(flag, default=default, choices=sorted(DTYPES), help=text)
+        else:
+            kind = type(default) if default is not None else (int if name == "max_model_len" else str)
+            p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--weight-transfer", choices=("collective", "nccl", "none"), default="collective",
                    help="collective (nccl: the same): load the worker extension that receives weights from the trainer "
                         "(weight_sync=auto|collective|nccl); none: folder reloads only (weight_sync=folder)")
     p.add_argument("--reward-tokens", nargs="*", default=["<|high_reward|>", "<|low_reward|>"],
                    help="tokens the served tokenizer must have (empty: no check)")
     p.add_argument("--log", default=None, help="server log file (default: stderr of this command)")
-    p.add_argument("--python", default=os.environ.get("RCGRPO_VLLM_PYTHON"),
-                   help="interpreter with vLLM installed (default: $RCGRPO_VLLM_PYTHON, else this one; the GPU "
-                   "container sets it to its vLLM venv)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rcgrpo serve MODEL`: a vLLM server for attached runs (generation.vllm.url=http://HOST:PORT)."""
+    p = serve_parser()
+    args, extra = p.parse_known_args(argv)
     from nemo_rcgrpo.models.hf import ModelFilesError, load_tokenizer, resolve_model_path
 
     try:
@@ -276,10 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or pass "
               f"--reward-tokens with no value to serve it anyway", file=sys.stderr)
         return 2
-    spec = ServerSpec(model=str(folder), host=args.host, port=args.port, tp=args.tp, dtype=args.dtype,
-                      max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                      seed=args.seed, kv_cache_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager,
-                      devices=args.devices, python=args.python, worker_extension=args.weight_transfer != "none")
+    spec = ServerSpec(model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra),
+                      **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"})
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
     stop = []

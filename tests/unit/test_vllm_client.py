@@ -146,3 +146,28 @@ def test_a_cpu_server_never_prefills_a_prompt_in_chunks(tmp_path):
     assert cpu_scheduler_args(None, str(tmp_path / "absent"))[-1] == "8192"
     cmd = VLLMServer(ServerSpec(model=str(tmp_path)), tmp_path / "log").command()
     assert "--no-enable-chunked-prefill" in cmd and cmd[cmd.index("--max-num-batched-tokens") + 1] == "16384"
+
+
+def test_the_server_settings_have_one_source():
+    """generation.vllm (VLLMConfig) is where a server's settings are defined: a managed server's spec copies each
+    of them, and `rcgrpo serve` has one option per setting with VLLMConfig's default (but its own listed ones);
+    options it does not know reach vLLM."""
+    import dataclasses
+
+    from nemo_rcgrpo.config import VLLMConfig
+    from nemo_rcgrpo.generation.vllm_server import SERVE_DEFAULTS, SERVER_FIELDS, ServerSpec, serve_parser
+
+    spec_fields = {f.name for f in dataclasses.fields(ServerSpec)}
+    assert set(SERVER_FIELDS) <= {f.name for f in dataclasses.fields(VLLMConfig)} & spec_fields
+    assert spec_fields - set(SERVER_FIELDS) == {"model", "worker_extension", "extension_dir"}
+    v = VLLMConfig(host="10.0.0.1", port=9001, tp=4, max_model_len=4096, gpu_memory_utilization=0.5, seed=7,
+                   kv_cache_gib=5, enforce_eager=True, devices="4,5", python="/venv/bin/python",
+                   extra_args=("--enable-prefix-caching",))
+    spec = ServerSpec.from_config(v, "/m", dtype="bfloat16")
+    assert all(getattr(spec, f) == getattr(v, f) for f in SERVER_FIELDS if f != "dtype") and spec.dtype == "bfloat16"
+    args, extra = serve_parser().parse_known_args(["/m", "--tp", "2", "--enforce-eager", "--enable-prefix-caching"])
+    assert (args.tp, args.enforce_eager, extra) == (2, True, ["--enable-prefix-caching"])
+    defaults, _ = serve_parser().parse_known_args(["/m"])
+    for f in SERVER_FIELDS:
+        if f != "extra_args":
+            assert getattr(defaults, f) == SERVE_DEFAULTS.get(f, getattr(VLLMConfig(), f)), f
