@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rcgrpo.config import (ChatConfig, GenerationConfig, ModelConfig, PolicySetup, RewardTokensConfig, _build,
-                                _choice)
+from nemo_rcgrpo.config import PolicySetup, _build, _choice
+from nemo_rcgrpo.config_schema import ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain

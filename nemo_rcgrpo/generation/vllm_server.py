@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from nemo_rcgrpo.config import VLLMConfig
+from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
 from nemo_rcgrpo.utils.dist import free_port
 

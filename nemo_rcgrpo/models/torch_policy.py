@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nemo_rcgrpo.config import TrainerConfig
+from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.models.interfaces import LossFn
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 

@@ -114,7 +114,7 @@ def build(shape: dict, args):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from transformers import LlamaConfig
 
-    from nemo_rcgrpo.config import MegatronConfig
+    from nemo_rcgrpo.config_schema import MegatronConfig
     from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel, platform_flags
 
     par = init_parallel(args.tp, 1, 1, seed=1234)

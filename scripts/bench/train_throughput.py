@@ -34,7 +34,7 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # env_replay beside it; the ch
 from env_replay import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
-from nemo_rcgrpo.config import TrainerConfig
+from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.sft_data import build_examples, collate, load_records
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_replay import cpu_name, dist_version, emit  # noqa: E402
 
-from nemo_rcgrpo.config import VLLMConfig
+from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig

@@ -31,7 +31,7 @@ def test_logprobs_and_greedy_tokens_match_the_cpu():
 def test_torch_policy_on_cuda_takes_cpu_batches_and_trains_bf16_with_fp32_masters():
     """The RL path's device handling: batches stay on CPU between passes; the policy and its frozen reference
     compute on the GPU and hand CPU tensors back; a bf16 model's masters are fp32 on the GPU."""
-    from nemo_rcgrpo.config import TrainerConfig
+    from nemo_rcgrpo.config_schema import TrainerConfig
     from nemo_rcgrpo.models.factory import make_reference
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
     from nemo_rcgrpo.utils.dist import DistInfo

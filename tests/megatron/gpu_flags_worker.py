@@ -10,7 +10,7 @@ import sys
 import torch
 from transformers import LlamaConfig
 
-from nemo_rcgrpo.config import MegatronConfig
+from nemo_rcgrpo.config_schema import MegatronConfig
 from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel
 from nemo_rcgrpo.models.megatron.flags import Platform, decide
 from nemo_rcgrpo.models.megatron.policy import pad_micro_batches

@@ -17,7 +17,7 @@ import torch
 
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel, load_hf_state
-from nemo_rcgrpo.config import MegatronConfig
+from nemo_rcgrpo.config_schema import MegatronConfig
 
 
 def check(name: str, tp: int, dtype: torch.dtype) -> dict:

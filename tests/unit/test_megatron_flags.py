@@ -5,7 +5,7 @@ tests/megatron/test_megatron_model.py."""
 
 import pytest
 
-from nemo_rcgrpo.config import MegatronConfig
+from nemo_rcgrpo.config_schema import MegatronConfig
 from nemo_rcgrpo.models.megatron.flags import FlagError, Platform, decide, padded_length
 
 CPU = Platform(cuda=False)

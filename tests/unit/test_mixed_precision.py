@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from nemo_rcgrpo.config import TrainerConfig
+from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.models.hf import load_model
 from nemo_rcgrpo.models.torch_policy import TorchPolicy
 from nemo_rcgrpo.utils.dist import DistInfo

@@ -115,12 +115,12 @@ def _stated(yaml_section, defaults, prefix=""):
                                   "generation/vllm.yaml"])
 def test_the_default_files_state_the_schema_defaults(name):
     """conf/stage1_defaults.yaml and the generation group restate the dataclass defaults for reading: they may not
-    drift from them (the schema, nemo_rcgrpo/config.py, is the one source; interpolations aside)."""
+    drift from them (the schema, nemo_rcgrpo/config_schema.py, is the one source; interpolations aside)."""
     import dataclasses
 
     import yaml
 
-    from nemo_rcgrpo.config import GenerationConfig
+    from nemo_rcgrpo.config_schema import GenerationConfig
 
     stated = yaml.safe_load((conf_dir() / name).read_text())
     schema = dataclasses.asdict(TrainConfig() if name == "stage1_defaults.yaml" else GenerationConfig())

@@ -154,7 +154,7 @@ def test_the_server_settings_have_one_source():
     options it does not know reach vLLM."""
     import dataclasses
 
-    from nemo_rcgrpo.config import VLLMConfig
+    from nemo_rcgrpo.config_schema import VLLMConfig
     from nemo_rcgrpo.generation.vllm_server import SERVE_DEFAULTS, SERVER_FIELDS, ServerSpec, serve_parser
 
     spec_fields = {f.name for f in dataclasses.fields(ServerSpec)}

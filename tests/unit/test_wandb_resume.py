@@ -1,6 +1,6 @@
 """W&B: a resumed run continues the same W&B run; name, entity, group and tags are settable."""
 
-from nemo_rcgrpo.config import WandbConfig
+from nemo_rcgrpo.config_schema import WandbConfig
 from nemo_rcgrpo.utils.logging import MetricsLogger, wandb_init_args
 
 

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from nemo_rcgrpo.config import VLLMConfig
+from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
 from nemo_rcgrpo.generation.vllm_client import WeightSyncError

@@ -1,0 +1,213 @@
+"""The sections of a training run's config: one frozen dataclass each, with its defaults (the one place they are
+written; conf/stage1_defaults.yaml and the generation group restate them for reading, and a test holds them
+equal). `config.py` puts them together (`TrainConfig`, `PolicySetup`) and validates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "smollm2"  # local HF folder, 'smollm2', 'tiny-llama', 'tiny-qwen2'
+    dtype: str = "float32"  # float32 | bfloat16 (GPU)
+    reward_tokens: str = "special"  # special (one id each) | literal (plain text) | none
+    gradient_checkpointing: bool = False
+    name: str | None = None  # a short name of the model (the model group's: llama8b, qwen7b); init paths use it
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    format: str = "hermes"  # hermes | llama3_json
+    renderer: str = "auto"  # auto | project | template
+    tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
+    max_length: int = 4096  # tokens; longer examples are dropped (counted in the log)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dir: str = "data/bfcl_v4"
+    file: str | None = None  # in data.dir: JSONL, Parquet or a saved Dataset (data/dataset.py); default sft.jsonl / rctp.jsonl
+    split: str = "train"
+    mode: str = "merged"  # episode shape used when the data has to be prepared
+    max_examples: int | None = None  # a slice of the data (after the seeded shuffle)
+    prepare_if_missing: bool = True
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    epochs: int = 2
+    max_steps: int | None = None  # length of the run in optimizer steps (None: all epochs)
+    stop_after: int | None = None  # end this invocation after N steps (time-boxed jobs); resume continues
+    global_batch_size: int = 16  # sequences per optimizer step (across ranks)
+    micro_batch_size: int = 1  # sequences per forward/backward
+    grad_clip: float = 1.0
+    log_every: int = 1
+    save_every: int = 50  # optimizer steps between checkpoints (and at the end)
+    keep_last: int = 2
+    resume: bool = True  # continue from the newest checkpoint in run_dir
+    resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run being resumed
+    bucket_by_length: bool = True
+    export_hf: bool = True  # write run_dir/hf at the end
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool = False
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "nemo_rcgrpo"
+    entity: str | None = None
+    name: str | None = None  # None: the run folder's name
+    group: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool = True
+    progress: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width
+    pp: int = 1  # pipeline-parallel size: must divide the number of layers (1F1B schedule)
+    cp: int = 1  # context-parallel size (1 only in this backend so far)
+    spec: str = "auto"  # layer spec: auto (Transformer Engine where it imports on a GPU, else local) | te | local
+    sequence_parallel: bool | None = None  # null: on with the TE spec at tp > 1 | true (needs TE) | false
+    recompute: str = "none"  # activation recomputation: none | selective | full
+    fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
+    distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
+    grad_reduce_in_fp32: bool = True
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    backend: str = "torch"  # torch (single process or torchrun DDP) | megatron (Megatron-Core TP/PP/DP)
+    megatron: MegatronConfig = MegatronConfig()
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """generation.backend=vllm (nemo_rcgrpo/generation/vllm_generator.py, vllm_server.py)."""
+
+    url: str | None = None  # attach to a running server (`rcgrpo serve`), e.g. http://gen-node:8000; null: start one
+    host: str = "127.0.0.1"  # a started server's address
+    port: int = 0  # 0: a free port
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of a started server, e.g. "4,5,6,7"
+    python: str | None = None  # interpreter with vLLM for a started server (default: the trainer's)
+    tp: int = 1  # tensor-parallel size of a started server
+    dtype: str = "auto"  # auto (= model.dtype) | float32 | bfloat16 | float16
+    max_model_len: int | None = None  # null: the model's maximum
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gib: int = 2  # CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    enforce_eager: bool = False  # skip graph compilation (faster start, slower decode)
+    seed: int = 0
+    startup_timeout: float = 900.0  # seconds to wait for /health
+    request_timeout: float = 600.0  # seconds per completion request
+    max_retries: int = 3  # per request, exponential backoff from 1 s
+    max_concurrency: int = 256  # requests in flight (connection pool size)
+    weight_sync: str = "auto"  # auto / collective: a process group with the server's workers (NCCL with CUDA, else gloo) | nccl (insist on NCCL) | folder
+    weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
+    nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
+    extra_args: tuple[str, ...] = ()  # more vLLM server arguments
+
+
+@dataclass(frozen=True)
+class ScriptedConfig:
+    """generation.backend=scripted (nemo_rcgrpo/generation/scripted.py): plays the ground truth or a failure."""
+
+    success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
+    success_high: float = 1.0  # ... with the high reward token in its prompt
+    success_low: float = 0.0  # ... with the low reward token
+    failure_type: str = "wrong_param"  # preferred failure type of the failing rollouts (data/failures.py)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server | scripted (tests)
+    max_batch_size: int = 64  # rollouts decoded together per generator call (hf)
+    share_prefixes: bool = True  # hf: identical prompts of a call (a group's) prefilled once, their KV cache copied
+    vllm: VLLMConfig = VLLMConfig()
+    scripted: ScriptedConfig = ScriptedConfig()
+
+
+@dataclass(frozen=True)
+class RewardTokensConfig:
+    high: str = "<|high_reward|>"
+    low: str = "<|low_reward|>"
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    baseline: str = "mean"  # mean | leave_one_out
+    scale: str = "std"  # std | none
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_beta: float = 0.1
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    aggregation: str = "token"  # token | sequence
+    tis_cap: float | None = None  # truncated importance sampling: weight min(p_trainer / p_sampler, cap); null: off
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per assistant message
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    group_size: int = 5  # G rollouts per task
+    tasks_per_step: int = 4  # groups per optimizer step (the paper's "batch")
+    reward_token_sampling: str = "iid"  # iid (paper) | stratified
+    p_high: float = 0.5  # P(high token): the success share of the stage-1 data
+    max_turns: int = 20  # assistant messages per rollout
+    max_total_tokens: int = 4096  # context budget of a rollout (prompt + everything generated)
+    ppo_epochs: int = 1  # passes over each batch of rollouts
+    mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
+    old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
+    dapo_max_rounds: int = 2  # a stage with a keep_group (dapo_filter): extra rounds to replace refused groups
+    dapo_shortfall: str = "train"  # such a stage, too few groups kept after the rounds: train (on fewer) | error
+    split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
+    stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
+    stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
+    eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
+    eval_tasks: int = 8
+    eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
+    advantage: AdvantageConfig = AdvantageConfig()
+    loss: LossConfig = LossConfig()
+    sampling: SamplingConfig = SamplingConfig()
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """Where the processes of a GPU job go; read by the launchers (`rcgrpo layout`, scripts/slurm/).
+
+    ``separate``: the vLLM server gets its own GPUs: ``generation_gpus`` of the
+    (first) node when ``generation_nodes`` is 0, else ``generation_nodes`` whole
+    nodes; training runs on the rest. ``colocated``: training uses every GPU and
+    the in-process HF generator shares them (a vLLM server cannot: refused). CPU
+    runs ignore the layout.
+    """
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    generation: str = "separate"  # separate | colocated (the HF generator only)
+    generation_nodes: int = 0  # whole nodes for the server (multi-node jobs); 0: GPUs of a training node
+    generation_gpus: int = 0  # GPUs of the server (a multiple of generation.vllm.tp); 0: no server (hf generator)
