@@ -13,7 +13,6 @@ from itertools import groupby
 from pathlib import Path
 
 import pytest
-import yaml
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, OneCallPerMessageError, one_call_per_message, render_pieces, render_text
@@ -138,8 +137,12 @@ def test_edge_cases_match_the_official_templates():
 
 def test_the_7b_and_8b_recipes_use_the_official_renderings():
     """The deliberate differences (compact tool list) are options that no 7B/8B recipe uses."""
-    for path in sorted(ROOT.glob("conf/*[78]b.yaml")):
-        chat = (yaml.safe_load(path.read_text()) or {}).get("chat") or {}
+    from nemo_rcgrpo.utils.config import compose
+
+    paths = sorted(ROOT.glob("conf/*[78]b.yaml"))
+    assert len(paths) == 16
+    for path in paths:  # as composed (the model group sets the chat section)
+        chat = compose(path.stem).get("chat") or {}
         assert chat.get("tool_description") == "full", path.name
         assert chat.get("format") == ("hermes" if "qwen" in path.name else "llama3_json"), path.name
 
