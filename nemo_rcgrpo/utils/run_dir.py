@@ -46,7 +46,9 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval"
 
 # settings added after runs were saved: a run saved without one resumes while it keeps the value that means what
 # the run did before the setting existed
-NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_source": ("bfcl",)}
+NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_source": ("bfcl",),
+                                              # a label (the model group's); the paths it makes are compared
+                                              "model.name": (None, "llama8b", "qwen7b")}
 
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""

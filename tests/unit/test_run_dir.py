@@ -101,3 +101,6 @@ def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
     assert differences(BASE, {**BASE, "env.task_source": "bfcl"}, ()) == []
     assert differences(BASE, {**BASE, "env.task_source": "bfcl_micro"}, ()) == [
         "env.task_source is '<unset>' there and 'bfcl_micro' now"]
+    # model.name: a 7B/8B run saved before the model groups resumes under its composed recipe
+    assert differences(BASE, {**BASE, "model": {"path": "m", "name": "llama8b"}}, ()) == []
+    assert differences(BASE, {**BASE, "model": {"path": "m", "name": None}}, ()) == []
