@@ -71,7 +71,7 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 # ---------------------------------------------------------------------- launcher
-# The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config.VLLMConfig` (``generation.vllm``,
+# The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config_schema.VLLMConfig` (``generation.vllm``,
 # documented in conf/generation/vllm.yaml): a managed server takes them from the run's config
 # (`ServerSpec.from_config`), `rcgrpo serve` makes one command-line option of each (`serve_parser`).
 SERVER_FIELDS = ("host", "port", "tp", "dtype", "max_model_len", "gpu_memory_utilization", "seed", "kv_cache_gib",
@@ -151,6 +151,11 @@ class VLLMServer:
             cmd += ["--worker-extension-cls", f"{EXTENSION_MODULE}.WeightReceiver"]
         if not torch.cuda.is_available():  # a server on this machine runs on its CPU
             cmd += cpu_scheduler_args(s.max_model_len, s.model)
+        own = {a for a in cmd if a.startswith("--")}
+        clash = sorted({a.split("=")[0] for a in s.extra_args if a.split("=")[0] in own | {"-tp"}})
+        if clash:  # vLLM keeps the last value: an extra one would silently replace what the client relies on
+            raise GeneratorError(f"extra vLLM arguments {clash} set what this server sets itself; use its own "
+                                 "settings (generation.vllm.* or rcgrpo serve's options)")
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -273,7 +278,7 @@ def serve_parser() -> argparse.ArgumentParser:
     from nemo_rcgrpo.utils.config import conf_dir
 
     helps = {k.split(".")[-1]: c for k, _, c in documented_settings(conf_dir() / "generation" / "vllm.yaml")}
-    p = argparse.ArgumentParser(prog="rcgrpo serve", description="serve a policy export with vLLM for RL rollouts; "
+    p = argparse.ArgumentParser(prog="rcgrpo serve", allow_abbrev=False, description="serve a policy export with vLLM for RL rollouts; "
                                 "options it does not know go to vLLM's server (e.g. --enable-prefix-caching)")
     p.add_argument("model", help="local HF folder (a stage-1 run's hf/ export) or a model name (smollm2, tiny-llama)")
     for name in SERVER_FIELDS:
@@ -319,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                       **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"})
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
+    try:
+        server.command()  # extra arguments that clash with the server's own are refused before anything starts
+    except GeneratorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:

@@ -165,9 +165,24 @@ def test_the_server_settings_have_one_source():
                    extra_args=("--enable-prefix-caching",))
     spec = ServerSpec.from_config(v, "/m", dtype="bfloat16")
     assert all(getattr(spec, f) == getattr(v, f) for f in SERVER_FIELDS if f != "dtype") and spec.dtype == "bfloat16"
-    args, extra = serve_parser().parse_known_args(["/m", "--tp", "2", "--enforce-eager", "--enable-prefix-caching"])
-    assert (args.tp, args.enforce_eager, extra) == (2, True, ["--enable-prefix-caching"])
+    args, extra = serve_parser().parse_known_args(["/m", "--tp", "2", "--enforce-eager", "--enable-prefix-caching",
+                                                   "--device", "cpu"])
+    assert (args.tp, args.enforce_eager, extra) == (2, True, ["--enable-prefix-caching", "--device", "cpu"])
+    assert args.devices is None  # vLLM's --device is not taken for --devices (no abbreviations)
     defaults, _ = serve_parser().parse_known_args(["/m"])
     for f in SERVER_FIELDS:
         if f != "extra_args":
             assert getattr(defaults, f) == SERVE_DEFAULTS.get(f, getattr(VLLMConfig(), f)), f
+
+
+def test_extra_arguments_may_not_replace_the_servers_own(tmp_path):
+    """vLLM keeps an option's last value, so an extra --logprobs-mode or --served-model-name would silently change
+    what the client relies on: extra arguments that name an option the server sets are refused."""
+    from nemo_rcgrpo.generation.vllm_client import GeneratorError
+    from nemo_rcgrpo.generation.vllm_server import ServerSpec, VLLMServer
+
+    ok = VLLMServer(ServerSpec(model=str(tmp_path), extra_args=("--enable-prefix-caching",)), tmp_path / "log")
+    assert ok.command()[-1] == "--enable-prefix-caching"
+    for extra in (("--logprobs-mode", "raw_logprobs"), ("--served-model-name=x",), ("-tp", "2")):
+        with pytest.raises(GeneratorError, match="set what this server sets itself"):
+            VLLMServer(ServerSpec(model=str(tmp_path), extra_args=extra), tmp_path / "log").command()
