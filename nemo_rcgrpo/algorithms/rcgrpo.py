@@ -48,8 +48,7 @@ from nemo_rcgrpo.envs.sources import make_opener, make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
-from nemo_rcgrpo.models.factory import (data_parallel, hf_module, make_policy, make_reference, save_policy_checkpoint,
-                                        sync_generator)
+from nemo_rcgrpo.models.factory import make_policy, save_policy_checkpoint, sync_generator
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.stages import has_variance
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
@@ -85,8 +84,8 @@ class RLTrainer:
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
-        self.reference = make_reference(self.policy, model)  # frozen initial weights: [B, T] reference logprobs
-        self.data_dist, self.dp_sum = data_parallel(self.policy, dist)
+        self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
+        self.data_dist, self.dp_sum = self.policy.data_parallel()
         check_task_source(cfg.data.dir, cfg.env.task_source)
         self.suite = make_suite(cfg.env.task_source, cfg.env.categories)
         pointers = Path(cfg.data.dir) / f"rl_{cfg.rl.split}.jsonl"
@@ -398,7 +397,7 @@ class RLTrainer:
         if stopped is not None:
             raise stopped
         if cfg.trainer.export_hf and self.step == total:
-            hf = hf_module(self.policy)  # a collective with the megatron backend
+            hf = self.policy.sync_hf_model()  # a collective with the megatron backend
             if main:
                 export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record)
         return {"steps": self.step, **metrics}

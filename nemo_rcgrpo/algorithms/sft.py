@@ -26,7 +26,7 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
-from nemo_rcgrpo.models.factory import data_parallel, hf_module, make_policy, save_policy_checkpoint
+from nemo_rcgrpo.models.factory import make_policy, save_policy_checkpoint
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
@@ -93,7 +93,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
         record["reward_goal"] = dataclasses.asdict(reward_goal_of(cfg.data.dir, cfg.reward_tokens.high,
                                                                   cfg.reward_tokens.low))
     policy = make_policy(cfg, model, dist, total_steps)
-    data_dist, dp_sum = data_parallel(policy, dist)  # megatron: the TP x PP ranks of a replica share micro-batches
+    data_dist, dp_sum = policy.data_parallel()  # megatron: the TP x PP ranks of a replica share micro-batches
     if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
         raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
                          f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
@@ -173,7 +173,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
         barrier(dist)
         raise stopped
     if t.export_hf and end_step == total_steps:
-        hf = hf_module(policy)  # a collective with the megatron backend
+        hf = policy.sync_hf_model()  # a collective with the megatron backend
         if dist.is_main:
             export_hf(hf, tokenizer, run_dir / "hf", record)
     barrier(dist)

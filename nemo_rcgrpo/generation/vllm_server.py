@@ -71,8 +71,8 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 # ---------------------------------------------------------------------- launcher
-# The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config_schema.VLLMConfig` (``generation.vllm``,
-# documented in conf/generation/vllm.yaml): a managed server takes them from the run's config
+# The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config_schema.VLLMConfig`
+# (``generation.vllm``, documented in conf/generation/vllm.yaml): a managed server takes them from the run's config
 # (`ServerSpec.from_config`), `rcgrpo serve` makes one command-line option of each (`serve_parser`).
 SERVER_FIELDS = ("host", "port", "tp", "dtype", "max_model_len", "gpu_memory_utilization", "seed", "kv_cache_gib",
                  "enforce_eager", "devices", "python", "extra_args")

@@ -1,10 +1,8 @@
 """The policy backends, registered by name (kind ``policy_backend``, setting ``policy.backend``: torch | megatron |
 a plugin's), and what the training loops do with any of them through the `Policy` seam (`models/interfaces.py`):
-data-parallel view, HF model, reference, weight sync to a generator, checkpoints."""
+weight sync to a generator and checkpoints (the loops call the Policy's own methods for the rest)."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -34,29 +32,6 @@ def megatron_backend(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: i
 def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
     """The ``policy.backend`` entry around ``model`` (an HF model with the reward tokens already added)."""
     return lookup("policy_backend", cfg.policy.backend)(cfg, model, dist, total_steps)
-
-
-def data_parallel(policy: Policy, dist: DistInfo) -> tuple[DistInfo, Callable]:
-    """The data-parallel view the trainer splits batches by, and a sum over data-parallel replicas.
-
-    Torch backend: every rank is a replica. Megatron: the TP x PP ranks of one replica share micro-batches.
-    """
-    return policy.data_parallel()
-
-
-def hf_module(policy: Policy) -> torch.nn.Module | None:
-    """The HF model holding the current weights (Megatron: synced onto rank 0; a collective; None elsewhere)."""
-    return policy.sync_hf_model()
-
-
-def make_reference(policy: Policy, model: torch.nn.Module) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
-    """Reference logprobs [B, T] of the frozen initial weights (call before the first optimizer step).
-
-    Torch: a frozen copy of the HF model, on the policy's device (batches come from CPU and go back). Megatron: a
-    frozen second GPTModel sharded like the policy, so the reference costs 1/tp of a model per rank and its
-    logprobs are vocab-parallel too.
-    """
-    return policy.frozen_reference()
 
 
 def sync_generator(policy, generator, backend: str, version: int) -> None:

@@ -1,8 +1,9 @@
 """The seam between the training loops and a policy backend, as a Protocol (shapes in the docstrings).
 
 Stage 1 (`algorithms/sft.py`) and stage 2 (`algorithms/rcgrpo.py`) drive a policy only through these methods,
-by way of `models/factory.py`; nothing there asks which backend it holds. Backends are registered by name (kind
-``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
+by way of `models/factory.py` (and ``module``, the HF model an in-process generator shares). Two choices
+of stage 2 still name a backend: more than one process only with ``megatron``, the fused old-logprob pass only
+with ``torch``. Backends are registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
 ``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a dict of [B, T] CPU tensors:
 ``input_ids``, ``attention_mask``, ``loss_mask`` (1 on the trained tokens), plus what the loss reads
 (``advantages`` [B], ``ref_logprobs`` [B, T], ...); a backend moves it to its device.

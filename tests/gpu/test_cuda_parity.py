@@ -32,13 +32,12 @@ def test_torch_policy_on_cuda_takes_cpu_batches_and_trains_bf16_with_fp32_master
     """The RL path's device handling: batches stay on CPU between passes; the policy and its frozen reference
     compute on the GPU and hand CPU tensors back; a bf16 model's masters are fp32 on the GPU."""
     from nemo_rcgrpo.config_schema import TrainerConfig
-    from nemo_rcgrpo.models.factory import make_reference
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
     from nemo_rcgrpo.utils.dist import DistInfo
 
     model = load_model("tiny-llama", "bfloat16")
     policy = TorchPolicy(model, TrainerConfig(lr=1e-5, schedule="constant"), DistInfo(device=torch.device("cuda", 0)), 4)
-    reference = make_reference(policy, model)
+    reference = policy.frozen_reference()
     ids = torch.randint(0, 1000, (2, 12))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
     ref, cur = reference(batch), policy.logprobs(batch)

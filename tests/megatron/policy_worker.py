@@ -23,7 +23,6 @@ import torch
 
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.models.factory import make_reference
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
 from nemo_rcgrpo.models.torch_policy import TorchPolicy
@@ -107,7 +106,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     torch_model = copy.deepcopy(hf)
     policy = MegatronPolicy(hf, cfg, dist, total_steps=4)
-    reference = make_reference(policy, hf)
+    reference = policy.frozen_reference()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, len(tok), (4, 24), generator=g)
     loss_mask = torch.zeros_like(ids)

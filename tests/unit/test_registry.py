@@ -189,11 +189,11 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     dist = DistInfo(0, 1, 0, torch.device("cpu"))
     policy = factory.make_policy(cfg, model, dist, total_steps=3)
     assert built == [policy] and isinstance(policy, Policy)
-    view, dp_sum = factory.data_parallel(policy, dist)
+    view, dp_sum = policy.data_parallel()
     assert view == dist and dp_sum(2.0) == 2.0
-    assert factory.hf_module(policy) is model
+    assert policy.sync_hf_model() is model
     ids = torch.randint(0, 100, (2, 6))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-    assert torch.allclose(factory.make_reference(policy, model)(batch), policy.logprobs(batch))
+    assert torch.allclose(policy.frozen_reference()(batch), policy.logprobs(batch))
     with pytest.raises(ConfigError, match=r"policy.backend='nope': choose one of \['torch', 'megatron', 'mine'\]"):
         TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))
