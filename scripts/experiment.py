@@ -190,9 +190,10 @@ class Runner:
                 for future in done:
                     job = running.pop(future)
                     if future.exception() is not None:
-                        pending.clear()  # the running ones finish; nothing new starts
-                        for other in running:
-                            other.result()
+                        pending.clear()  # the running ones finish; nothing new starts; the first failure is raised
+                        print(f"{job.name} failed; waiting for {[running[f].name for f in running]} to finish",
+                              file=sys.stderr, flush=True)
+                        cf.wait(running)
                         raise future.exception()
                     finished.add(job.name)
 
@@ -239,10 +240,12 @@ def experiment_jobs(args: argparse.Namespace) -> list[Job]:
 def run_all(args: argparse.Namespace) -> None:
     r = Runner(args.out, jobs=args.jobs)
     t0, before = time.perf_counter(), len(r.seconds)
-    r.run(experiment_jobs(args))
-    if len(r.seconds) > before:  # something ran: its wall-clock time adds to an interrupted run's
-        r.seconds["wall"] = r.seconds.get("wall", 0.0) + time.perf_counter() - t0
-        (args.out / "seconds.json").write_text(json.dumps(r.seconds, indent=1))
+    try:
+        r.run(experiment_jobs(args))
+    finally:  # a failed or interrupted invocation's time counts too
+        if len(r.seconds) > before:  # something ran: its wall-clock time adds to an interrupted run's
+            r.seconds["wall"] = r.seconds.get("wall", 0.0) + time.perf_counter() - t0
+            (args.out / "seconds.json").write_text(json.dumps(r.seconds, indent=1))
 
 
 # ------------------------------------------------------------------ the report
