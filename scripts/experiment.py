@@ -22,6 +22,11 @@ Usage: python scripts/experiment.py [--out outputs/experiment] [--doc docs/exper
                                     [--steps 30] [--e1-samples 4] [--e2-groups 60] [--jobs 2] [--fresh]
 
 --jobs N runs N commands at once (each with cores/N torch threads), each as soon as the outputs it reads exist.
+
+The commands run with glibc's allocator told to keep freed memory (ALLOCATOR_ENV, unless those variables are set
+already): the 49k-token output layer allocates and frees logits of hundreds of MB every step, and by default each
+such block is a fresh mmap whose pages fault in again. The numbers do not change (allocation only); a stage-1 step
+takes about 0.6x as long ([benchmarks](../docs/benchmarks.md), `scripts/bench/experiment_speed.py`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,16 @@ INIT_OF = {("sft", "grpo"): "e3_init_sft", ("sft", "rcgrpo"): "e3_init_sft_high"
            ("rctp", "rcgrpo"): "e3_init_rctp"}
 EVAL_BUDGET = ["max_new_tokens=96", "max_turns=4", "max_steps=4", "max_total_tokens=1024"]
 CONFIDENCE = 0.95
+# glibc: serve large blocks from the heap (no mmap per block) and never trim it, so freed logits are reused
+ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 # ------------------------------------------------------------------ statistics
@@ -145,7 +160,7 @@ class Runner:
     def __init__(self, out: Path, jobs: int = 1, quiet: bool = True):
         self.out, self.quiet, self.jobs = out, quiet, max(1, jobs)
         # each job's torch threads: the cores shared out, so concurrent jobs do not oversubscribe them
-        self.threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        self.threads = max(1, cores() // self.jobs)
         self.seconds: dict[str, float] = {}
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -161,7 +176,8 @@ class Runner:
         cmd = [str(Path(sys.executable).parent / "rcgrpo"), *args]
         print(f"[{dt.datetime.now():%H:%M:%S}] {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
-        env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": str(self.threads)}
+        # OMP_NUM_THREADS is the runner's: the cores shared out between the commands running at once
+        env = {**ALLOCATOR_ENV, **os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": str(self.threads)}
         with (self.logs / f"{name}.log").open("w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         if rc != 0:
@@ -246,6 +262,10 @@ def run_all(args: argparse.Namespace) -> None:
         if len(r.seconds) > before:  # something ran: its wall-clock time adds to an interrupted run's
             r.seconds["wall"] = r.seconds.get("wall", 0.0) + time.perf_counter() - t0
             (args.out / "seconds.json").write_text(json.dumps(r.seconds, indent=1))
+            # how the commands ran, for the report (a later --report-only must not relabel them)
+            (args.out / "run.json").write_text(json.dumps(
+                {"jobs": r.jobs, "threads": r.threads, "cores": cores(), "machine": cpu_name(),
+                 "allocator": {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}}, indent=1))
 
 
 # ------------------------------------------------------------------ the report
@@ -340,7 +360,10 @@ def report(out: Path, seeds: int, steps: int, eval_every: int, plot: Path | None
     return {"e1": e1, "bound": bound, "e2": e2, "e3_rows": e3_rows}
 
 
-def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, float]) -> str:
+def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, float],
+           run: dict[str, Any] | None = None) -> str:
+    """The results section; ``run`` is run.json (how the commands ran: jobs, threads), else ``args``."""
+    jobs = int((run or {}).get("jobs", getattr(args, "jobs", 1)))
     e1, e2 = res["e1"], res["e2"]
     gap = e1["high"]["mean"] - e1["low"]["mean"]
     lines = [
@@ -382,7 +405,8 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
     lines += [f"| {k} | {v:.0f} |" for k, v in runs.items()]
     lines += [f"| total (the commands' seconds added up) | {sum(runs.values()):.0f} |"]
     if "wall" in seconds:
-        lines += [f"| wall clock ({args.jobs} command{'s' if args.jobs > 1 else ''} at once) | {seconds['wall']:.0f} |"]
+        threads = f", {run['threads']} torch thread{'s' if run['threads'] > 1 else ''} each" if run else ""
+        lines += [f"| wall clock ({jobs} command{'s' if jobs > 1 else ''} at once{threads}) | {seconds['wall']:.0f} |"]
     return "\n".join(lines)
 
 
@@ -412,12 +436,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report_only:
         run_all(args)
     seconds = json.loads((args.out / "seconds.json").read_text()) if (args.out / "seconds.json").is_file() else {}
+    run = json.loads((args.out / "run.json").read_text()) if (args.out / "run.json").is_file() else None
     res = report(args.out, args.seeds, args.steps, args.eval_every, plot=args.doc.parent / "experiments" /
                  "e3_dynamics.png")
-    header = (f"Measured {dt.date.today():%Y-%m-%d} on {cpu_name()}, {os.cpu_count()} cores, torch CPU. Command: "
+    machine, ncores, jobs = ((run["machine"], run["cores"], run["jobs"]) if run else (cpu_name(), cores(), args.jobs))
+    header = (f"Measured {dt.date.today():%Y-%m-%d} on {machine}, {ncores} cores, torch CPU. Command: "
               f"`python scripts/experiment.py --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
-              f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {args.jobs}`; outputs in {args.out.name}/.")
-    section = "\n".join([START, header, "", render(res, args, seconds), END])
+              f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {jobs}`; outputs in {args.out.name}/.")
+    section = "\n".join([START, header, "", render(res, args, seconds, run), END])
     text = args.doc.read_text() if args.doc.is_file() else ""
     if START in text and END in text:
         text = text[: text.index(START)] + section + text[text.index(END) + len(END):]

@@ -7,6 +7,12 @@
   trains (``logits_to_keep``, the union over rows). Now: each row's own trained positions (`position_logits`),
   so the output layer and the cross-entropy run on the assistant tokens only. One optimizer step (forward,
   backward, AdamW) on the same micro_sft batches of the bfcl_micro data, sides alternated per batch.
+- **glibc keeps freed memory** (`scripts/experiment.py`'s ALLOCATOR_ENV: `MALLOC_MMAP_MAX_=0`,
+  `MALLOC_TRIM_THRESHOLD_` large). Before: glibc's defaults, under which every block over its mmap threshold
+  (the logits of the 49k-token output layer, hundreds of MB) is a fresh mmap whose pages fault in again each
+  step. Now: those blocks come from the heap and are reused. One-thread `micro_rctp` runs (stage 1) and
+  `micro_rcgrpo` runs from a random tiny-llama (stage 2: rollouts, logprob pass, update), one side after the
+  other, seconds per step from the runs' own metrics.
 - **commands at once.** Before: `rcgrpo train --config-name micro_sft` alone with 2 torch threads. Now: two such
   runs at once with one thread each (`scripts/experiment.py --jobs 2`). Steps per second of the whole machine,
   from the runs' own step_seconds (after the first 3 steps).
@@ -73,6 +79,40 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
     return out
 
 
+ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}  # as scripts/experiment.py's
+
+
+def step_records(data: Path, recipe: str, steps: int, tmp: Path, tag: str, allocator: bool,
+                 extra: tuple[str, ...] = ()) -> list[dict]:
+    """metrics.jsonl of one one-thread ``recipe`` run, with or without ALLOCATOR_ENV (glibc's defaults)."""
+    run_dir = tmp / f"alloc_{recipe}_{tag}"
+    cmd = [str(Path(sys.executable).parent / "rcgrpo"), "train", "--config-name", recipe, f"run_dir={run_dir}",
+           f"data.dir={data}", f"trainer.max_steps={steps}", "trainer.save_every=100000", "trainer.export_hf=false",
+           "logging.progress=false", "logging.tensorboard=false", *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(ALLOCATOR_ENV if allocator else {})})
+    if subprocess.call(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) != 0:
+        raise SystemExit(f"{recipe} run in {run_dir} failed")
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+
+def allocator_comparison(data: Path, steps: int, rl_steps: int, tmp: Path) -> list[tuple[str, str, float, float]]:
+    """(what, seconds key, before, after): mean seconds per step (stage 1 after its first 3 steps; stage 2 over
+    all its steps) under glibc's defaults and under ALLOCATOR_ENV, the two sides run one after the other."""
+    out = []
+    for recipe, first, extra, n in (("micro_rctp", 3, (), steps),
+                                    ("micro_rcgrpo", 0, ("model.path=tiny-llama", "rl.eval_every=0"), rl_steps)):
+        if not n:
+            continue
+        runs = {side: step_records(data, recipe, n, tmp, side, side == "after", extra) for side in ("before", "after")}
+        keys = ["step_seconds"] + (["generation_seconds", "logprob_seconds", "train_seconds"]
+                                   if recipe == "micro_rcgrpo" else [])
+        for key in keys:
+            out.append((recipe, key, *(statistics.fmean(r[key] for r in runs[side][first:] if key in r)
+                                       for side in ("before", "after"))))
+    return out
+
+
 def steps_per_second(data: Path, steps: int, runs: int, threads: int, tmp: Path) -> tuple[float, list[float]]:
     """Steps per second of the machine with ``runs`` micro_sft runs at once, ``threads`` torch threads each."""
     rcgrpo = str(Path(sys.executable).parent / "rcgrpo")
@@ -82,7 +122,7 @@ def steps_per_second(data: Path, steps: int, runs: int, threads: int, tmp: Path)
         cmd = [rcgrpo, "train", "--config-name", "micro_sft", f"run_dir={run_dir}", f"data.dir={data}",
                f"trainer.max_steps={steps}", "trainer.save_every=100000", "trainer.export_hf=false",
                "logging.progress=false", "logging.tensorboard=false"]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+        env = {**ALLOCATOR_ENV, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
         procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env), run_dir))
     per_run = []
     for proc, run_dir in procs:
@@ -97,6 +137,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=8, help="stage-1 batches per side (after one warm-up batch)")
     p.add_argument("--steps", type=int, default=20, help="micro_sft steps per run in the jobs comparison (0: skip)")
+    p.add_argument("--alloc-steps", type=int, default=30, help="micro_rctp steps per side in the allocator "
+                   "comparison (0: skip)")
+    p.add_argument("--rl-steps", type=int, default=3, help="micro_rcgrpo steps per side there (0: skip)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     load = os.getloadavg()[0]
@@ -107,6 +150,7 @@ def main() -> int:
                         f"out_dir={data}", "tokenizer=null", "progress=false"], check=True, stdout=subprocess.DEVNULL)
         torch.set_num_threads(os.cpu_count() or 1)
         h = head_comparison(data, args.batches)
+        alloc = allocator_comparison(data, args.alloc_steps, args.rl_steps, tmp)
         jobs = None
         if args.steps:
             jobs = (steps_per_second(data, args.steps, 1, os.cpu_count() or 1, tmp),
@@ -124,6 +168,12 @@ def main() -> int:
         "", f"Ratio now / before: **{rows / union:.2f}** over {len(h['rows'])} batches per side, alternated "
         f"(batch: {statistics.fmean(h['tokens']):.0f} token positions on average).",
     ]
+    if alloc:
+        rows_out += ["", "| glibc allocator, one thread | seconds | before: defaults | now: ALLOCATOR_ENV | "
+                     "now / before |", "|---|---|---:|---:|---:|"]
+        rows_out += [f"| {recipe} | {key} | {b:.3f} | {a:.3f} | **{a / b:.2f}** |" for recipe, key, b, a in alloc]
+        rows_out += ["", f"micro_rctp: {args.alloc_steps} steps a side, the first 3 left out; micro_rcgrpo from a random "
+                     f"tiny-llama (every rollout runs to its token limit): {args.rl_steps} steps a side, 8 groups of 5."]
     if jobs:
         (one, one_runs), (two, two_runs) = jobs
         rows_out += ["", "| commands at once | torch threads each | seconds per step, each run | steps per second, "

@@ -152,3 +152,40 @@ def test_jobs_start_only_after_what_they_read(exp, tmp_path, monkeypatch):
         reads = [a for a in j.args if a.startswith(("model.path=", "checkpoint.path="))]
         want = ("data",) if j.name.startswith("stage1_") else (f"stage1_{reads[0].split('/')[-2]}",)
         assert j.deps == want, j.name
+
+
+def test_commands_get_the_allocator_settings_unless_the_user_set_them(exp, tmp_path, monkeypatch):
+    """Each command runs with ALLOCATOR_ENV (glibc keeps freed memory) and the runner's thread share; a variable
+    the user set wins over ALLOCATOR_ENV; a failed command raises with its log's tail."""
+    seen = []
+
+    def fake_call(cmd, stdout, stderr, cwd, env):
+        seen.append(env)
+        stdout.write("last line\n")
+        return 0 if len(seen) == 1 else 3
+
+    monkeypatch.setattr(exp.subprocess, "call", fake_call)
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "123")
+    r = exp.Runner(tmp_path, jobs=2)
+    r.rcgrpo("one", ["train"], tmp_path / "never")
+    env = seen[0]
+    assert env["MALLOC_MMAP_MAX_"] == exp.ALLOCATOR_ENV["MALLOC_MMAP_MAX_"] == "0"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "123"  # the user's
+    assert env["OMP_NUM_THREADS"] == str(max(1, exp.cores() // 2))
+    assert "one" in json.loads((tmp_path / "seconds.json").read_text())
+    with pytest.raises(SystemExit, match="(?s)two failed .exit 3.*last line"):
+        r.rcgrpo("two", ["train"], tmp_path / "never")
+
+
+def test_the_wall_clock_is_labelled_with_how_the_commands_ran(exp):
+    """render() labels the wall clock with run.json's jobs and threads (how the commands ran), not with the
+    --jobs of a later --report-only invocation."""
+    import argparse
+
+    res = {"e1": {k: {"mean": 0.1, "ci": (0.0, 0.2), "tasks": 2} for k in ("high", "low", "sft")}, "bound": 0.0,
+           "e2": {}, "e3_rows": []}
+    args = argparse.Namespace(e1_samples=2, steps=2, seeds=1, jobs=5)
+    text = exp.render(res, args, {"data": 2.0, "wall": 10.0}, {"jobs": 2, "threads": 1})
+    assert "| wall clock (2 commands at once, 1 torch thread each) | 10 |" in text
+    assert "| wall clock (5 commands at once) | 10 |" in exp.render(res, args, {"data": 2.0, "wall": 10.0})
