@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from nemo_rcgrpo.data.chat_format import FORMATS, TOOL_DESCRIPTIONS
+from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
@@ -40,7 +40,7 @@ class PolicySetup:
     def validate(self) -> None:
         _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
         _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
-        _choice("chat.format", self.chat.format, FORMATS)
+        _choice("chat.format", self.chat.format, names("chat_format"))
         _choice("chat.renderer", self.chat.renderer, RENDERERS)
         _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
         _choice("generation.backend", self.generation.backend, names("generator"))

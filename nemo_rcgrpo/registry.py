@@ -35,6 +35,8 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
     "policy_backend": ("policy.backend", "factory(train config, HF model, dist, total_steps) -> Policy: "
                                          "nemo_rcgrpo.models.interfaces"),
+    "chat_format": ("chat.format", "FormatSpec(pieces, generation_prompt, special_tokens, stop_tokens, after_stop, "
+                                   "parse, vllm_tool_parser, ...): nemo_rcgrpo.data.chat_format"),
     "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
                 "fn(task, plan, rng) -> (perturbed plan, description) or None"),
     "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
@@ -49,7 +51,7 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
              "policy_backend": "nemo_rcgrpo.models.factory",
-             "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
+             "chat_format": "nemo_rcgrpo.data.chat_format", "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
              "env": "nemo_rcgrpo.envs.sources"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
+from nemo_rcgrpo.data.tool_parsers import ParsedMessage, parse_hermes, parse_llama3_json
+from nemo_rcgrpo.registry import lookup, names, register
 from nemo_rcgrpo.types import Message
 
 HERMES_TOOLS_PREAMBLE = (
@@ -59,7 +61,6 @@ LLAMA3_ENVIRONMENT = "Environment: ipython\n"  # written only when the conversat
 LLAMA3_DATE_HEADER = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
 LLAMA3_SYSTEM_HEADER = LLAMA3_ENVIRONMENT + LLAMA3_DATE_HEADER
 
-FORMATS = ("hermes", "llama3_json")
 TOOL_DESCRIPTIONS = ("full", "compact")
 
 
@@ -248,28 +249,47 @@ def _llama3_generation_prompt() -> list[Piece]:
 
 @dataclass(frozen=True)
 class FormatSpec:
+    """A chat format (kind ``chat_format``, chosen by ``chat.format``): how a conversation renders and how the
+    server that will serve the trained model reads the model's tool calls back. Training rewards only calls that
+    ``parse`` accepts, and ``parse`` accepts only what ``vllm serve --tool-call-parser {vllm_tool_parser}`` serves
+    the same way (tests/unit/test_parser_agreement.py)."""
     pieces: Callable[[Sequence[Message], int, Sequence[dict] | None, str], list[Piece]]
     generation_prompt: Callable[[], list[Piece]]
     special_tokens: tuple[str, ...]
     stop_tokens: tuple[str, ...]  # generation ends at any of these (they are part of the assistant turn)
     after_stop: str  # text the format puts after the stop token, before the next message
+    parse: Callable[[str, Collection[str] | None], ParsedMessage] = parse_hermes  # (text, known tools) -> calls
+    vllm_tool_parser: str = "hermes"  # vLLM's name of the parser that serves this format
+    one_call_per_message: bool = False  # the template allows one tool call per assistant message
+    tokenizer_template: bool = False  # chat.renderer=auto may use a tokenizer's own tool-aware template
 
 
-FORMAT_SPECS: dict[str, FormatSpec] = {
-    "hermes": FormatSpec(_hermes_pieces, _hermes_generation_prompt, ("<|im_start|>", "<|im_end|>"),
-                         ("<|im_end|>",), "\n"),
-    "llama3_json": FormatSpec(
-        _llama3_pieces, _llama3_generation_prompt,
-        ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"),
-        ("<|eot_id|>", "<|eom_id|>"), "",
-    ),
-}
+register("chat_format", "hermes")(FormatSpec(
+    _hermes_pieces, _hermes_generation_prompt, ("<|im_start|>", "<|im_end|>"), ("<|im_end|>",), "\n",
+    parse=parse_hermes, vllm_tool_parser="hermes", tokenizer_template=True))
+register("chat_format", "llama3_json")(FormatSpec(
+    _llama3_pieces, _llama3_generation_prompt,
+    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"),
+    ("<|eot_id|>", "<|eom_id|>"), "", parse=parse_llama3_json, vllm_tool_parser="llama3_json",
+    one_call_per_message=True))
+
+
+def format_spec(fmt: str) -> FormatSpec:
+    """The registered chat format ``fmt`` (a ValueError listing the registered names when there is none)."""
+    spec = lookup("chat_format", fmt)
+    if not isinstance(spec, FormatSpec):
+        raise ValueError(f"chat_format {fmt!r} is registered as a {type(spec).__name__}, not a FormatSpec")
+    return spec
+
+
+def formats() -> tuple[str, ...]:
+    return names("chat_format")
 
 
 def render_pieces(messages: Sequence[Message], tools: Sequence[dict] | None = None, fmt: str = "hermes",
                   tool_description: str = "full") -> list[Piece]:
-    spec = FORMAT_SPECS[fmt]
-    if fmt == "llama3_json":
+    spec = format_spec(fmt)
+    if spec.one_call_per_message:
         messages = one_call_per_message(messages)
     return [p for i in range(len(messages)) for p in spec.pieces(messages, i, tools, tool_description)]
 

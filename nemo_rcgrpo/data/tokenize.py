@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, FORMATS, Piece, one_call_per_message
+from nemo_rcgrpo.data.chat_format import Piece, format_spec, formats, one_call_per_message
 from nemo_rcgrpo.types import Message, valid_text
 
 RENDERERS = ("auto", "project", "template")
@@ -42,7 +42,7 @@ class Tokenized:
 
 def ensure_format_tokens(tokenizer, fmt: str) -> list[str]:
     """Add the format's control tokens to a tokenizer that lacks them (tiny test models). Returns those added."""
-    missing = [t for t in FORMAT_SPECS[fmt].special_tokens if t not in tokenizer.get_vocab()]
+    missing = [t for t in format_spec(fmt).special_tokens if t not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
     return missing
@@ -51,17 +51,17 @@ def ensure_format_tokens(tokenizer, fmt: str) -> list[str]:
 class ChatRenderer:
     def __init__(self, tokenizer, fmt: str = "hermes", *, tool_description: str = "full",
                  renderer: str = "auto", reward_tokens: Sequence[str] = REWARD_TOKENS, literal_reward_tokens: bool = False):
-        if fmt not in FORMATS:
-            raise ChatFormatError(f"chat.format={fmt!r}: choose one of {list(FORMATS)}")
+        if fmt not in formats():
+            raise ChatFormatError(f"chat.format={fmt!r}: choose one of {list(formats())}")
         if renderer not in RENDERERS:
             raise ChatFormatError(f"chat.renderer={renderer!r}: choose one of {list(RENDERERS)}")
         self.tokenizer = tokenizer
         self.fmt = fmt
-        self.spec = FORMAT_SPECS[fmt]
+        self.spec = format_spec(fmt)
         self.tool_description = tool_description
         template = getattr(tokenizer, "chat_template", None) or ""
         if renderer == "auto":
-            renderer = "template" if ("tools" in template and fmt == "hermes") else "project"
+            renderer = "template" if ("tools" in template and self.spec.tokenizer_template) else "project"
         if renderer == "template" and "tools" not in template:
             raise ChatFormatError("chat.renderer=template needs a tokenizer chat template with tool support; use project")
         self.renderer = renderer
@@ -106,7 +106,7 @@ class ChatRenderer:
     def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
                add_generation_prompt: bool = False) -> Tokenized:
         out = Tokenized([], [])
-        if self.fmt == "llama3_json" and self.renderer == "project":
+        if self.spec.one_call_per_message and self.renderer == "project":
             messages = one_call_per_message(messages)  # the Llama 3.1 template's one call per assistant message
         self.render_into(out, messages, 0, tools)
         if add_generation_prompt:

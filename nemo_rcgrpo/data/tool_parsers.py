@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any, Collection
 
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
@@ -147,9 +147,3 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
     pieces.append(text[end:])
     content = "".join(pieces).replace("<|python_tag|>", "").strip(" \t\r\n;,")
     return ParsedMessage(content, calls)
-
-
-PARSERS: dict[str, Callable[[str, Collection[str] | None], ParsedMessage]] = {
-    "hermes": parse_hermes,
-    "llama3_json": parse_llama3_json,
-}

@@ -34,7 +34,6 @@ from typing import Any, Sequence
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
-from nemo_rcgrpo.data.tool_parsers import PARSERS
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
@@ -131,7 +130,7 @@ class RolloutEngine:
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
         self.reward_goal = reward_goal or RewardGoal()
-        self.parse = PARSERS[renderer.fmt]
+        self.parse = renderer.spec.parse
         self.timings: dict[str, float] = {}
 
     def opening(self, task: Task, reward_token: bool | None):
@@ -204,7 +203,7 @@ class RolloutEngine:
             s.env.truncate("context budget" if len(tokens) >= room else "max_new_tokens without a stop token")
             return
         parsed = self.parse(text, {t["function"]["name"] for t in s.tools} | {"done"})
-        if self.renderer.fmt == "llama3_json" and sum(isinstance(c, ToolCall) for c in parsed.calls) > 1:
+        if self.renderer.spec.one_call_per_message and sum(isinstance(c, ToolCall) for c in parsed.calls) > 1:
             # vLLM's llama3_json parser hands a client several calls, but the Llama 3.1 template cannot render
             # that message back: a served conversation could not continue, so it is not rewarded
             parsed = type(parsed)(parsed.content, [ToolCallError(

@@ -347,7 +347,7 @@ def test_resource_limits_are_exact():
 
 # --------------------------------------------------------------------------- renderer masks
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS  # noqa: E402
+from nemo_rcgrpo.data.chat_format import format_spec  # noqa: E402
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized  # noqa: E402
 
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -484,7 +484,7 @@ def _check_masks(fmt, messages, tools, trained_text):
     text = render_text(messages, tools, fmt, "compact")
     assert tok.decode(rendered.ids) == text
     assert _trained_text(tok, rendered) == trained_text
-    for control in FORMAT_SPECS[fmt].special_tokens:  # every control token is its one id, never characters
+    for control in format_spec(fmt).special_tokens:  # every control token is its one id, never characters
         assert rendered.ids.count(tok.vocab[control]) == text.count(control), control
     # the reward token is one id in user messages only; in system, tool and assistant text it stays characters
     high = tok.vocab[HR]
@@ -578,7 +578,7 @@ def test_generation_prompts(fmt, prompt):
     r = ChatRenderer(tok, fmt, renderer="project")
     ids = r.generation_prompt_ids()
     assert tok.decode(ids) == prompt and sum(i >= 1_000_000 for i in ids) == prompt.count("<|")
-    assert "".join(p.text for p in FORMAT_SPECS[fmt].generation_prompt()) == prompt
+    assert "".join(p.text for p in format_spec(fmt).generation_prompt()) == prompt
 
 
 def test_one_size_budget_for_every_argument():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from nemo_rcgrpo.data.chat_format import FORMAT_SPECS, OneCallPerMessageError, one_call_per_message, render_pieces, render_text
+from nemo_rcgrpo.data.chat_format import format_spec, OneCallPerMessageError, one_call_per_message, render_pieces, render_text
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.data.trajectories import gold_plan, play
@@ -74,7 +74,7 @@ def test_renderings_are_byte_identical_to_the_official_template(suite, fmt):
         for k in range(1, len(served)):  # every prompt a rollout is generated from
             if served[k]["role"] == "assistant":
                 prompt = render_text(served[:k], tools, fmt, "full") + "".join(
-                    p.text for p in FORMAT_SPECS[fmt].generation_prompt())
+                    p.text for p in format_spec(fmt).generation_prompt())
                 assert prompt == official(fmt, served[:k], tools, add_generation_prompt=True), (task_id, mode, k)
     assert parallel > 10  # the sample holds parallel-call turns (split for llama3_json)
 

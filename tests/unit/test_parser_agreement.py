@@ -104,6 +104,18 @@ def vllm_parsers():
     return {"hermes": Hermes2ProToolParser(tok), "llama3_json": Llama3JsonToolParser(tok)}
 
 
+def test_each_format_names_the_vllm_parser_it_is_checked_against(vllm_parsers):
+    """A format's vllm_tool_parser is the name under which vLLM registers the parser this file holds its
+    parse to: `vllm serve --tool-call-parser NAME` reads calls as training rewarded them."""
+    from vllm.tool_parsers import ToolParserManager
+
+    from nemo_rcgrpo.data.chat_format import format_spec
+
+    for fmt, parser in vllm_parsers.items():
+        assert ToolParserManager.get_tool_parser(format_spec(fmt).vllm_tool_parser) is type(parser), fmt
+    assert format_spec("hermes").parse is parse_hermes and format_spec("llama3_json").parse is parse_llama3_json
+
+
 def _served(parser, text):
     info = parser.extract_tool_calls(text, None)
     if not info.tools_called:

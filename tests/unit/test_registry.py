@@ -41,6 +41,7 @@ def test_every_kind_has_its_shipped_entries():
     assert names("task_source")[:2] == ("bfcl", "bfcl_micro")
     assert names("stage")[:5] == ("sft", "rctp", "grpo", "rcgrpo", "dapo_filter")
     assert names("policy_backend")[:2] == ("torch", "megatron")
+    assert names("chat_format")[:2] == ("hermes", "llama3_json")
     assert set(KINDS) == {line.split(" (")[0] for line in describe().splitlines()}
 
 
@@ -197,3 +198,45 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     assert torch.allclose(policy.frozen_reference()(batch), policy.logprobs(batch))
     with pytest.raises(ConfigError, match=r"policy.backend='nope': choose one of \['torch', 'megatron', 'mine'\]"):
         TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))
+
+
+def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates():
+    """chat.format names a registered FormatSpec: a user's format (here ChatML with calls in <call> tags and its
+    own parser) renders through ChatRenderer, the rollout engine parses with its parser, and a wrong name lists
+    the registered ones."""
+    import dataclasses
+
+    from nemo_rcgrpo.data.chat_format import format_spec, render_text
+    from nemo_rcgrpo.data.tokenize import ChatRenderer
+    from nemo_rcgrpo.data.tool_parsers import ParsedMessage
+    from nemo_rcgrpo.generation.base import SamplingParams
+    from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
+    from nemo_rcgrpo.types import ToolCall
+    from tests.unit.test_mutation_kills import CharTokenizer
+
+    parsed = []
+
+    def parse_call_tags(text, known_tools=None):
+        parsed.append(text)
+        name = text.split("<call>")[1].split("</call>")[0] if "<call>" in text else None
+        return ParsedMessage("" if name else text, [ToolCall(name, {})] if name else [])
+
+    hermes = format_spec("hermes")
+    mine = register("chat_format", "test_calltags")(dataclasses.replace(
+        hermes, parse=parse_call_tags, vllm_tool_parser="calltags", tokenizer_template=False))
+    assert format_spec("test_calltags") is mine
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<call>ls</call>"}]
+    assert render_text(messages, None, "test_calltags") == render_text(messages, None, "hermes")
+    r = ChatRenderer(CharTokenizer(), "test_calltags")
+    assert r.spec is mine and r.renderer == "project"
+    engine = RolloutEngine(None, r, None, SamplingParams())
+    assert engine.parse is parse_call_tags
+    assert mine.parse("<call>ls</call>").calls == [ToolCall("ls", {})] and parsed
+    cfg = TrainConfig.from_dict(compose("smoke_rl", ["chat.format=test_calltags"]))
+    assert cfg.chat.format == "test_calltags"
+    with pytest.raises(ConfigError, match=r"chat.format='nope': choose one of \['hermes', 'llama3_json', "
+                                          r"'test_calltags'\]"):
+        TrainConfig.from_dict(compose("smoke_rl", ["chat.format=nope"]))
+    register("chat_format", "test_not_a_format")(lambda: None)
+    with pytest.raises(ValueError, match="not a FormatSpec"):
+        format_spec("test_not_a_format")
