@@ -198,3 +198,41 @@ def test_official_verdict_names_the_failing_turn(suite, turns, turn, error_type)
     env = run_turns(BFCLEnv(mode="per_turn"), suite["multi_turn_base_0"], turns)
     verdict = env.official_verdict()
     assert (verdict.valid, verdict.turn, verdict.error_type) == (False, turn, error_type)
+
+
+@pytest.mark.parametrize("reward, expected", [
+    # per perturbation (cp-for-mv, dropped-call, extra-touch, extra-read-only): (state_ok, actions_ok) =
+    # (F, F), (T, F), (F, T), (T, T): the product pays only the last; R_state alone also the dropped read-only
+    # call; R_action alone also the extra touch
+    ("state_x_action", [0.0, 0.0, 0.0, 1.0]),
+    ("state", [0.0, 1.0, 0.0, 1.0]),
+    ("action", [0.0, 0.0, 1.0, 1.0]),
+])
+def test_env_reward_picks_a_registered_reward(suite, reward, expected):
+    """env.reward names what the env pays, from the same components; a truncated episode pays 0 under each."""
+    cases = [_edit(3, 1, "cp(source='previous_report.pdf',destination='temp')"), _edit(1, 1),
+             _edit(2, 1, "touch(file_name='temp.log')", insert=True), _edit(2, 0, "ls(a=True)", insert=True)]
+    got = [run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], t).reward().value
+           for t in cases]
+    assert got == expected
+    env = run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], BASE_0)
+    env.truncate("context budget")
+    assert env.reward().value == 0.0
+
+
+def test_a_plugin_reward_is_chosen_by_env_reward(suite):
+    from nemo_rcgrpo import register
+    from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+    from nemo_rcgrpo.registry import table
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    register("reward", "test_half_credit")(lambda info: 0.5 * info.state_ok + 0.5 * info.actions_ok)
+    try:
+        env = BFCLEnvConfig(mode="per_turn", reward="test_half_credit").make_env()
+        env = run_turns(env, suite["multi_turn_base_0"], _edit(1, 1))
+        assert env.reward().value == 0.5
+        with pytest.raises(ConfigError, match=r"env.reward='nope': choose one of \['state_x_action', 'state', "
+                                              r"'action', 'test_half_credit'\]"):
+            BFCLEnvConfig(reward="nope")
+    finally:
+        table("reward").pop("test_half_credit")

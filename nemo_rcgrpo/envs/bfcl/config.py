@@ -28,6 +28,7 @@ class BFCLEnvConfig:
     system_prompt: str | None = None  # None: the built-in prompt of the mode
     holdout_tools_in_message: bool = True  # miss_func: list the new tools in the holdout user message
     max_observation_chars: int = 65_536  # longer tool results are truncated (longest gold result: ~32k)
+    reward: str = "state_x_action"  # a registered reward: state_x_action (the paper) | state | action | a plugin's
 
     def __post_init__(self) -> None:
         from nemo_rcgrpo.registry import names
@@ -35,6 +36,7 @@ class BFCLEnvConfig:
         _choice("env.name", self.name, names("env"))
         _choice("env.task_source", self.task_source, names("task_source"))
         _choice("env.mode", self.mode, EPISODE_MODES)
+        _choice("env.reward", self.reward, names("reward"))
         _choice("env.arg_types", self.arg_types, ARG_TYPE_MODES)
         _choice("env.on_parse_failure", self.on_parse_failure, PARSE_FAILURE_MODES)
         _choice("env.tool_response", self.tool_response, ("description", "drop"))
@@ -68,6 +70,7 @@ class BFCLEnvConfig:
             on_parse_failure=self.on_parse_failure,
             holdout_tools_in_message=self.holdout_tools_in_message,
             max_observation_chars=self.max_observation_chars,
+            reward=self.reward,
         )
 
 

@@ -34,7 +34,7 @@ from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected, to_tool_call
 from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, ExecutedCall, Toolbox
 from nemo_rcgrpo.types import valid_text
-from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
+from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, paid_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
@@ -97,6 +97,7 @@ class BFCLEnv:
         on_parse_failure: ParseFailure = "observe",
         holdout_tools_in_message: bool = True,
         max_observation_chars: int = 65_536,
+        reward: str = "state_x_action",
     ):
         if mode not in EPISODE_MODES:
             raise ValueError(f"unknown episode mode {mode!r}; choose one of {EPISODE_MODES}")
@@ -105,6 +106,7 @@ class BFCLEnv:
         if max_steps < 1 or max_calls_per_step < 1 or max_observation_chars < 64:
             raise ValueError("max_steps, max_calls_per_step must be >= 1 and max_observation_chars >= 64")
         self.mode = mode
+        self.reward_name = reward  # a registered reward (kind reward): what reward() pays
         self.max_steps = max_steps
         self.max_calls_per_step = max_calls_per_step
         self.system_prompt = SYSTEM_PROMPTS[mode] if system_prompt is None else system_prompt
@@ -261,7 +263,8 @@ class BFCLEnv:
     def reward(self) -> RewardInfo:
         if self.task is None:
             raise RuntimeError("call reset(task) first")
-        return compute_reward(self.instances, self.executed, self.gold, truncated=self.truncated)
+        return paid_reward(compute_reward(self.instances, self.executed, self.gold, truncated=self.truncated),
+                           self.reward_name)
 
     def official_verdict(self) -> OfficialVerdict | None:
         """BFCL's verdict; None for merged episodes (no turn structure to check)."""

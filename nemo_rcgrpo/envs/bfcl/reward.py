@@ -28,6 +28,7 @@ from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state, snapshot, 
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, Toolbox
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLTask
+from nemo_rcgrpo.registry import lookup, register
 from nemo_rcgrpo.types import OfficialVerdict, RewardInfo
 
 
@@ -148,8 +149,35 @@ def compute_reward(
     }
     if truncated:
         details["truncated"] = truncated
-    value = float(state_ok and actions_ok and not truncated)
-    return RewardInfo(value=value, state_ok=state_ok, actions_ok=actions_ok, details=details)
+    return paid_reward(RewardInfo(value=0.0, state_ok=state_ok, actions_ok=actions_ok, details=details))
+
+
+# The rewards BFCL's env can pay (``env.reward``): each ``fn(components: RewardInfo) -> float`` from the paper's
+# two components, computed once by compute_reward; a truncated episode scores 0 under every one.
+@register("reward", "state_x_action")
+def state_x_action(info: RewardInfo) -> float:
+    """The paper's R = R_state x R_action (Appendix D)."""
+    return float(info.state_ok and info.actions_ok and "truncated" not in info.details)
+
+
+@register("reward", "state")
+def state_only(info: RewardInfo) -> float:
+    """R_state alone: the final state equals the gold state (an ablation: extra or misdirected calls that leave
+    the state right are not punished)."""
+    return float(info.state_ok and "truncated" not in info.details)
+
+
+@register("reward", "action")
+def action_only(info: RewardInfo) -> float:
+    """R_action alone: every gold action was called with the gold arguments (an ablation: side effects beyond
+    the gold state are not punished)."""
+    return float(info.actions_ok and "truncated" not in info.details)
+
+
+def paid_reward(info: RewardInfo, name: str = "state_x_action") -> RewardInfo:
+    """``info`` with its value from the registered reward ``name`` (the components and details unchanged)."""
+    return RewardInfo(value=float(lookup("reward", name)(info)), state_ok=info.state_ok, actions_ok=info.actions_ok,
+                      details=info.details)
 
 
 class OfficialChecker:
