@@ -19,7 +19,7 @@ from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
 from nemo_rcgrpo.registry import load_plugins, names
-from nemo_rcgrpo.stages import Stage, stage_of
+from nemo_rcgrpo.stages import Stage, group_filter, stage_of
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 
 
@@ -114,6 +114,11 @@ class TrainConfig:
                            generation_gpus=self.layout.generation_gpus)
 
     @property
+    def keep_group(self):
+        """The group filter of this run (``rl.group_filter``, else the stage's ``keep_group``); None: every group."""
+        return group_filter(self.stage_spec, self.rl.group_filter)
+
+    @property
     def is_rl(self) -> bool:
         return self.stage_spec.loop == "rl"
 
@@ -190,11 +195,16 @@ class TrainConfig:
         _choice("rl.reward_token_sampling", rl.reward_token_sampling, names("reward_token_sampler"))
         _choice("rl.advantage.baseline", rl.advantage.baseline, names("advantage_baseline"))
         _choice("rl.advantage.scale", rl.advantage.scale, names("advantage_scale"))
+        _choice("rl.loss.policy_loss", rl.loss.policy_loss, names("policy_loss"))
         _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, names("kl_estimator"))
         _choice("rl.loss.aggregation", rl.loss.aggregation, names("loss_aggregation"))
         _choice("rl.split", rl.split, ("train", "test"))
         _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
         _choice("rl.dapo_shortfall", rl.dapo_shortfall, ("train", "error"))
+        if rl.group_filter is not None:
+            _choice("rl.group_filter", rl.group_filter, names("group_filter"))
+        if isinstance(self.stage_spec.keep_group, str):
+            _choice(f"stage {self.stage}'s keep_group", self.stage_spec.keep_group, names("group_filter"))
         _choice("rl.old_logprobs", rl.old_logprobs, ("auto", "recompute"))
         for key, value in {"rl.ppo_epochs": rl.ppo_epochs, "rl.mini_batches": rl.mini_batches}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

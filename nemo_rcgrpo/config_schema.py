@@ -156,6 +156,7 @@ class AdvantageConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
+    policy_loss: str = "clipped"  # a registered policy loss: clipped (PPO / GRPO, the paper) | unclipped | a plugin's
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_beta: float = 0.1
@@ -182,6 +183,7 @@ class RLConfig:
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
+    group_filter: str | None = None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
     dapo_max_rounds: int = 2  # a stage with a keep_group (dapo_filter): extra rounds to replace refused groups
     dapo_shortfall: str = "train"  # such a stage, too few groups kept after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)

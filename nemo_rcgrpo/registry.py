@@ -25,10 +25,13 @@ from nemo_rcgrpo.utils.config import ConfigError
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
     "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file (stage 1), keep_group(rewards) -> bool "
                        "(RL)): nemo_rcgrpo.stages"),
+    "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),
     "reward_token_sampler": ("rl.reward_token_sampling",
                              "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)"),
     "advantage_baseline": ("rl.advantage.baseline", "fn(rewards [N, G] float64) -> centred rewards [N, G]"),
     "advantage_scale": ("rl.advantage.scale", "fn(rewards [N, G], centred [N, G], eps) -> advantages [N, G]"),
+    "policy_loss": ("rl.loss.policy_loss", "fn(ratio [B, T], advantages [B, 1], clip_low, clip_high) -> "
+                                           "(per-token loss [B, T], clipped [B, T] bool)"),
     "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
     "loss_aggregation": ("rl.loss.aggregation",
                          "fn(per_token [B, T], mask [B, T], num_valid_tokens, batch) -> scalar loss"),
@@ -48,9 +51,10 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                         "nemo_rcgrpo.envs.interfaces"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
-_BUILTINS = {"stage": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
+_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
+             "policy_loss": "nemo_rcgrpo.algorithms.losses",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
              "policy_backend": "nemo_rcgrpo.models.factory",
              "chat_format": "nemo_rcgrpo.data.chat_format", "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",

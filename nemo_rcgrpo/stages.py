@@ -8,8 +8,9 @@ A stage says which loop trains it and how it differs from its siblings in that l
   drawn by ``rl.reward_token_sampling``). ``model.reward_tokens`` must not be ``none``, and the models it
   trains are recorded as reward-conditioned (``auto`` evaluation then conditions on the high token);
 - ``data_file``: stage 1's prepared file (``data.file`` overrides it);
-- ``keep_group``: RL only: ``fn(rewards of one group) -> bool``, the groups it trains on. ``None`` trains on every
-  group. A group it refuses is never trained on, and a new task is rolled out in its place, for up to
+- ``keep_group``: RL only: the groups it trains on, a registered group filter's name (kind ``group_filter``:
+  ``fn(rewards of one group) -> bool``) or such a function; ``None`` trains on every group. ``rl.group_filter``
+  overrides it for a run (``stage=rcgrpo rl.group_filter=has_variance``). A group it refuses is never trained on, and a new task is rolled out in its place, for up to
   ``rl.dapo_max_rounds`` more rounds. After that the step trains on fewer groups (``rl.dapo_shortfall=train``)
   or stops with an error (``error``). This is DAPO's dynamic sampling when the rule is "has reward variance".
 
@@ -39,7 +40,7 @@ class Stage:
     loop: str
     conditioned: bool = False
     data_file: str | None = None
-    keep_group: Callable[[Sequence[float]], bool] | None = None
+    keep_group: str | Callable[[Sequence[float]], bool] | None = None  # a group_filter name, or the function
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -51,9 +52,24 @@ class Stage:
             raise ValueError("an RL Stage reads the RL task pointers, not a data_file")
 
 
+@register("group_filter", "has_variance")
 def has_variance(rewards: Sequence[float]) -> bool:
     """The group's rewards are not all equal (its advantages are not all 0)."""
     return len(set(rewards)) > 1
+
+
+@register("group_filter", "not_all_failed")
+def not_all_failed(rewards: Sequence[float]) -> bool:
+    """Some rollout of the group succeeded (a group that all failed teaches nothing under a 0/1 reward; one that
+    all succeeded is kept)."""
+    return max(rewards) > 0
+
+
+def group_filter(stage: Stage, override: str | None = None) -> Callable[[Sequence[float]], bool] | None:
+    """The rule that picks the groups a step trains on: ``rl.group_filter`` when set, else the stage's
+    ``keep_group`` (a name is looked up in the group_filter registry); None: every group."""
+    rule = override if override is not None else stage.keep_group
+    return lookup("group_filter", rule) if isinstance(rule, str) else rule
 
 
 register("stage", "sft")(Stage("stage1", data_file="sft.jsonl", description="supervised fine-tuning on experts"))

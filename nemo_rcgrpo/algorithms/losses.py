@@ -25,6 +25,25 @@ def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens:
     return ((per_token * mask).sum(dim=1) / lengths).sum() / float(batch["num_sequences"])
 
 
+@register("policy_loss", "clipped")
+def clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float):
+    """PPO's clipped surrogate (GRPO, RC-GRPO): -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A).
+
+    ratio: [B, T]; adv: [B, 1]. Returns (pg [B, T], clipped [B, T] bool: the tokens whose gradient the clip cut)."""
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)  # [B, T]
+    with torch.no_grad():
+        cut = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))  # [B, T]
+    return pg, cut
+
+
+@register("policy_loss", "unclipped")
+def unclipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float):
+    """The importance-weighted policy gradient without a trust region: -ratio * A (equal to `clipped` when each
+    batch gets one update, where ratio = 1). ratio: [B, T]; adv: [B, 1]."""
+    return -ratio * adv, torch.zeros_like(ratio, dtype=torch.bool)  # [B, T], nothing clipped
+
+
 def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float):
     """Negative log-likelihood of the assistant tokens (stage 1: SFT and RCTP-FT).
 
@@ -40,7 +59,7 @@ def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_v
 
 def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float, *,
               clip_low: float = 0.2, clip_high: float = 0.2, kl_beta: float = 0.1, kl_estimator: str = "k3",
-              aggregation: str = "token", tis_cap: float | None = None):
+              aggregation: str = "token", tis_cap: float | None = None, policy_loss: str = "clipped"):
     """PPO-clipped policy loss with a KL penalty to the reference (GRPO / RC-GRPO).
 
     batch: loss_mask [B, T] (1 on generated tokens), ref_logprobs [B, T],
@@ -53,7 +72,7 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
     gap metrics and truncated importance sampling.
 
         ratio_t = exp(logp_t - old_t)
-        pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
+        pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)   (policy_loss: clipped)
         pg_t   *= min(exp(old_t - sampler_t), tis_cap)                  (tis_cap set: truncated IS)
         loss_t  = pg_t + beta * KL_t(policy || ref)
         token:    sum_t mask * loss_t / num_valid_tokens          (the update's token count)
@@ -65,8 +84,7 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
     old = token_logprobs.detach() if old_logprobs is None else old_logprobs.to(token_logprobs.dtype)  # [B, T]
     log_ratio = (token_logprobs - old) * mask  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T]
-    pg = -torch.minimum(ratio * adv, clipped * adv)  # [B, T]
+    pg, is_clipped = lookup("policy_loss", policy_loss)(ratio, adv, clip_low, clip_high)  # [B, T], [B, T]
     sampler = batch.get("sampler_logprobs")
     gap = None if sampler is None else (old - sampler.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
     if tis_cap is not None:
@@ -77,7 +95,6 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
     per_token = pg + kl_beta * kl  # [B, T]
     loss = lookup("loss_aggregation", aggregation)(per_token, mask, num_valid_tokens, batch)
     with torch.no_grad():
-        is_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
         n = mask.sum()
         metrics = {
             "pg_loss_sum": float((pg * mask).sum()),

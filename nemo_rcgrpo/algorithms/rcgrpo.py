@@ -142,7 +142,7 @@ class RLTrainer:
         stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
                  "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
         groups: list[RolloutGroup] = []
-        keep = self.cfg.stage_spec.keep_group  # None: every group is trained on
+        keep = self.cfg.keep_group  # None: every group is trained on
         filtering = keep is not None
         rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
         dropped = zero_sampled = 0
@@ -239,7 +239,8 @@ class RLTrainer:
         bounds = [round(k * n / slices) for k in range(slices + 1)]
         loss_fn = lambda lp, b, tokens: grpo_loss(  # noqa: E731
             lp, b, tokens, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high, kl_beta=rl.loss.kl_beta,
-            kl_estimator=rl.loss.kl_estimator, aggregation=rl.loss.aggregation, tis_cap=rl.loss.tis_cap)
+            kl_estimator=rl.loss.kl_estimator, aggregation=rl.loss.aggregation, tis_cap=rl.loss.tis_cap,
+            policy_loss=rl.loss.policy_loss)
         totals: dict[str, float] = {}
         entropy = torch.zeros(sum(len(b["input_ids"]) for b in batches), dtype=torch.float64)
         for _epoch in range(rl.ppo_epochs):

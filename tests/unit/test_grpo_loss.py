@@ -201,3 +201,33 @@ def test_unknown_aggregation_and_estimator():
         grpo_loss(logp, batch, 9.0, aggregation="mean")
     with pytest.raises(ValueError, match="kl_estimator='k4': no kl_estimator of that name; registered: \\['k1', 'k2', 'k3'"):
         grpo_loss(logp, batch, 9.0, kl_estimator="k4")
+
+
+def test_policy_losses_by_hand():
+    """rl.loss.policy_loss: the registered per-token surrogate. ratio [0.5, 1.0, 1.5], clip 0.2:
+    A = +1: clipped -min(r, clip(r)) = [-0.5, -1.0, -1.2], cut where r > 1.2 -> [F, F, T];
+    A = -1: clipped -min(-r, -clip(r)) = [0.8, 1.0, 1.5], cut where r < 0.8 -> [T, F, F];
+    unclipped -r * A: [-0.5, -1.0, -1.5] and [0.5, 1.0, 1.5], nothing cut."""
+    from nemo_rcgrpo.registry import lookup
+
+    ratio = torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]])
+    adv = torch.tensor([[1.0], [-1.0]])
+    pg, cut = lookup("policy_loss", "clipped")(ratio, adv, 0.2, 0.2)
+    assert torch.allclose(pg, torch.tensor([[-0.5, -1.0, -1.2], [0.8, 1.0, 1.5]]))
+    assert cut.tolist() == [[False, False, True], [True, False, False]]
+    pg, cut = lookup("policy_loss", "unclipped")(ratio, adv, 0.2, 0.2)
+    assert torch.allclose(pg, torch.tensor([[-0.5, -1.0, -1.5], [0.5, 1.0, 1.5]])) and not cut.any()
+
+
+def test_grpo_loss_uses_the_named_policy_loss():
+    """With old logprobs making ratio [1.5] on a positive advantage, clipped pays -1.2 per token and unclipped -1.5
+    (kl_beta 0: the policy term alone); the clipped-token count follows the loss."""
+    lp = torch.log(torch.tensor([[0.3, 0.3]]))
+    batch = {"loss_mask": torch.tensor([[1, 1]]), "advantages": torch.tensor([1.0]),
+             "old_logprobs": torch.log(torch.tensor([[0.2, 0.2]])), "ref_logprobs": lp.clone()}
+    loss, m = grpo_loss(lp, batch, 2.0, kl_beta=0.0)
+    assert loss.item() == pytest.approx(-1.2) and m["clipped_tokens"] == 2.0
+    loss, m = grpo_loss(lp, batch, 2.0, kl_beta=0.0, policy_loss="unclipped")
+    assert loss.item() == pytest.approx(-1.5) and m["clipped_tokens"] == 0.0
+    with pytest.raises(ValueError, match="registered: \\['clipped', 'unclipped'"):
+        grpo_loss(lp, batch, 2.0, policy_loss="nope")

@@ -240,3 +240,25 @@ def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates()
     register("chat_format", "test_not_a_format")(lambda: None)
     with pytest.raises(ValueError, match="not a FormatSpec"):
         format_spec("test_not_a_format")
+
+
+def test_group_filters_are_registered_and_rl_group_filter_overrides_the_stage():
+    """A stage's keep_group names a group filter; rl.group_filter replaces it for a run (grpo + has_variance is
+    dapo_filter's rule); a wrong name lists the registered ones."""
+    from nemo_rcgrpo.stages import has_variance, not_all_failed
+
+    assert names("group_filter")[:2] == ("has_variance", "not_all_failed")
+    assert not_all_failed([0.0, 1.0, 1.0]) and not_all_failed([1.0, 1.0]) and not not_all_failed([0.0, 0.0])
+    assert _cfg().keep_group is None  # rcgrpo: every group
+    assert _cfg("stage=dapo_filter").keep_group is has_variance
+    assert _cfg("rl.group_filter=not_all_failed").keep_group is not_all_failed
+    assert _cfg("stage=dapo_filter", "rl.group_filter=not_all_failed").keep_group is not_all_failed
+    with pytest.raises(ConfigError, match=r"rl.group_filter='nope': choose one of \['has_variance', 'not_all_failed'"):
+        _cfg("rl.group_filter=nope")
+    from nemo_rcgrpo.stages import Stage
+
+    register("stage", "test_named_filter")(Stage("rl", keep_group="not_all_failed"))
+    assert _cfg("stage=test_named_filter").keep_group is not_all_failed
+    register("stage", "test_bad_filter")(Stage("rl", keep_group="nope"))
+    with pytest.raises(ConfigError, match=r"stage test_bad_filter's keep_group='nope': choose one of"):
+        _cfg("stage=test_bad_filter")
