@@ -114,6 +114,12 @@ class TrainConfig:
                            generation_gpus=self.layout.generation_gpus)
 
     @property
+    def stage1_dataset_name(self) -> str:
+        """``data.dataset``, else the stage's dataset, else rctp for a conditioned stage and sft otherwise."""
+        spec = self.stage_spec
+        return self.data.dataset or spec.dataset or ("rctp" if spec.conditioned else "sft")
+
+    @property
     def keep_group(self):
         """The group filter of this run (``rl.group_filter``, else the stage's ``keep_group``); None: every group."""
         return group_filter(self.stage_spec, self.rl.group_filter)
@@ -125,6 +131,16 @@ class TrainConfig:
     @property
     def data_file(self) -> str:
         return self.data.file or self.stage_spec.data_file or "sft.jsonl"
+
+    def _validate_stage1_dataset(self) -> None:
+        from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
+
+        name = self.stage1_dataset_name
+        _choice("data.dataset" if self.data.dataset else f"stage {self.stage}'s dataset", name, names("stage1_dataset"))
+        if stage1_dataset(name).conditioned != self.stage_spec.conditioned:
+            want = "a reward-conditioned" if self.stage_spec.conditioned else "an unconditioned"
+            raise ConfigError(f"data.dataset={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
+                              f"{'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage")
 
     def validate(self) -> None:
         _choice("stage", self.stage, names("stage"))
@@ -138,6 +154,8 @@ class TrainConfig:
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         if self.is_rl:
             self._validate_rl()
+        else:
+            self._validate_stage1_dataset()
         if self.stage_spec.conditioned and self.model.reward_tokens == "none":
             raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
         t = self.trainer

@@ -29,6 +29,7 @@ class ChatConfig:
 class DataConfig:
     dir: str = "data/bfcl_v4"
     file: str | None = None  # in data.dir: JSONL, Parquet or a saved Dataset (data/dataset.py); default sft.jsonl / rctp.jsonl
+    dataset: str | None = None  # a registered stage-1 dataset (sft | rctp | a plugin's); null: the stage's
     split: str = "train"
     mode: str = "merged"  # episode shape used when the data has to be prepared
     max_examples: int | None = None  # a slice of the data (after the seeded shuffle)

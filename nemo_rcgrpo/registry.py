@@ -25,6 +25,8 @@ from nemo_rcgrpo.utils.config import ConfigError
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
     "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file (stage 1), keep_group(rewards) -> bool "
                        "(RL)): nemo_rcgrpo.stages"),
+    "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
+                                                          "nemo_rcgrpo.data.stage1_datasets"),
     "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),
     "reward_token_sampler": ("rl.reward_token_sampling",
                              "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)"),
@@ -51,7 +53,8 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                         "nemo_rcgrpo.envs.interfaces"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
-_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
+_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages",
+             "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
              "policy_loss": "nemo_rcgrpo.algorithms.losses",

@@ -8,6 +8,8 @@ A stage says which loop trains it and how it differs from its siblings in that l
   drawn by ``rl.reward_token_sampling``). ``model.reward_tokens`` must not be ``none``, and the models it
   trains are recorded as reward-conditioned (``auto`` evaluation then conditions on the high token);
 - ``data_file``: stage 1's prepared file (``data.file`` overrides it);
+- ``dataset``: stage 1's registered dataset (kind ``stage1_dataset``: what a row becomes; ``data.dataset``
+  overrides it; None: ``rctp`` for a conditioned stage, else ``sft``);
 - ``keep_group``: RL only: the groups it trains on, a registered group filter's name (kind ``group_filter``:
   ``fn(rewards of one group) -> bool``) or such a function; ``None`` trains on every group. ``rl.group_filter``
   overrides it for a run (``stage=rcgrpo rl.group_filter=has_variance``). A group it refuses is never trained on, and a new task is rolled out in its place, for up to
@@ -40,6 +42,7 @@ class Stage:
     loop: str
     conditioned: bool = False
     data_file: str | None = None
+    dataset: str | None = None  # stage 1: a registered stage1_dataset (None: rctp if conditioned, else sft)
     keep_group: str | Callable[[Sequence[float]], bool] | None = None  # a group_filter name, or the function
     description: str = ""
 
@@ -48,8 +51,8 @@ class Stage:
             raise ValueError(f"Stage(loop={self.loop!r}): the loops are {list(LOOPS)}")
         if self.loop == "stage1" and (self.keep_group is not None or not self.data_file):
             raise ValueError("a stage-1 Stage names its data_file and has no keep_group")
-        if self.loop == "rl" and self.data_file is not None:
-            raise ValueError("an RL Stage reads the RL task pointers, not a data_file")
+        if self.loop == "rl" and (self.data_file is not None or self.dataset is not None):
+            raise ValueError("an RL Stage reads the RL task pointers, not a data_file or dataset")
 
 
 @register("group_filter", "has_variance")
@@ -72,8 +75,9 @@ def group_filter(stage: Stage, override: str | None = None) -> Callable[[Sequenc
     return lookup("group_filter", rule) if isinstance(rule, str) else rule
 
 
-register("stage", "sft")(Stage("stage1", data_file="sft.jsonl", description="supervised fine-tuning on experts"))
-register("stage", "rctp")(Stage("stage1", conditioned=True, data_file="rctp.jsonl",
+register("stage", "sft")(Stage("stage1", data_file="sft.jsonl", dataset="sft",
+                                description="supervised fine-tuning on experts"))
+register("stage", "rctp")(Stage("stage1", conditioned=True, data_file="rctp.jsonl", dataset="rctp",
                                 description="RCTP-FT: experts and failures, each behind its reward token"))
 register("stage", "grpo")(Stage("rl", description="GRPO"))
 register("stage", "rcgrpo")(Stage("rl", conditioned=True,

@@ -24,7 +24,9 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
+from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
+from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.models.factory import make_policy, save_policy_checkpoint
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
@@ -78,6 +80,10 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     tokenizer, model = load_tokenizer_and_model(setup)
     renderer = make_renderer(setup, tokenizer)
     records = load_records(data_path, cfg.data.split, progress=cfg.logging.progress and dist.is_main)
+    conditioned = cfg.stage_spec.conditioned
+    goal = (reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low) if conditioned else
+            RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low))
+    records = Prepared(records, stage1_dataset(cfg.stage1_dataset_name), goal)  # e.g. RCTP-FT's goal templating
     examples, data_stats = build_examples(records, renderer, cfg.chat.max_length, cfg.seed, cfg.data.max_examples)
     t = cfg.trainer
     steps_per_epoch = len(examples) // t.global_batch_size
@@ -89,9 +95,8 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     fingerprint = model_fingerprint(model, cfg.model.path)
     record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
                              conditioned=cfg.stage_spec.conditioned)
-    if cfg.stage_spec.conditioned:  # the data's reward goal, whose tokens must be the ones the model gets
-        record["reward_goal"] = dataclasses.asdict(reward_goal_of(cfg.data.dir, cfg.reward_tokens.high,
-                                                                  cfg.reward_tokens.low))
+    if conditioned:  # the data's reward goal, whose tokens must be the ones the model gets
+        record["reward_goal"] = dataclasses.asdict(goal)
     policy = make_policy(cfg, model, dist, total_steps)
     data_dist, dp_sum = policy.data_parallel()  # megatron: the TP x PP ranks of a replica share micro-batches
     if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
