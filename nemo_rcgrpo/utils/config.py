@@ -97,7 +97,19 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).splitlines()[0]
-        raise ConfigError(_suggest(first, config_name, overrides) or first) from None
+        raise ConfigError(_suggest(first, config_name, overrides) or one_line(str(e))) from None
+
+
+def one_line(message: str) -> str:
+    """Hydra's message on one line, with its hints (``To append to your config use +model=...``, the available
+    options of a group) and without the config search path it appends."""
+    lines = []
+    for line in message.splitlines():
+        if line.strip().startswith("Config search path"):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return " ".join(lines)
 
 
 def _flat_keys(value: Any, prefix: str = "") -> list[str]:

@@ -130,3 +130,36 @@ def test_the_default_files_state_the_schema_defaults(name):
     drift = [(k, v, d) for k, v, d in _stated(stated, schema) if v != d and "${" not in str(v)]
     assert not drift, f"{name}: (key, YAML, dataclass) {drift}"
     assert len(list(_stated(stated, schema))) >= (20 if name == "stage1_defaults.yaml" else 0)
+
+
+def test_the_hardware_group_composes_and_a_users_machine_is_a_file(tmp_path, monkeypatch):
+    """The GPU layout is a group (conf/hardware): another one is an override, a user's machine is a file in their
+    own recipe folder, and an unknown one is one line listing the options."""
+    import nemo_rcgrpo.utils.config as config_utils
+
+    method = compose("rcgrpo_llama8b")
+    assert (method["generation"]["backend"], method["layout"]["generation_gpus"]) == ("vllm", 2)
+    stage1_layout = compose("rcgrpo_llama8b", ["hardware=h200x8"])
+    assert stage1_layout["policy"]["megatron"]["tp"] == 2 and stage1_layout["trainer"] == method["trainer"]
+    mine = tmp_path / "recipes"
+    (mine / "hardware").mkdir(parents=True)
+    (mine / "hardware" / "a100x4.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /generation: vllm\n"
+        "policy: {backend: megatron, megatron: {tp: 1}}\n"
+        "layout: {nodes: 1, gpus_per_node: 4, generation: separate, generation_gpus: 1}\n")
+    monkeypatch.setattr(config_utils, "_USER_DIRS", [])
+    config_utils.add_config_dir(mine)
+    cfg = TrainConfig.from_dict(compose("rcgrpo_llama8b", ["hardware=a100x4"]))
+    assert (cfg.policy.megatron.tp, cfg.layout.gpus_per_node, cfg.generation.backend) == (1, 4, "vllm")
+    with pytest.raises(ConfigError) as e:
+        compose("rcgrpo_llama8b", ["hardware=nope"])
+    msg = str(e.value)
+    assert "\n" not in msg and "Available options in 'hardware'" in msg and "h200x8_vllm" in msg
+    assert "a100x4" in msg and "Config search path" not in msg
+
+
+def test_hydra_hints_survive_on_one_line():
+    """A group a recipe does not list: Hydra's '+model=' hint is kept, on the one line."""
+    with pytest.raises(ConfigError) as e:
+        compose("rcgrpo_smollm_cpu", ["model=llama8b"])
+    assert "\n" not in str(e.value) and "+model=llama8b" in str(e.value)
