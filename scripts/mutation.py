@@ -87,6 +87,12 @@ TARGETS: dict[str, Target] = {
         scope=("ChatRenderer._encode_pieces", "ChatRenderer.render", "ChatRenderer.render_into",
                "ChatRenderer._template_into", "ChatRenderer._encode_template_text"),
     ),
+    "stage1_datasets": Target(
+        "nemo_rcgrpo/data/stage1_datasets.py",
+        ("tests/unit/test_stage1_datasets.py::test_contradictions_and_rows_without_an_outcome_are_one_line",
+         "tests/unit/test_stage1_datasets.py::test_prepare_datas_rows_pass_and_stripped_rows_get_the_same_text"),
+        scope=("reward_conditioned", "_first_user"),
+    ),
     "chat_format": Target(
         "nemo_rcgrpo/data/chat_format.py", ("tests/unit/test_chat_format.py",),
         scope=("Piece", "_hermes_pieces", "_hermes_generation_prompt", "_llama3_header", "_llama3_pieces",

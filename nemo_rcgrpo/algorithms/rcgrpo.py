@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss
-from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
+from nemo_rcgrpo.algorithms.rl_collect import collect_groups, shuffled_tasks
 from nemo_rcgrpo.algorithms.sft import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
@@ -50,7 +50,6 @@ from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import make_policy, save_policy_checkpoint, sync_generator
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
-from nemo_rcgrpo.stages import has_variance
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
@@ -115,68 +114,16 @@ class RLTrainer:
         check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,
                             conditioned=cfg.stage_spec.conditioned)
 
-    # ------------------------------------------------------------------ data
+    # ------------------------------------------------------------------ one step
     def _next_tasks(self, n: int) -> list[str]:
-        """The next ``n`` task ids of a seeded per-epoch shuffle (deterministic, resumable by cursor)."""
-        out = []
-        while len(out) < n:
-            epoch, index = divmod(self.task_cursor, len(self.task_ids))
-            order = list(self.task_ids)
-            random.Random(self.cfg.seed * 7_919 + epoch).shuffle(order)
-            out.append(order[index])
-            self.task_cursor += 1
+        """The next ``n`` task ids of the seeded per-epoch shuffle (the cursor is checkpointed)."""
+        out = shuffled_tasks(self.task_ids, self.task_cursor, n, self.cfg.seed)
+        self.task_cursor += n
         return out
 
-    def _specs(self, task_ids: list[str], first_group: int, rng: random.Random) -> list[RolloutSpec]:
-        rl = self.cfg.rl
-        if self.cfg.stage_spec.conditioned:
-            tokens = REWARD_TOKEN_SAMPLERS[rl.reward_token_sampling](len(task_ids), rl.group_size, rl.p_high, rng)
-        else:
-            tokens = [[None] * rl.group_size for _ in task_ids]
-        return [RolloutSpec(self.suite[t], first_group + g, tok)
-                for g, t in enumerate(task_ids) for tok in tokens[g]]
-
-    # ------------------------------------------------------------------ one step
     def collect(self, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
-        rl = self.cfg.rl
-        stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
-                 "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
-        groups: list[RolloutGroup] = []
-        keep = self.cfg.keep_group  # None: every group is trained on
-        filtering = keep is not None
-        rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
-        dropped = zero_sampled = 0
-        for round_index in range(rounds):
-            need = rl.tasks_per_step - len(groups)
-            if need <= 0:
-                break
-            specs = self._specs(self._next_tasks(need), len(groups), rng)
-            trajs = self.engine.rollout(specs, seed=self.cfg.seed + 100_003 * self.step + 1_009 * round_index)
-            stats["generation_seconds"] += self.engine.timings["generation"]
-            stats["env_seconds"] += self.engine.timings["env"]
-            stats["reward_seconds"] += self.engine.timings["reward"]
-            for g in range(need):
-                group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
-                rewards = [t.reward for t in group]
-                stats["sampled_groups"] += 1
-                zero_sampled += len(set(rewards)) == 1
-                if filtering and not keep(rewards):
-                    dropped += 1  # never trained on; a new task in the next round
-                    stats["dropped_zero_variance_groups"] += len(set(rewards)) == 1
-                    continue
-                groups.append(group)
-        if filtering:  # the zero-variance share of everything sampled, before the filter
-            stats["dropped_groups"] = float(dropped)
-            stats["zero_variance_fraction_sampled"] = zero_sampled / stats["sampled_groups"]
-        if filtering and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
-            what = "have reward variance" if keep is has_variance else "pass its keep_group"
-            zero = int(stats["dropped_zero_variance_groups"])
-            also = "" if dropped == zero else f", {dropped} in all"
-            raise ValueError(f"{self.cfg.stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
-                             f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
-                             "on); raise rl.dapo_max_rounds"
-                             + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
-        return groups, stats
+        """This step's rollout groups and their timing / filter stats (`algorithms/rl_collect.py`)."""
+        return collect_groups(self.cfg, self.engine, self.suite, self._next_tasks, self.step, rng)
 
     def train_step(self, groups: list[RolloutGroup], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
         """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default);

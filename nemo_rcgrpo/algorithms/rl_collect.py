@@ -1,0 +1,83 @@
+"""The rollout groups of one RL step (steps 1-4 of `algorithms/rcgrpo.py`): the next training tasks of a seeded
+per-epoch shuffle, a reward token for each rollout of a conditioned stage, the rollouts, and the group filter's
+rounds (a stage's keep_group or ``rl.group_filter``: a refused group is never trained on and a new task is rolled
+out in its place, for up to ``rl.dapo_max_rounds`` more rounds)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Sequence
+
+from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
+from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+from nemo_rcgrpo.stages import has_variance
+
+
+def shuffled_tasks(task_ids: Sequence[str], cursor: int, n: int, seed: int) -> list[str]:
+    """Tasks ``cursor .. cursor + n - 1`` of the endless sequence of per-epoch shuffles of ``task_ids`` (epoch e is
+    shuffled with seed ``seed * 7919 + e``): deterministic, and resumable from the cursor alone."""
+    out = []
+    for position in range(cursor, cursor + n):
+        epoch, index = divmod(position, len(task_ids))
+        order = list(task_ids)
+        random.Random(seed * 7_919 + epoch).shuffle(order)
+        out.append(order[index])
+    return out
+
+
+def rollout_specs(cfg: TrainConfig, suite: Any, task_ids: Sequence[str], first_group: int,
+                  rng: random.Random) -> list[RolloutSpec]:
+    """G rollouts per task, in group order; a conditioned stage's each get a token from rl.reward_token_sampling."""
+    rl = cfg.rl
+    if cfg.stage_spec.conditioned:
+        tokens = REWARD_TOKEN_SAMPLERS[rl.reward_token_sampling](len(task_ids), rl.group_size, rl.p_high, rng)
+    else:
+        tokens = [[None] * rl.group_size for _ in task_ids]
+    return [RolloutSpec(suite[t], first_group + g, tok) for g, t in enumerate(task_ids) for tok in tokens[g]]
+
+
+def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tasks: Callable[[int], list[str]],
+                   step: int, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
+    """``rl.tasks_per_step`` groups of G trajectories (fewer only when a group filter's rounds ran out and
+    ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts."""
+    rl = cfg.rl
+    stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
+             "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
+    groups: list[RolloutGroup] = []
+    keep = cfg.keep_group  # None: every group is trained on
+    filtering = keep is not None
+    rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
+    dropped = zero_sampled = 0
+    for round_index in range(rounds):
+        need = rl.tasks_per_step - len(groups)
+        if need <= 0:
+            break
+        specs = rollout_specs(cfg, suite, next_tasks(need), len(groups), rng)
+        trajs = engine.rollout(specs, seed=cfg.seed + 100_003 * step + 1_009 * round_index)
+        stats["generation_seconds"] += engine.timings["generation"]
+        stats["env_seconds"] += engine.timings["env"]
+        stats["reward_seconds"] += engine.timings["reward"]
+        for g in range(need):
+            group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
+            rewards = [t.reward for t in group]
+            stats["sampled_groups"] += 1
+            zero_sampled += len(set(rewards)) == 1
+            if filtering and not keep(rewards):
+                dropped += 1  # never trained on; a new task in the next round
+                stats["dropped_zero_variance_groups"] += len(set(rewards)) == 1
+                continue
+            groups.append(group)
+    if filtering:  # the zero-variance share of everything sampled, before the filter
+        stats["dropped_groups"] = float(dropped)
+        stats["zero_variance_fraction_sampled"] = zero_sampled / stats["sampled_groups"]
+    if filtering and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
+        what = "have reward variance" if keep is has_variance else "pass its group filter"
+        zero = int(stats["dropped_zero_variance_groups"])
+        also = "" if dropped == zero else f", {dropped} in all"
+        raise ValueError(f"{cfg.stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
+                         f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
+                         "on); raise rl.dapo_max_rounds"
+                         + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
+    return groups, stats
