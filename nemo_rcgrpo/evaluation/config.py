@@ -54,6 +54,7 @@ class EvalConfig:
     test_fraction: float = 0.1
     categories: tuple[str, ...] = CATEGORIES
     task_source: str = "bfcl"  # a registered task source (bfcl | bfcl_micro | a plugin's); as the run was trained on
+    env: str = "bfcl"  # a registered environment (bfcl | a plugin's), as the run was trained on (its env.name)
     tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
@@ -103,6 +104,7 @@ class EvalConfig:
         from nemo_rcgrpo.registry import names
 
         _choice("task_source", self.task_source, names("task_source"))
+        _choice("env", self.env, names("env"))
         unknown = sorted(set(self.categories) - set(CATEGORIES))
         if unknown or not self.categories:
             raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")
@@ -134,8 +136,8 @@ class EvalConfig:
 
     def env_config(self) -> BFCLEnvConfig:
         """The environment of the episodes: the task source, protocol's episode shape, categories and step limit."""
-        return BFCLEnvConfig(task_source=self.task_source, mode=self.mode, categories=tuple(self.categories),
-                             max_steps=self.max_steps)
+        return BFCLEnvConfig(name=self.env, task_source=self.task_source, mode=self.mode,
+                             categories=tuple(self.categories), max_steps=self.max_steps)
 
     def policy_setup(self, model_path: str | None = None) -> PolicySetup:
         """What a checkpoint policy is built from, as in training: model loading, chat format, generator, tasks."""

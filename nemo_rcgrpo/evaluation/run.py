@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 
-from nemo_rcgrpo.envs.bfcl.tasks import category_order
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.evaluation.policies import make_policy
 from nemo_rcgrpo.utils.config import ConfigError
@@ -54,8 +54,10 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
         ids = held_out_ids(cfg, suite)
     else:
         ids = [t.id for t in suite]
-    # the held-out split names tasks of every category; the suite holds only the chosen ones
-    ids = [t for t in ids if t in suite.tasks and suite[t].category in cfg.categories]
+    # the held-out split names tasks of every category; the suite holds only the chosen ones. `categories` are
+    # BFCL's: a plugin's tasks of other categories are all kept (as in training, where its suite ignores them)
+    ids = [t for t in ids if t in suite.tasks and (suite[t].category in cfg.categories
+                                                   or suite[t].category not in CATEGORIES)]
     if cfg.limit is not None:
         taken: dict[str, int] = defaultdict(int)
         kept = []
@@ -71,8 +73,13 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
 
 
 def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
+    """The paper protocol's tasks: the data's split.json (prepare-data's), else its held-out RL pointers
+    (rl_test.jsonl, as a plugin's data builder writes them), else the split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
+        pointers = Path(cfg.data_dir) / "rl_test.jsonl"
+        if not path.is_file() and pointers.is_file():
+            return [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
                                     f"or drop data_dir to recompute the split from split_seed")
@@ -170,7 +177,8 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     token = getattr(policy, "description", {}).get("reward_token", cfg.reward_token)  # `auto` resolved
     print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {token})"
                                            if cfg.policy == "checkpoint" else "")
-          + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of {list(cfg.categories)}"
+          + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of "
+          + f"{sorted({suite[t].category for t in task_ids}, key=category_order)}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
           + f"; results in {out_dir}", file=sys.stderr, flush=True)
     started = time.perf_counter()
