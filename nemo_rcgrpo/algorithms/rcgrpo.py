@@ -288,7 +288,7 @@ class RLTrainer:
             where = f"the last checkpoint {ckpt} resumes" if ckpt else "no checkpoint yet"
             raise GeneratorError(f"{e} [in step {self.step + 1}; {where}: run the same command again]") from None
         finally:
-            if hasattr(self.generator, "close"):
+            if self.generator is not None:  # rank 0 only
                 self.generator.close()
 
     def _run(self) -> dict[str, Any]:

@@ -179,9 +179,8 @@ class CheckpointPolicy:
         return out
 
     def close(self) -> None:
-        close = getattr(self.generator, "close", None)
-        if close is not None:
-            close()
+        if self.generator is not None:
+            self.generator.close()
 
 
 def resolve_checkpoint(path: str, step: int | None = None):

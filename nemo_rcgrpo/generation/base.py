@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, runtime_checkable
 
 import torch
 
@@ -36,7 +36,24 @@ class Completion:
     extra: dict = field(default_factory=dict)
 
 
+@runtime_checkable
 class Generator(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
+    """What the rollout engine and the loops call (kind ``generator``: a registered factory returns one).
 
-    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None: ...
+    version: the policy version (optimizer steps) whose weights it samples from; 0 before the first update.
+    """
+
+    version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """prompts: B lists of token ids -> B completions (token ids ending with a stop id unless the length limit
+        was hit, and each token's logprob under the sampling distribution), in order."""
+        ...
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
+        """Sample from these weights from now on: HF-named full tensors (or a folder of them); ``version`` after."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (a started server, a process group); idempotent."""
+        ...

@@ -218,3 +218,7 @@ class HFGenerator:
                 for name, tensor in weights:
                     own[name].copy_(tensor)
         self.version = version
+
+    def close(self) -> None:
+        """Nothing to release: the model is the policy's."""
+

@@ -262,3 +262,33 @@ def test_group_filters_are_registered_and_rl_group_filter_overrides_the_stage():
     register("stage", "test_bad_filter")(Stage("rl", keep_group="nope"))
     with pytest.raises(ConfigError, match=r"stage test_bad_filter's keep_group='nope': choose one of"):
         _cfg("stage=test_bad_filter")
+
+
+def test_the_shipped_generators_satisfy_the_generator_protocol():
+    """generate, update_weights, close and version on every shipped generator (the loops call close() on
+    whatever a factory returns); a class that lacks close() does not pass for a Generator."""
+    from nemo_rcgrpo.generation import make_generator
+    from nemo_rcgrpo.generation.base import Generator
+    from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
+    from nemo_rcgrpo.models.setup import load_tokenizer_and_model
+
+    for backend in ("hf", "scripted"):
+        setup = _cfg(f"generation={backend}", "model.path=tiny-llama").policy_setup()
+        tokenizer, model = load_tokenizer_and_model(setup)
+        gen = make_generator(setup, model, tokenizer)
+        assert isinstance(gen, Generator) and gen.version == 0, backend
+        gen.update_weights(iter(()), 3)
+        assert gen.version == 3
+        gen.close()
+    assert all(callable(getattr(VLLMGenerator, m, None)) for m in ("generate", "update_weights", "close"))
+
+    class NoClose:
+        version = 0
+
+        def generate(self, prompts, params):
+            return []
+
+        def update_weights(self, weights, version):
+            self.version = version
+
+    assert not isinstance(NoClose(), Generator)
