@@ -108,11 +108,16 @@ def names(kind: str) -> tuple[str, ...]:
     return tuple(table(kind))
 
 
-def lookup(kind: str, name: str) -> Any:
+def lookup(kind: str, name: str, of: type | None = None) -> Any:
+    """The ``name`` of ``kind``; with ``of``, an entry that is not an instance of it is refused (kinds whose
+    entries are objects of one class: Stage, FormatSpec, Stage1Dataset). ValueErrors name the registered ones."""
     entries = table(kind)
     if name not in entries:
         raise ValueError(f"{KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}")
-    return entries[name]
+    entry = entries[name]
+    if of is not None and not isinstance(entry, of):
+        raise ValueError(f"{kind} {name!r} is registered as a {type(entry).__name__}, not a {of.__name__}")
+    return entry
 
 
 def _entry_points() -> list[Any]:

@@ -88,7 +88,4 @@ register("stage", "dapo_filter")(Stage("rl", keep_group=has_variance,
 
 def stage_of(name: str) -> Stage:
     """The registered stage ``name`` (a ValueError listing the registered names when there is none)."""
-    stage = lookup("stage", name)
-    if not isinstance(stage, Stage):
-        raise ValueError(f"stage {name!r} is registered as a {type(stage).__name__}, not a Stage")
-    return stage
+    return lookup("stage", name, Stage)

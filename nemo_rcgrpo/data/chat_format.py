@@ -276,10 +276,7 @@ register("chat_format", "llama3_json")(FormatSpec(
 
 def format_spec(fmt: str) -> FormatSpec:
     """The registered chat format ``fmt`` (a ValueError listing the registered names when there is none)."""
-    spec = lookup("chat_format", fmt)
-    if not isinstance(spec, FormatSpec):
-        raise ValueError(f"chat_format {fmt!r} is registered as a {type(spec).__name__}, not a FormatSpec")
-    return spec
+    return lookup("chat_format", fmt, FormatSpec)
 
 
 def formats() -> tuple[str, ...]:

@@ -84,10 +84,7 @@ register("stage1_dataset", "rctp")(Stage1Dataset(
 
 def stage1_dataset(name: str) -> Stage1Dataset:
     """The registered stage-1 dataset ``name`` (a ValueError listing the registered names when there is none)."""
-    ds = lookup("stage1_dataset", name)
-    if not isinstance(ds, Stage1Dataset):
-        raise ValueError(f"stage1_dataset {name!r} is registered as a {type(ds).__name__}, not a Stage1Dataset")
-    return ds
+    return lookup("stage1_dataset", name, Stage1Dataset)
 
 
 class Prepared(SequenceABC):
