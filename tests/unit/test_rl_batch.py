@@ -62,3 +62,24 @@ def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
     assert [l["advantage"] for l in lines] == [0.5, -0.5, 0.0] and {l["step"] for l in lines} == {3}
     assert lines[0]["prompt"] == "7 8" and lines[1]["prompt_line"] == 1 and "prompt" not in lines[1]
     assert lines[2]["prompt"] == "5 8"
+
+
+def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
+    """tool_error_rate = errors / calls over the step, truncated_share the truncated rollouts' share, success_<cat>
+    per category, and the sampler-gap metrics only when the generator's logprobs were in the batch:
+    calls 2 + 1 + 0 + 1 = 4 with 1 + 0 + 0 + 1 = 2 errors -> 0.5; 1 of 4 truncated; base: rewards 1, 0 -> 0.5,
+    put: 0, 0 -> 0; the sums 0.8 and 4.4 over 8 tokens -> 0.1 and 0.55."""
+    import dataclasses
+
+    t = [_traj([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "high"), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low"),
+         _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "high", 1), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low", 1)]
+    t[0] = dataclasses.replace(t[0], calls=[[{"name": "ls"}, {"error": "bad"}]], tool_errors=1)
+    t[1] = dataclasses.replace(t[1], calls=[[{"name": "cd"}]])
+    t[2] = dataclasses.replace(t[2], category="put", truncated="context budget")
+    t[3] = dataclasses.replace(t[3], category="put", calls=[[], [{"name": "rm"}]], tool_errors=1)
+    out = {"loss_local": 0.0, "grad_norm": 0.0, "lr": 1e-6, "kl_sum": 0.0, "clipped_tokens": 0.0, "tokens": 8.0,
+           "updates": 1.0, "sampler_mult_err_sum": 4.4, "sampler_abs_diff_sum": 0.8}
+    m = step_metrics([t[:2], t[2:]], torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), [0.1] * 4, out, 8.0)
+    assert m["tool_error_rate"] == 0.5 and m["truncated_share"] == 0.25
+    assert (m["success_base"], m["success_put"]) == (0.5, 0.0)
+    assert m["sampler_logprob_abs_diff"] == pytest.approx(0.1) and m["token_mult_prob_error"] == pytest.approx(0.55)

@@ -153,3 +153,27 @@ def test_trained_position_logprobs_equal_the_full_forward(monkeypatch, path):
     (lp * mask).sum().backward()
     for got, want in zip((p.grad for p in model.parameters()), want_grad):
         assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_position_head_without_a_mask_and_a_micro_batch_with_nothing_trained():
+    """Through the PositionHead with loss_mask=None every position is computed (the full forward's logprobs); a
+    micro-batch whose mask trains nothing gives all-zero logprobs and a zero loss whose backward runs."""
+    from nemo_rcgrpo.algorithms.losses import sft_loss
+    from nemo_rcgrpo.models import torch_policy
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = load_model("tiny-llama").eval()
+    ids = torch.randint(0, 1000, (2, 9))
+    attn = torch.ones_like(ids)
+    full = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float().log_softmax(-1)
+    want = torch.cat([torch.zeros(2, 1), full.gather(-1, ids[:, 1:, None]).squeeze(-1)], 1)
+    got = torch_policy.token_logprobs(torch_policy.PositionHead(model), ids, attn, None)
+    assert torch.allclose(got, want, atol=1e-5)
+    for runner in (model, torch_policy.PositionHead(model)):
+        nothing = torch.zeros_like(ids)
+        lp = torch_policy.token_logprobs(runner, ids, attn, nothing)
+        assert lp.shape == ids.shape and (lp == 0).all()
+        loss, m = sft_loss(lp, {"loss_mask": nothing}, 0.0)
+        assert loss.item() == 0.0 and m["tokens"] == 0.0
+        loss.backward()  # no position in the graph: nothing to propagate, and no error
