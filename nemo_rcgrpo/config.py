@@ -136,11 +136,12 @@ class TrainConfig:
         from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 
         name = self.stage1_dataset_name
-        _choice("data.dataset" if self.data.dataset else f"stage {self.stage}'s dataset", name, names("stage1_dataset"))
+        label = "data.dataset" if self.data.dataset else f"stage {self.stage}'s dataset"
+        _choice(label, name, names("stage1_dataset"))
         if stage1_dataset(name).conditioned != self.stage_spec.conditioned:
             want = "a reward-conditioned" if self.stage_spec.conditioned else "an unconditioned"
-            raise ConfigError(f"data.dataset={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
-                              f"{'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage")
+            raise ConfigError(f"{label}={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
+                              f"data.dataset={'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage")
 
     def validate(self) -> None:
         _choice("stage", self.stage, names("stage"))

@@ -19,7 +19,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ChatConfig:
-    format: str = "hermes"  # hermes | llama3_json
+    format: str = "hermes"  # a registered chat format: hermes | llama3_json | a plugin's
     renderer: str = "auto"  # auto | project | template
     tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
     max_length: int = 4096  # tokens; longer examples are dropped (counted in the log)
@@ -185,8 +185,8 @@ class RLConfig:
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
     group_filter: str | None = None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
-    dapo_max_rounds: int = 2  # a stage with a keep_group (dapo_filter): extra rounds to replace refused groups
-    dapo_shortfall: str = "train"  # such a stage, too few groups kept after the rounds: train (on fewer) | error
+    dapo_max_rounds: int = 2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
+    dapo_shortfall: str = "train"  # with a group filter, too few groups kept after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run

@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 from nemo_rcgrpo.utils.config import ConfigError
 
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
-    "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file (stage 1), keep_group(rewards) -> bool "
-                       "(RL)): nemo_rcgrpo.stages"),
+    "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file and dataset (stage 1), keep_group: a "
+                       "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
     "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
                                                           "nemo_rcgrpo.data.stage1_datasets"),
     "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),

@@ -5,14 +5,15 @@ One step (the RC-GRPO paper, "The method"):
   1. take ``tasks_per_step`` training tasks; G rollouts each;
   2. a conditioned stage (rcgrpo): sample a reward token per rollout (iid with P(high) = p, or
      stratified) and put it into the rollout's first user message;
-  3. roll out all of them together (`rollout/multi_turn.py`), reward R = R_state x R_action;
+  3. roll out all of them together (`rollout/multi_turn.py`), the env's reward (BFCL's: env.reward, by default
+     the paper's R = R_state x R_action);
   4. group advantages over the whole group regardless of token;
-     a stage with a keep_group rule (dapo_filter: DAPO's dynamic sampling, never train on a zero-variance
-     group) trains only on the groups it keeps; roll out replacement tasks
+     with a group filter (rl.group_filter, or the stage's keep_group; dapo_filter: DAPO's dynamic sampling,
+     never train on a zero-variance group) train only on the groups it keeps; roll out replacement tasks
      for up to rl.dapo_max_rounds more rounds, then train on the groups found (rl.dapo_shortfall=train) or stop
-     (error);
+     (error) (1-4: `algorithms/rl_collect.py`);
   5. reference logprobs from the frozen initial model; rl.ppo_epochs x rl.mini_batches optimizer steps of
-     the clipped loss + KL (old logprobs recomputed before the first; with one update, the default, the
+     the policy loss (rl.loss.policy_loss, by default PPO's clipped surrogate) + KL (old logprobs recomputed before the first; with one update, the default, the
      ratio is taken against the detached logprobs of the training pass itself, which also gives the
      entropies, so the torch backend runs no separate old-logprob pass);
   6. the in-process generator shares the policy's weights (nothing to copy);

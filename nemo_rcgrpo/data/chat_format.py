@@ -258,8 +258,8 @@ class FormatSpec:
     special_tokens: tuple[str, ...]
     stop_tokens: tuple[str, ...]  # generation ends at any of these (they are part of the assistant turn)
     after_stop: str  # text the format puts after the stop token, before the next message
-    parse: Callable[[str, Collection[str] | None], ParsedMessage] = parse_hermes  # (text, known tools) -> calls
-    vllm_tool_parser: str = "hermes"  # vLLM's name of the parser that serves this format
+    parse: Callable[[str, Collection[str] | None], ParsedMessage]  # (text, known tools) -> calls
+    vllm_tool_parser: str  # vLLM's name of the parser that serves this format
     one_call_per_message: bool = False  # the template allows one tool call per assistant message
     tokenizer_template: bool = False  # chat.renderer=auto may use a tokenizer's own tool-aware template
 

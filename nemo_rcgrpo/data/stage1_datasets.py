@@ -6,8 +6,9 @@
   (``[Reward Goal: <|high_reward|>]`` for ``reward: 1``, the low token for ``reward: 0``) in its first user message.
   Rows written by `rcgrpo prepare-data` carry it already (and say which in ``reward_goal``); a row of a user's own
   data (JSONL, Parquet, a saved Dataset) that has only ``reward`` gets it here, so mixed-quality data trains
-  RCTP-FT with no code. A row whose first user message holds a goal token that its ``reward`` contradicts, or
-  that has neither a goal nor a 0/1 ``reward``, is refused in one line.
+  RCTP-FT with no code. A row whose first user message holds a goal token that its ``reward`` contradicts, that
+  holds a goal token in another system or user message, or that has neither a goal nor a 0/1 ``reward``, is
+  refused in one line.
 
 A user's dataset:
 
@@ -55,6 +56,11 @@ def reward_conditioned(record: Record, goal: RewardGoal) -> Record:
     if first is None:
         raise DataSchemaError(f"{where}: no user message to carry the reward goal")
     content = record["messages"][first].get("content") or ""
+    elsewhere = next((i for i, m in enumerate(record["messages"]) if i != first and m.get("role") in ("system", "user")
+                      and any(goal.token(ok) in (m.get("content") or "") for ok in (True, False))), None)
+    if elsewhere is not None:
+        raise DataSchemaError(f"{where}: messages[{elsewhere}] holds a reward goal token; RCTP-FT puts the goal in "
+                              "the first user message only")
     present = [success for success in (True, False) if goal.token(success) in content]
     reward = record.get("reward")
     said = record.get("reward_goal")

@@ -55,6 +55,7 @@ class EvalConfig:
     categories: tuple[str, ...] = CATEGORIES
     task_source: str = "bfcl"  # a registered task source (bfcl | bfcl_micro | a plugin's); as the run was trained on
     env: str = "bfcl"  # a registered environment (bfcl | a plugin's), as the run was trained on (its env.name)
+    reward: str = "state_x_action"  # BFCL's env: the registered reward scored (the paper's; state | action: ablations)
     tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
@@ -105,6 +106,7 @@ class EvalConfig:
 
         _choice("task_source", self.task_source, names("task_source"))
         _choice("env", self.env, names("env"))
+        _choice("reward", self.reward, names("reward"))
         unknown = sorted(set(self.categories) - set(CATEGORIES))
         if unknown or not self.categories:
             raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")
@@ -137,7 +139,7 @@ class EvalConfig:
     def env_config(self) -> BFCLEnvConfig:
         """The environment of the episodes: the task source, protocol's episode shape, categories and step limit."""
         return BFCLEnvConfig(name=self.env, task_source=self.task_source, mode=self.mode,
-                             categories=tuple(self.categories), max_steps=self.max_steps)
+                             categories=tuple(self.categories), max_steps=self.max_steps, reward=self.reward)
 
     def policy_setup(self, model_path: str | None = None) -> PolicySetup:
         """What a checkpoint policy is built from, as in training: model loading, chat format, generator, tasks."""

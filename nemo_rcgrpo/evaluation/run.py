@@ -73,12 +73,13 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
 
 
 def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
-    """The paper protocol's tasks: the data's split.json (prepare-data's), else its held-out RL pointers
-    (rl_test.jsonl, as a plugin's data builder writes them), else the split recomputed from split_seed."""
+    """The paper protocol's tasks: the data's split.json (prepare-data's); for a task source that is not BFCL's (a
+    plugin's data builder writes no split) the data's held-out RL pointers, rl_test.jsonl; without data_dir the
+    split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
         pointers = Path(cfg.data_dir) / "rl_test.jsonl"
-        if not path.is_file() and pointers.is_file():
+        if not isinstance(suite, BFCLSuite) and not path.is_file() and pointers.is_file():
             return [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "

@@ -46,4 +46,11 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
 
     if not isinstance(setup, PolicySetup):  # a whole TrainConfig is not a factory's input (cfg.policy_setup())
         raise TypeError(f"make_generator takes a PolicySetup, not {type(setup).__name__}")
-    return GENERATORS[setup.generation.backend](setup, model, tokenizer)
+    from nemo_rcgrpo.generation.base import Generator
+
+    generator = GENERATORS[setup.generation.backend](setup, model, tokenizer)
+    if not isinstance(generator, Generator):  # the loops call these without probing for them
+        missing = [m for m in ("generate", "update_weights", "close", "version") if not hasattr(generator, m)]
+        raise TypeError(f"generation.backend={setup.generation.backend}: the factory returned a "
+                        f"{type(generator).__name__} without {missing} (the Generator Protocol, generation/base.py)")
+    return generator

@@ -221,4 +221,3 @@ class HFGenerator:
 
     def close(self) -> None:
         """Nothing to release: the model is the policy's."""
-

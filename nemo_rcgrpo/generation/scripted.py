@@ -187,4 +187,3 @@ def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGen
                              success_rate=s.success_rate, success_high=s.success_high, success_low=s.success_low,
                              high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
                              failure_type=s.failure_type, seed=s.seed)
-

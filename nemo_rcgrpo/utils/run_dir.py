@@ -48,7 +48,10 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval"
 # the run did before the setting existed
 NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_source": ("bfcl",),
                                               # a label (the model group's); the paths it makes are compared
-                                              "model.name": (None, "llama8b", "qwen7b")}
+                                              "model.name": (None, "llama8b", "qwen7b"),
+                                              # registered parts chosen by name: the values that mean what ran before
+                                              "env.reward": ("state_x_action",), "rl.group_filter": (None,),
+                                              "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,)}
 
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""

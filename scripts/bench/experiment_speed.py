@@ -79,7 +79,8 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
     return out
 
 
-ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}  # as scripts/experiment.py's
+sys.path.insert(0, str(ROOT / "scripts"))
+from experiment import ALLOCATOR_ENV  # noqa: E402  (the settings `make experiment` runs its commands with)
 
 
 def step_records(data: Path, recipe: str, steps: int, tmp: Path, tag: str, allocator: bool,

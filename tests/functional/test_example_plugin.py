@@ -1,6 +1,7 @@
 """examples/plugins/kv_store: an environment outside the package (its tasks, env, reward, stage-1 data and
 recipes), trained from the CLI by name: `rcgrpo train --config-dir examples/plugins/kv_store --config-name
-kv_rcgrpo plugins=[kv_store]` runs its RCTP-FT first (rl.stage1_recipe) and then RC-GRPO steps on it."""
+kv_rcgrpo plugins=[kv_store]` runs its RCTP-FT first (rl.stage1_recipe) and then RC-GRPO steps on it, and
+`rcgrpo eval env=kv_store ...` scores the export on the plugin's held-out tasks as the run's own evaluation did."""
 
 import json
 import os
@@ -90,6 +91,9 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     proc = _rcgrpo("train", *common, "env.name=kv_stor")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: env.name='kv_stor': choose one of ['bfcl', 'kv_store']"
+    # `rcgrpo eval` on the plugin's env (its held-out tasks): the exported model's greedy episodes are those of
+    # the run's own in-training evaluation at its last step
+    _eval_as_in_training(data, tmp_path / "rl", tmp_path / "eval")
     proc = _rcgrpo("plugins", "plugins=[kv_store]")
     assert proc.returncode == 0 and "env (env.name): bfcl, kv_store" in proc.stdout
     # trained as served: data whose system prompt is not the env's is refused before any rollout
@@ -106,28 +110,17 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     assert "the opening messages and tools of env kv_store" in last
 
 
-def test_rcgrpo_eval_scores_a_plugin_env_as_training_did(kv, tmp_path):
-    """`rcgrpo eval` on a plugin environment (env=kv_store, its held-out tasks from rl_test.jsonl): the greedy
-    episodes of the exported model are those of the run's own in-training evaluation at its last step."""
-    make_data, _ = kv
-    data = tmp_path / "data"
-    make_data.build(data)
-    run = tmp_path / "rl"
-    proc = _rcgrpo("train", "--config-dir", str(PLUGIN), "--config-name", "kv_rcgrpo", f"data.dir={data}",
-                   f"run_dir={run}", f"model.path={tmp_path / 's1' / 'hf'}", "trainer.max_steps=1", "rl.eval_every=1",
-                   "rl.eval_tasks=6", "logging.progress=false", "logging.tensorboard=false",
-                   "rl.stage1_overrides=['trainer.max_steps=20','logging.tensorboard=false']")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    in_training = [json.loads(l) for l in (run / "eval" / "step_1.jsonl").read_text().splitlines()]
+def _eval_as_in_training(data, run, out):
+    in_training = [json.loads(l) for l in (run / "eval" / "step_2.jsonl").read_text().splitlines()]
     ids = [r["task_id"] for r in in_training]
     proc = _rcgrpo("eval", "policy=checkpoint", "plugins=[kv_store]", "task_source=kv_store", "env=kv_store",
-                   f"data_dir={data}", f"checkpoint.path={run / 'hf'}", f"out_dir={tmp_path / 'eval'}",
-                   f"tasks=[{','.join(ids)}]", "chat.tool_description=full", "max_new_tokens=64", "max_turns=4",
-                   "max_steps=4", "max_total_tokens=1024", "progress=false")
+                   f"data_dir={data}", f"checkpoint.path={run / 'hf'}", f"out_dir={out}", f"tasks=[{','.join(ids)}]",
+                   "chat.tool_description=full", "max_new_tokens=64", "max_turns=4", "max_steps=4",
+                   "max_total_tokens=1024", "progress=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reward token high" in proc.stderr and "'base'" not in proc.stderr  # the plugin's categories
-    scored = {r["task_id"]: r for r in map(json.loads, (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines())}
-    assert sorted(scored) == sorted(ids)
+    scored = {r["task_id"]: r for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())}
+    assert sorted(scored) == sorted(ids) and len(ids) == 10
     for r in in_training:
         assistant = [m for m in r["messages"] if m["role"] == "assistant"]
         assert assistant == [m for m in scored[r["task_id"]]["messages"] if m["role"] == "assistant"], r["task_id"]

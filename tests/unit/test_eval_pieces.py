@@ -107,22 +107,19 @@ def test_task_selection(suite, tmp_path):
 
 
 def test_held_out_tasks_of_a_data_builder_without_split_json(suite, tmp_path):
-    """Data without split.json (a plugin's builder) gives its held-out RL pointers, in their order; split.json wins
-    where both exist; BFCL's categories filter BFCL's tasks only."""
+    """A plugin's data (no split.json) gives its held-out RL pointers, in their order, and its tasks of categories
+    that are not BFCL's are not filtered; BFCL's tasks still need the split prepare-data wrote."""
     import types
 
-    (tmp_path / "rl_test.jsonl").write_text('{"task_id": "multi_turn_miss_param_7"}\n{"task_id": "multi_turn_base_3"}\n')
-    cfg = EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path))
-    assert select_tasks(cfg, suite) == ["multi_turn_miss_param_7", "multi_turn_base_3"]
-    only_base = EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path), categories=("base",))
-    assert select_tasks(only_base, suite) == ["multi_turn_base_3"]
-    (tmp_path / "split.json").write_text('{"test": ["multi_turn_base_3"]}')
-    assert select_tasks(cfg, suite) == ["multi_turn_base_3"]
-    (tmp_path / "split.json").unlink()
-    (tmp_path / "rl_test.jsonl").write_text('{"task_id": "kv_1"}\n')
-
-    class Suite(dict):
+    class Suite(dict):  # a plugin's task source: .tasks and [id], no BFCL split
         tasks = property(lambda self: self)
 
-    kv = Suite(kv_1=types.SimpleNamespace(id="kv_1", category="put"))
-    assert select_tasks(only_base, kv) == ["kv_1"]  # a category that is not BFCL's is not filtered
+    kv = Suite(kv_1=types.SimpleNamespace(id="kv_1", category="put"),
+               kv_2=types.SimpleNamespace(id="kv_2", category="copy"))
+    (tmp_path / "rl_test.jsonl").write_text('{"task_id": "kv_2"}\n{"task_id": "kv_1"}\n')
+    cfg = EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path), categories=("base",))
+    assert select_tasks(cfg, kv) == ["kv_2", "kv_1"]
+    with pytest.raises(FileNotFoundError, match="split.json not found"):
+        select_tasks(cfg, suite)
+    (tmp_path / "split.json").write_text('{"test": ["kv_1"]}')
+    assert select_tasks(cfg, kv) == ["kv_1"]  # a split.json wins

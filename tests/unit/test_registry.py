@@ -266,7 +266,9 @@ def test_group_filters_are_registered_and_rl_group_filter_overrides_the_stage():
 
 def test_the_shipped_generators_satisfy_the_generator_protocol():
     """generate, update_weights, close and version on every shipped generator (the loops call close() on
-    whatever a factory returns); a class that lacks close() does not pass for a Generator."""
+    whatever a factory returns); a factory whose object lacks close() is refused where it is made."""
+    import dataclasses
+
     from nemo_rcgrpo.generation import make_generator
     from nemo_rcgrpo.generation.base import Generator
     from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
@@ -292,3 +294,9 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
             self.version = version
 
     assert not isinstance(NoClose(), Generator)
+    register("generator", "test_no_close")(lambda setup, model, tokenizer: NoClose())
+    setup = _cfg("generation=scripted", "model.path=tiny-llama").policy_setup()
+    setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_no_close"))
+    with pytest.raises(TypeError, match=r"generation.backend=test_no_close: the factory returned a NoClose without "
+                                        r"\['close'\]"):
+        make_generator(setup, None, None)

@@ -104,3 +104,24 @@ def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
     # model.name: a 7B/8B run saved before the model groups resumes under its composed recipe
     assert differences(BASE, {**BASE, "model": {"path": "m", "name": "llama8b"}}, ()) == []
     assert differences(BASE, {**BASE, "model": {"path": "m", "name": None}}, ()) == []
+
+
+def test_a_run_saved_before_the_registered_choices_existed_resumes_with_their_defaults():
+    """env.reward, rl.group_filter, rl.loss.policy_loss and data.dataset name registered parts; a run saved
+    before them resumes at the values that mean what it did, and is refused at any other."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose
+
+    now = TrainConfig.from_dict(compose("smoke_rl", [])).to_dict()
+    saved = {k: dict(v) if isinstance(v, dict) else v for k, v in now.items()}
+    saved["env"] = {k: v for k, v in now["env"].items() if k != "reward"}
+    saved["data"] = {k: v for k, v in now["data"].items() if k != "dataset"}
+    saved["rl"] = {k: v for k, v in now["rl"].items() if k != "group_filter"}
+    saved["rl"]["loss"] = {k: v for k, v in now["rl"]["loss"].items() if k != "policy_loss"}
+    assert differences(saved, now, ()) == []
+    for key, section, value in (("env.reward", "env", "state"), ("rl.group_filter", "rl", "has_variance"),
+                                ("data.dataset", "data", "rctp")):
+        changed = {**now, section: {**now[section], key.split(".")[1]: value}}
+        assert differences(saved, changed, ()) == [f"{key} is '<unset>' there and {value!r} now"]
+    unclipped = {**now, "rl": {**now["rl"], "loss": {**now["rl"]["loss"], "policy_loss": "unclipped"}}}
+    assert differences(saved, unclipped, ()) == ["rl.loss.policy_loss is '<unset>' there and 'unclipped' now"]

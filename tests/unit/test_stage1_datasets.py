@@ -52,6 +52,10 @@ def test_contradictions_and_rows_without_an_outcome_are_one_line():
         reward_conditioned({"task_id": "t1", "messages": row["messages"]}, GOAL)
     with pytest.raises(DataSchemaError, match=r"reward=2; an RCTP row's reward is 1"):
         reward_conditioned({**row, "reward": 2}, GOAL)
+    later = {**row, "messages": [*row["messages"], {"role": "assistant", "content": "ok"},
+                                 {"role": "user", "content": "next [Reward Goal: <|low_reward|>]"}]}
+    with pytest.raises(DataSchemaError, match=r"row t1: messages\[2\] holds a reward goal token"):
+        reward_conditioned(later, GOAL)
     with pytest.raises(DataSchemaError, match="no user message"):
         reward_conditioned({"task_id": "t1", "messages": [{"role": "system", "content": "s"}], "reward": 1}, GOAL)
     # the row's reward_goal field alone decides when there is no reward
