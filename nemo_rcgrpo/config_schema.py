@@ -170,17 +170,17 @@ class LossConfig:
 class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 256  # per assistant message
+    max_new_tokens: int = 512  # per assistant message
 
 
 @dataclass(frozen=True)
 class RLConfig:
     group_size: int = 5  # G rollouts per task
-    tasks_per_step: int = 4  # groups per optimizer step (the paper's "batch")
+    tasks_per_step: int = 64  # groups per optimizer step (the paper's "batch": 64 for GRPO, 256 for RC-GRPO)
     reward_token_sampling: str = "iid"  # iid (paper) | stratified
     p_high: float = 0.5  # P(high token): the success share of the stage-1 data
     max_turns: int = 20  # assistant messages per rollout
-    max_total_tokens: int = 4096  # context budget of a rollout (prompt + everything generated)
+    max_total_tokens: int = 16384  # context budget of a rollout (prompt + everything generated)
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute

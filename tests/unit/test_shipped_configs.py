@@ -111,20 +111,24 @@ def _stated(yaml_section, defaults, prefix=""):
             yield f"{prefix}{key}", value, list(default) if isinstance(default, tuple) else default
 
 
-@pytest.mark.parametrize("name", ["stage1_defaults.yaml", "generation/hf.yaml", "generation/scripted.yaml",
-                                  "generation/vllm.yaml"])
+@pytest.mark.parametrize("name", ["stage1_defaults.yaml", "rl_defaults.yaml", "generation/hf.yaml",
+                                  "generation/scripted.yaml", "generation/vllm.yaml"])
 def test_the_default_files_state_the_schema_defaults(name):
-    """conf/stage1_defaults.yaml and the generation group restate the dataclass defaults for reading: they may not
-    drift from them (the schema, nemo_rcgrpo/config_schema.py, is the one source; interpolations aside)."""
+    """conf/stage1_defaults.yaml, the rl section of conf/rl_defaults.yaml and the generation group restate the
+    dataclass defaults for reading: they may not drift from them (the schema, nemo_rcgrpo/config_schema.py, is the
+    one source; interpolations aside)."""
     import dataclasses
 
     import yaml
 
-    from nemo_rcgrpo.config_schema import GenerationConfig
+    from nemo_rcgrpo.config_schema import GenerationConfig, RLConfig
 
     stated = yaml.safe_load((conf_dir() / name).read_text())
-    schema = dataclasses.asdict(TrainConfig() if name == "stage1_defaults.yaml" else GenerationConfig())
-    if name != "stage1_defaults.yaml":
+    if name == "rl_defaults.yaml":  # its other sections are stage 2's own values over stage 1's (lr 1e-6, ...)
+        stated, schema = stated["rl"], dataclasses.asdict(RLConfig())
+    else:
+        schema = dataclasses.asdict(TrainConfig() if name == "stage1_defaults.yaml" else GenerationConfig())
+    if name not in ("stage1_defaults.yaml", "rl_defaults.yaml"):
         stated = {k: v for k, v in stated.items() if k != "backend"}  # the one key a group member chooses
     # an interpolation (run_dir: runs/${stage}, an environment variable) is resolved by Hydra, not a default
     drift = [(k, v, d) for k, v, d in _stated(stated, schema) if v != d and "${" not in str(v)]
