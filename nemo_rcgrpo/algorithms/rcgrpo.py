@@ -45,6 +45,7 @@ from nemo_rcgrpo.algorithms.sft import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
+from nemo_rcgrpo.data.rl_tasks import task_ids as rl_task_ids
 from nemo_rcgrpo.envs.sources import make_opener, make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
@@ -88,12 +89,11 @@ class RLTrainer:
         self.data_dist, self.dp_sum = self.policy.data_parallel()
         check_task_source(cfg.data.dir, cfg.env.task_source)
         self.suite = make_suite(cfg.env.task_source, cfg.env.categories)
-        pointers = Path(cfg.data.dir) / f"rl_{cfg.rl.split}.jsonl"
-        self.task_ids = [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
-        self.task_ids = [t for t in self.task_ids if t in self.suite.tasks]
+        # the RL task pointers through `datasets` (JSONL, Parquet or a saved Dataset: data/rl_tasks.py)
+        self.task_ids = [t for t in rl_task_ids(cfg.data.dir, cfg.rl.split) if t in self.suite.tasks]
         if not self.task_ids:
-            raise ValueError(f"no task of {pointers} is in task source {cfg.env.task_source} (categories "
-                             f"{list(cfg.env.categories)})")
+            raise ValueError(f"no task of the rl_{cfg.rl.split} pointers in {cfg.data.dir} is in task source "
+                             f"{cfg.env.task_source} (categories {list(cfg.env.categories)})")
         rl = cfg.rl
         self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
@@ -106,10 +106,8 @@ class RLTrainer:
         self.eval_engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
                                          max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
-        test_pointers = Path(cfg.data.dir) / "rl_test.jsonl"
-        self.eval_ids = [json.loads(l)["task_id"] for l in test_pointers.read_text().splitlines()
-                         if l.strip()] if test_pointers.is_file() else []
-        self.eval_ids = [t for t in self.eval_ids if t in self.suite.tasks][: rl.eval_tasks]
+        self.eval_ids = [t for t in rl_task_ids(cfg.data.dir, "test", required=False)
+                         if t in self.suite.tasks][: rl.eval_tasks]
         self.step, self.task_cursor = 0, 0
         # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
         check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,

@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from nemo_rcgrpo.data.rl_tasks import find_pointers
+from nemo_rcgrpo.data.rl_tasks import task_ids as rl_task_ids
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
@@ -78,9 +80,8 @@ def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
     split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
-        pointers = Path(cfg.data_dir) / "rl_test.jsonl"
-        if not isinstance(suite, BFCLSuite) and not path.is_file() and pointers.is_file():
-            return [json.loads(l)["task_id"] for l in pointers.read_text().splitlines() if l.strip()]
+        if not isinstance(suite, BFCLSuite) and not path.is_file() and find_pointers(cfg.data_dir, "test"):
+            return rl_task_ids(cfg.data_dir, "test")
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
                                     f"or drop data_dir to recompute the split from split_seed")

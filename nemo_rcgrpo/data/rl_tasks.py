@@ -1,0 +1,97 @@
+"""The RL task pointers (which tasks stage 2 rolls out, ``rl_train``, and evaluates, ``rl_test``) as a
+`datasets.Dataset` with a declared schema, from any of the stage-1 data's three forms.
+
+In ``data.dir``, ``rl_SPLIT.jsonl`` (as `rcgrpo prepare-data` writes it), else ``rl_SPLIT.parquet`` (as verl users
+keep their prompts), else a folder ``rl_SPLIT/`` written by ``Dataset.save_to_disk``. Each row points at one task
+of the run's task source; the environment builds the prompt at run time (the RC-GRPO paper, Appendix B):
+
+    task_id      string   required: a task of ``env.task_source``
+    category     string   optional
+    env          string   optional (the env it was prepared for)
+    task_source  string   optional
+    mode         string   optional (the episode shape it was prepared for)
+
+A row that does not fit is a `DataSchemaError` of one line naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nemo_rcgrpo.data.dataset import DataSchemaError
+
+FIELDS = ("task_id", "category", "env", "task_source", "mode")
+
+
+def pointer_features():
+    from datasets import Features, Value
+
+    return Features({name: Value("string") for name in FIELDS})
+
+
+def find_pointers(data_dir: str | Path, split: str) -> Path | None:
+    """``rl_SPLIT.jsonl``, ``rl_SPLIT.parquet`` or the folder ``rl_SPLIT`` in ``data_dir``, the first that exists."""
+    for candidate in (f"rl_{split}.jsonl", f"rl_{split}.parquet", f"rl_{split}"):
+        path = Path(data_dir) / candidate
+        if path.exists():
+            return path
+    return None
+
+
+def _check(row: Any, where: str) -> dict[str, str | None]:
+    if not isinstance(row, dict):
+        raise DataSchemaError(f"{where}: must be an object with a task_id, not {type(row).__name__}")
+    task_id = row.get("task_id")
+    if isinstance(task_id, bool) or not isinstance(task_id, (str, int)) or task_id == "":
+        raise DataSchemaError(f"{where}: field 'task_id' must be a task id (a string)"
+                              + ("" if "task_id" in row else f" (the row has {sorted(row)})"))
+    out: dict[str, str | None] = {"task_id": str(task_id)}
+    for key in FIELDS[1:]:
+        value = row.get(key)
+        if value is not None and not isinstance(value, str):
+            raise DataSchemaError(f"{where}: field {key!r} must be a string, not {type(value).__name__}")
+        out[key] = value
+    return out
+
+
+def load_pointers(path: str | Path):
+    """The pointer Dataset at ``path`` (.jsonl, .parquet or a saved-Dataset folder), rows checked and cast."""
+    import datasets
+
+    path = Path(path)
+    if path.is_dir():
+        try:
+            rows = list(datasets.load_from_disk(str(path)))
+        except Exception as e:  # noqa: BLE001 - not a saved Dataset: say so in one line
+            raise DataSchemaError(f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})") from None
+        where = lambda i: f"{path}: row {i}"  # noqa: E731
+    elif path.suffix == ".parquet":
+        rows = list(datasets.Dataset.from_parquet(str(path)))
+        where = lambda i: f"{path}: row {i}"  # noqa: E731
+    elif path.is_file():
+        rows, lines = [], []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataSchemaError(f"{path}:{n}: not JSON ({e.msg})") from None
+                lines.append(n)
+        where = lambda i: f"{path}:{lines[i]}"  # noqa: E731
+    else:
+        raise FileNotFoundError(f"RL task pointers {path} do not exist; run `rcgrpo prepare-data out_dir={path.parent}`")
+    checked = [_check(r, where(i)) for i, r in enumerate(rows)]
+    return datasets.Dataset.from_list(checked, features=pointer_features())
+
+
+def task_ids(data_dir: str | Path, split: str, required: bool = True) -> list[str]:
+    """The task ids of the ``split`` pointers in ``data_dir``, in order; [] when there are none and not ``required``."""
+    path = find_pointers(data_dir, split)
+    if path is None:
+        if required:
+            raise FileNotFoundError(f"no RL task pointers rl_{split}.jsonl / .parquet / folder in {data_dir}; run "
+                                    f"`rcgrpo prepare-data out_dir={data_dir}`")
+        return []
+    return list(load_pointers(path)["task_id"])
