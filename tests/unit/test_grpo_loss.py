@@ -204,19 +204,21 @@ def test_unknown_aggregation_and_estimator():
 
 
 def test_policy_losses_by_hand():
-    """rl.loss.policy_loss: the registered per-token surrogate. ratio [0.5, 1.0, 1.5], clip 0.2:
-    A = +1: clipped -min(r, clip(r)) = [-0.5, -1.0, -1.2], cut where r > 1.2 -> [F, F, T];
-    A = -1: clipped -min(-r, -clip(r)) = [0.8, 1.0, 1.5], cut where r < 0.8 -> [T, F, F];
-    unclipped -r * A: [-0.5, -1.0, -1.5] and [0.5, 1.0, 1.5], nothing cut."""
+    """rl.loss.policy_loss: the registered per-token surrogate. ratio [0.5, 1.0, 1.5], clip 0.2 -> clip(r) =
+    [0.8, 1.0, 1.2]:
+    A = +2: clipped -min(2r, 2 clip(r)) = -min([1, 2, 3], [1.6, 2, 2.4]) = [-1, -2, -2.4], cut where r > 1.2;
+    A = -0.5: clipped -min(-0.5 r, -0.5 clip(r)) = -min([-0.25, -0.5, -0.75], [-0.4, -0.5, -0.6])
+              = [0.4, 0.5, 0.75], cut where r < 0.8;
+    unclipped -r * A: [-1, -2, -3] and [0.25, 0.5, 0.75], nothing cut."""
     from nemo_rcgrpo.registry import lookup
 
     ratio = torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]])
-    adv = torch.tensor([[1.0], [-1.0]])
+    adv = torch.tensor([[2.0], [-0.5]])
     pg, cut = lookup("policy_loss", "clipped")(ratio, adv, 0.2, 0.2)
-    assert torch.allclose(pg, torch.tensor([[-0.5, -1.0, -1.2], [0.8, 1.0, 1.5]]))
+    assert torch.allclose(pg, torch.tensor([[-1.0, -2.0, -2.4], [0.4, 0.5, 0.75]]))
     assert cut.tolist() == [[False, False, True], [True, False, False]]
     pg, cut = lookup("policy_loss", "unclipped")(ratio, adv, 0.2, 0.2)
-    assert torch.allclose(pg, torch.tensor([[-0.5, -1.0, -1.5], [0.5, 1.0, 1.5]])) and not cut.any()
+    assert torch.allclose(pg, torch.tensor([[-1.0, -2.0, -3.0], [0.25, 0.5, 0.75]])) and not cut.any()
 
 
 def test_grpo_loss_uses_the_named_policy_loss():

@@ -56,6 +56,12 @@ def test_contradictions_and_rows_without_an_outcome_are_one_line():
                                  {"role": "user", "content": "next [Reward Goal: <|low_reward|>]"}]}
     with pytest.raises(DataSchemaError, match=r"row t1: messages\[2\] holds a reward goal token"):
         reward_conditioned(later, GOAL)
+    in_system = {**row, "messages": [{"role": "system", "content": "[Reward Goal: <|high_reward|>]"}, *row["messages"]]}
+    with pytest.raises(DataSchemaError, match=r"row t1: messages\[0\] holds a reward goal token"):
+        reward_conditioned(in_system, GOAL)
+    both = {**row, "messages": [{"role": "user", "content": "x <|high_reward|> <|low_reward|>"}]}
+    with pytest.raises(DataSchemaError, match="holds both reward tokens"):
+        reward_conditioned(both, GOAL)
     with pytest.raises(DataSchemaError, match="no user message"):
         reward_conditioned({"task_id": "t1", "messages": [{"role": "system", "content": "s"}], "reward": 1}, GOAL)
     # the row's reward_goal field alone decides when there is no reward
