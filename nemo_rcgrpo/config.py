@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
+from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
@@ -133,8 +134,6 @@ class TrainConfig:
         return self.data.file or self.stage_spec.data_file or "sft.jsonl"
 
     def _validate_stage1_dataset(self) -> None:
-        from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
-
         name = self.stage1_dataset_name
         label = "data.dataset" if self.data.dataset else f"stage {self.stage}'s dataset"
         _choice(label, name, names("stage1_dataset"))

@@ -104,8 +104,8 @@ TARGETS: dict[str, Target] = {
 # them; occurrence tells apart mutants that give the same line in one function (two `return x` -> `return None`).
 EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     ("reward", "compute_reward",
-     "return paid_reward(RewardInfo(value=(1.0), state_ok=state_ok, actions_ok=actions_ok, details=details))", 1):
-        "the placeholder value is replaced: paid_reward reads only the components and details",
+     "components = RewardInfo(value=(1.0), state_ok=state_ok, actions_ok=actions_ok, details=details)", 1):
+        "the placeholder value is replaced: the registered reward reads only the components and details",
     ("advantages", "std_scale", "std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :(2)])", 1):
         "the branch runs only for g <= 1, where r[:, :2] and r[:, :1] have the same shape [N, g] (values unused)",
     ("losses", "grpo_loss", 'adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze((1))', 1):

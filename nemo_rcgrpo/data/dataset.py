@@ -107,16 +107,31 @@ def check_record(r: Any, where: str) -> dict[str, Any]:
     return row
 
 
-def _jsonl_rows(path: str, size: int, mtime: int) -> Iterator[dict[str, Any]]:  # size, mtime: the cache key
+def jsonl_objects(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(``FILE:LINE``, the parsed line) of each non-empty line; a line that is not JSON is a one-line error."""
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                r = json.loads(line)
+                yield f"{path}:{n}", json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataSchemaError(f"{path}:{n}: not JSON ({e.msg})") from None
-            yield check_record(r, f"{path}:{n}")
+
+
+def open_table(datasets, path: Path):
+    """The Dataset of a saved-Dataset folder or a Parquet file (a folder that is not one: a one-line error)."""
+    if not path.is_dir():
+        return datasets.Dataset.from_parquet(str(path))
+    try:
+        return datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - not a saved Dataset: say so in one line
+        raise DataSchemaError(f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})") from None
+
+
+def _jsonl_rows(path: str, size: int, mtime: int) -> Iterator[dict[str, Any]]:  # size, mtime: the cache key
+    for where, r in jsonl_objects(path):
+        yield check_record(r, where)
 
 
 def _check_columns(ds, path: Path):
@@ -154,14 +169,8 @@ class Rows:
 
 
 def _load(datasets, path: Path, split: str):
-    if path.is_dir():
-        try:
-            ds = datasets.load_from_disk(str(path))
-        except Exception as e:  # noqa: BLE001 - not a saved Dataset: say so in one line
-            raise DataSchemaError(f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})") from None
-        rows = _check_columns(ds, path)
-    elif path.suffix == ".parquet":
-        rows = _check_columns(datasets.Dataset.from_parquet(str(path)), path)
+    if path.is_dir() or path.suffix == ".parquet":
+        rows = _check_columns(open_table(datasets, path), path)
     elif path.is_file():
         st = path.stat()
         try:

@@ -16,11 +16,10 @@ A row that does not fit is a `DataSchemaError` of one line naming the file, the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from nemo_rcgrpo.data.dataset import DataSchemaError
+from nemo_rcgrpo.data.dataset import DataSchemaError, jsonl_objects, open_table
 
 FIELDS = ("task_id", "category", "env", "task_source", "mode")
 
@@ -61,28 +60,13 @@ def load_pointers(path: str | Path):
     import datasets
 
     path = Path(path)
-    if path.is_dir():
-        try:
-            rows = list(datasets.load_from_disk(str(path)))
-        except Exception as e:  # noqa: BLE001 - not a saved Dataset: say so in one line
-            raise DataSchemaError(f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})") from None
-        where = lambda i: f"{path}: row {i}"  # noqa: E731
-    elif path.suffix == ".parquet":
-        rows = list(datasets.Dataset.from_parquet(str(path)))
-        where = lambda i: f"{path}: row {i}"  # noqa: E731
+    if path.is_dir() or path.suffix == ".parquet":
+        rows = [(f"{path}: row {i}", r) for i, r in enumerate(open_table(datasets, path))]
     elif path.is_file():
-        rows, lines = [], []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataSchemaError(f"{path}:{n}: not JSON ({e.msg})") from None
-                lines.append(n)
-        where = lambda i: f"{path}:{lines[i]}"  # noqa: E731
+        rows = jsonl_objects(path)
     else:
         raise FileNotFoundError(f"RL task pointers {path} do not exist; run `rcgrpo prepare-data out_dir={path.parent}`")
-    checked = [_check(r, where(i)) for i, r in enumerate(rows)]
+    checked = [_check(r, where) for where, r in rows]
     return datasets.Dataset.from_list(checked, features=pointer_features())
 
 

@@ -102,7 +102,5 @@ class Prepared(SequenceABC):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def __getitem__(self, i: int) -> Record:  # type: ignore[override]
         return self.dataset.prepare(self.records[i], self.goal)

@@ -32,8 +32,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from nemo_rcgrpo.data.rl_tasks import find_pointers
-from nemo_rcgrpo.data.rl_tasks import task_ids as rl_task_ids
+from nemo_rcgrpo.data.rl_tasks import find_pointers, load_pointers
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
@@ -80,8 +79,9 @@ def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
     split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
-        if not isinstance(suite, BFCLSuite) and not path.is_file() and find_pointers(cfg.data_dir, "test"):
-            return rl_task_ids(cfg.data_dir, "test")
+        pointers = None if isinstance(suite, BFCLSuite) or path.is_file() else find_pointers(cfg.data_dir, "test")
+        if pointers is not None:
+            return list(load_pointers(pointers)["task_id"])
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
                                     f"or drop data_dir to recompute the split from split_seed")

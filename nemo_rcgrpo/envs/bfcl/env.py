@@ -34,7 +34,7 @@ from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected, to_tool_call
 from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, ExecutedCall, Toolbox
 from nemo_rcgrpo.types import valid_text
-from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, paid_reward, replay_gold
+from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
@@ -263,8 +263,8 @@ class BFCLEnv:
     def reward(self) -> RewardInfo:
         if self.task is None:
             raise RuntimeError("call reset(task) first")
-        return paid_reward(compute_reward(self.instances, self.executed, self.gold, truncated=self.truncated),
-                           self.reward_name)
+        return compute_reward(self.instances, self.executed, self.gold, truncated=self.truncated,
+                              reward=self.reward_name)
 
     def official_verdict(self) -> OfficialVerdict | None:
         """BFCL's verdict; None for merged episodes (no turn structure to check)."""

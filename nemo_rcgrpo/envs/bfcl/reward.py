@@ -20,6 +20,7 @@ of the turn must be among the model's results so far (multiset inclusion).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -137,8 +138,10 @@ def compute_reward(
     calls: Sequence[ExecutedCall],
     gold: GoldReplay,
     truncated: str | None = None,
+    reward: str = "state_x_action",
 ) -> RewardInfo:
-    """R = R_state x R_action for a finished trajectory; a truncated one scores 0."""
+    """The paper's two components of a finished trajectory and the value of the registered ``reward`` (by default
+    R = R_state x R_action); a truncated one scores 0."""
     diffs = state_differences(instances, gold.final_state)
     missing = missing_actions(gold.actions, calls)
     state_ok, actions_ok = not diffs, not missing
@@ -149,35 +152,31 @@ def compute_reward(
     }
     if truncated:
         details["truncated"] = truncated
-    return paid_reward(RewardInfo(value=0.0, state_ok=state_ok, actions_ok=actions_ok, details=details))
+    components = RewardInfo(value=0.0, state_ok=state_ok, actions_ok=actions_ok, details=details)
+    value = 0.0 if truncated else float(lookup("reward", reward)(components))
+    return dataclasses.replace(components, value=value)
 
 
 # The rewards BFCL's env can pay (``env.reward``): each ``fn(components: RewardInfo) -> float`` from the paper's
-# two components, computed once by compute_reward; a truncated episode scores 0 under every one.
+# two components, called once by compute_reward (which pays 0 for a truncated episode whatever the reward).
 @register("reward", "state_x_action")
 def state_x_action(info: RewardInfo) -> float:
     """The paper's R = R_state x R_action (Appendix D)."""
-    return float(info.state_ok and info.actions_ok and "truncated" not in info.details)
+    return float(info.state_ok and info.actions_ok)
 
 
 @register("reward", "state")
 def state_only(info: RewardInfo) -> float:
     """R_state alone: the final state equals the gold state (an ablation: extra or misdirected calls that leave
     the state right are not punished)."""
-    return float(info.state_ok and "truncated" not in info.details)
+    return float(info.state_ok)
 
 
 @register("reward", "action")
 def action_only(info: RewardInfo) -> float:
     """R_action alone: every gold action was called with the gold arguments (an ablation: side effects beyond
     the gold state are not punished)."""
-    return float(info.actions_ok and "truncated" not in info.details)
-
-
-def paid_reward(info: RewardInfo, name: str = "state_x_action") -> RewardInfo:
-    """``info`` with its value from the registered reward ``name`` (the components and details unchanged)."""
-    return RewardInfo(value=float(lookup("reward", name)(info)), state_ok=info.state_ok, actions_ok=info.actions_ok,
-                      details=info.details)
+    return float(info.actions_ok)
 
 
 class OfficialChecker:
