@@ -233,6 +233,9 @@ class TrainConfig:
                               f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
         if rl.loss.tis_cap is not None and rl.loss.tis_cap <= 0:
             raise ConfigError(f"rl.loss.tis_cap={rl.loss.tis_cap}: must be > 0 or null")
+        if not 0.0 <= rl.max_failed_share <= 1.0:
+            raise ConfigError(f"rl.max_failed_share={rl.max_failed_share}: must be in [0, 1] (the share of a step's "
+                              "rollouts that may fail before the step warns)")
         if rl.eval_every < 0 or rl.eval_tasks <= 0:
             raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
         if rl.group_size < 2:

@@ -188,6 +188,7 @@ class RLConfig:
     dapo_max_rounds: int = 2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
     dapo_shortfall: str = "train"  # with a group filter, too few groups kept after the rounds: train (on fewer) | error
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
+    max_failed_share: float = 0.25  # a step in which more rollouts failed (env errors, bad values) warns on stderr
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)

@@ -17,7 +17,11 @@ ones. ``rcgrpo plugins [plugins=[mod,...]]`` prints every kind and its names.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import sysconfig
+import traceback
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from nemo_rcgrpo.utils.config import ConfigError
@@ -118,6 +122,34 @@ def lookup(kind: str, name: str, of: type | None = None) -> Any:
     if of is not None and not isinstance(entry, of):
         raise ValueError(f"{kind} {name!r} is registered as a {type(entry).__name__}, not a {of.__name__}")
     return entry
+
+
+_PACKAGE = Path(__file__).resolve().parent
+_PYTHON = tuple(Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib"))
+_INSTALLED = tuple(Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib"))
+
+
+def _shown(path: Path) -> str:
+    try:
+        return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    except ValueError:
+        return str(path)
+
+
+def plugin_frame(error: BaseException) -> str | None:
+    """``path:line in function`` where ``error`` was raised in a plugin's code: the innermost traceback frame
+    outside this package and the Python installation (a plugin installed as a package: outside this package and the
+    standard library); a SyntaxError's own file and line. None when no such frame is on the traceback."""
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:
+        return f"{_shown(Path(error.filename))}:{error.lineno}"
+    frames = [(Path(f.filename).resolve(), f) for f in traceback.extract_tb(error.__traceback__)]
+    ours = [(p, f) for p, f in frames if not p.is_relative_to(_PACKAGE) and not p.name.startswith("<")
+            and not any(p.is_relative_to(d) for d in _PYTHON)]
+    best = [(p, f) for p, f in ours if not any(p.is_relative_to(d) for d in _INSTALLED)] or ours
+    if not best:
+        return None
+    path, frame = best[-1]
+    return f"{_shown(path)}:{frame.lineno} in {frame.name}"
 
 
 def _entry_points() -> list[Any]:

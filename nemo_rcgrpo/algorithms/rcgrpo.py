@@ -40,7 +40,7 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
-from nemo_rcgrpo.algorithms.rl_collect import collect_groups, shuffled_tasks
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, collect_groups, shuffled_tasks
 from nemo_rcgrpo.algorithms.sft import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
@@ -102,13 +102,17 @@ class RLTrainer:
         self.engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
-                                    max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
+                                    max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
+                                    name=cfg.env.name)
         self.eval_engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
-                                         max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal)
+                                         max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
+                                         name=cfg.env.name)
         self.eval_ids = [t for t in rl_task_ids(cfg.data.dir, "test", required=False)
                          if t in self.suite.tasks][: rl.eval_tasks]
         self.step, self.task_cursor = 0, 0
+        # the env opens a training task with checked messages and tools, or the run stops here in one line
+        self.engine.opening(self.suite[self.task_ids[0]], None)
         # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
         check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,
                             conditioned=cfg.stage_spec.conditioned)
@@ -122,7 +126,15 @@ class RLTrainer:
 
     def collect(self, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
         """This step's rollout groups and their timing / filter stats (`algorithms/rl_collect.py`)."""
-        return collect_groups(self.cfg, self.engine, self.suite, self._next_tasks, self.step, rng)
+        try:
+            return collect_groups(self.cfg, self.engine, self.suite, self._next_tasks, self.step, rng)
+        except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
+            g = self.cfg.rl.group_size
+            trajs = e.trajectories
+            groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
+            write_rollouts(self.run_dir / "rollouts" / f"step_{self.step + 1}.jsonl", self.step + 1, groups,
+                           torch.zeros(len(groups), g), self.tokenizer.decode)
+            raise
 
     def train_step(self, groups: list[RolloutGroup], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
         """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default);

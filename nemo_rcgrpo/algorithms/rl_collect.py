@@ -1,7 +1,12 @@
 """The rollout groups of one RL step (steps 1-4 of `algorithms/rcgrpo.py`): the next training tasks of a seeded
 per-epoch shuffle, a reward token for each rollout of a conditioned stage, the rollouts, and the group filter's
 rounds (a stage's keep_group or ``rl.group_filter``: a refused group is never trained on and a new task is rolled
-out in its place, for up to ``rl.dapo_max_rounds`` more rounds)."""
+out in its place, for up to ``rl.dapo_max_rounds`` more rounds).
+
+A rollout that failed (an exception or a value that breaks the plugin contract, `rollout/multi_turn.py`) pays 0 and
+carries its ``error``; a step whose rollouts all failed stops the run (there is nothing to learn from, and training
+on its zero advantages would hide the bug), and one in which more than ``rl.max_failed_share`` failed says so on
+stderr."""
 
 from __future__ import annotations
 
@@ -13,6 +18,31 @@ from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.stages import has_variance
+from nemo_rcgrpo.utils.banner import say
+
+
+class RolloutsFailed(ValueError):
+    """Every rollout of a step failed; ``trajectories`` (all of them, in group order) go into the step's dump."""
+
+    def __init__(self, message: str, trajectories: list):
+        super().__init__(message)
+        self.trajectories = trajectories
+
+
+def check_failures(stage: str, step: int, trajectories: Sequence[Any], max_share: float) -> str | None:
+    """Raise RolloutsFailed when every one of ``trajectories`` (step ``step``, counted from 1) failed; the warning
+    line when more than ``max_share`` of them failed; None otherwise."""
+    failed = [t for t in trajectories if t.error is not None]
+    if not failed:
+        return None
+    first = f"first: task {failed[0].task_id}: {failed[0].error}"
+    if len(failed) == len(trajectories):
+        raise RolloutsFailed(f"{stage} step {step}: all {len(failed)} rollouts failed, nothing to train on ({first}); "
+                             f"every rollout's error is in rollouts/step_{step}.jsonl", list(trajectories))
+    if len(failed) > max_share * len(trajectories):
+        return (f"WARNING: {stage} step {step}: {len(failed)} of {len(trajectories)} rollouts failed (more than "
+                f"rl.max_failed_share={max_share:g}) and pay reward 0; {first}")
+    return None
 
 
 def shuffled_tasks(task_ids: Sequence[str], cursor: int, n: int, seed: int) -> list[str]:
@@ -50,6 +80,7 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
     filtering = keep is not None
     rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
     dropped = zero_sampled = 0
+    sampled: list[Any] = []  # every trajectory of the step, for the failure count
     for round_index in range(rounds):
         need = rl.tasks_per_step - len(groups)
         if need <= 0:
@@ -59,6 +90,8 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
         stats["generation_seconds"] += engine.timings["generation"]
         stats["env_seconds"] += engine.timings["env"]
         stats["reward_seconds"] += engine.timings["reward"]
+        sampled += trajs
+        check_failures(cfg.stage, step + 1, sampled, 1.0)  # all failed so far: stop before any filter or update
         for g in range(need):
             group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
             rewards = [t.reward for t in group]
@@ -69,6 +102,10 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
                 stats["dropped_zero_variance_groups"] += len(set(rewards)) == 1
                 continue
             groups.append(group)
+    warning = check_failures(cfg.stage, step + 1, sampled, rl.max_failed_share)
+    if warning:
+        say(warning)
+    stats["failed_rollouts"] = float(sum(t.error is not None for t in sampled))
     if filtering:  # the zero-variance share of everything sampled, before the filter
         stats["dropped_groups"] = float(dropped)
         stats["zero_variance_fraction_sampled"] = zero_sampled / stats["sampled_groups"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterable
 
 from nemo_rcgrpo.registry import names, register, table
+from nemo_rcgrpo.envs.contract import check_suite
 from nemo_rcgrpo.utils.config import ConfigError
 
 
@@ -69,4 +70,5 @@ def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None
     if name not in sources:
         raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))} (a plugin's source needs "
                           "plugins=[its module])")
-    return sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
+    suite = sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
+    return check_suite(name, suite)  # its tasks' ids and categories, once, before anything trains on them

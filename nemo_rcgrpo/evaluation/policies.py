@@ -151,7 +151,7 @@ class CheckpointPolicy:
             self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
-            reward_goal=goal)
+            reward_goal=goal, name=setup.env.name)
         self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}

@@ -8,20 +8,25 @@ tool calls, the rollout's own environment answers, and the answer is appended
 as tokens rendered by the chat format (loss mask 0). A trajectory is never
 re-tokenised from text, so training sees exactly what was sampled.
 
-A rollout ends when its environment is done (``done()``, a message without
-tool calls in merged mode, the last user turn in per_turn mode), after
-``max_turns`` assistant messages, or when the next prompt would not fit the
-context budget or a message hits ``max_new_tokens`` without a stop token
-(truncated: reward 0, reason recorded).
+A rollout ends when its environment is done (a message without tool calls in
+merged mode, the last user turn in per_turn mode), at a ``done()`` call of an
+environment that offers the ``done`` tool, after ``max_turns`` assistant
+messages, or when the next prompt would not fit the context budget or a message
+hits ``max_new_tokens`` without a stop token. The engine owns these rules for
+every environment: a truncated rollout pays 0 with the reason recorded, whatever
+the environment's ``reward()`` says, and a ``done()`` ends the episode after the
+calls before it whether or not the environment ends it (calls after it are not
+run).
 
 Environments come through the seam of `envs/interfaces.py`: ``envs.open(task)`` gives each rollout a fresh
 ``Env`` reset on its task (the registered ``env.name``: `envs/sources.py: make_opener`), so nothing here names an
 environment's types.
 
-One rollout never takes down its batch: an exception while advancing or scoring
-a rollout (a tokenizer that cannot read an id, an environment bug) ends that
-rollout alone, with reward 0 and the error recorded (``error``, and
-``truncated="rollout error"``); the others go on.
+Every value an environment hands over is checked at the seam (`envs/contract.py`: its tools, step() results
+and reward()). One rollout never takes down its batch: an exception while advancing or scoring a rollout (a
+tokenizer that cannot read an id, an environment bug, a value that breaks the contract) ends that rollout alone,
+with reward 0 and the error recorded (``error``, and ``truncated="rollout error"``); the others go on. An
+environment that cannot open a task stops the run with one line naming the env and the task.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any, Sequence
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
+from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check_reward, check_step, check_tools, where
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
@@ -110,6 +116,31 @@ class _Live:
     seq: Tokenized
     logprobs: list[float]
     traj: Trajectory
+    truncated: str | None = None  # the engine's record of why the episode was cut short (the env's is merged in)
+    finished: bool = False  # ended by a done() call
+
+    @property
+    def over(self) -> bool:
+        return self.finished or self.truncated is not None or bool(self.env.done)
+
+
+def _until_done(calls: Sequence[ToolCall | ToolCallError], tools: Sequence[dict]) -> tuple[list, bool]:
+    """(the calls ``step`` gets, whether the episode ends): with a ``done`` tool offered, a ``done()`` call ends the
+    episode after the calls before it (it is passed on, the calls after it are not)."""
+    if not any(t["function"]["name"] == "done" for t in tools):
+        return list(calls), False
+    at = next((i for i, c in enumerate(calls) if isinstance(c, ToolCall) and c.name == "done"), None)
+    return (list(calls), False) if at is None else (list(calls[: at + 1]), True)
+
+
+def error_line(error: BaseException) -> str:
+    """``Type: message``, with ``(at file.py:line in function)`` of the innermost frame outside this package and
+    the Python installation (the plugin's code) when the error was raised there."""
+    from nemo_rcgrpo.registry import plugin_frame
+
+    text = f"{type(error).__name__}: {error}"
+    frame = plugin_frame(error)
+    return text if frame is None or frame in text else f"{text} (at {frame})"
 
 
 def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
@@ -121,8 +152,9 @@ def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
 class RolloutEngine:
     def __init__(self, generator: Generator, renderer: ChatRenderer, envs: EnvOpener, sampling: SamplingParams, *,
                  max_turns: int = 20, max_total_tokens: int = 4096, reward_goal: RewardGoal | None = None,
-                 tokenizer=None):
+                 tokenizer=None, name: str | None = None):
         self.generator = generator
+        self.name = name or type(envs).__name__  # the env as the user named it (env.name), for the error lines
         self.renderer = renderer
         self.tokenizer = tokenizer or renderer.tokenizer
         self.envs = envs
@@ -135,10 +167,16 @@ class RolloutEngine:
 
     def opening(self, task: Task, reward_token: bool | None):
         """(env, opening messages with the rollout's reward goal, tools offered) of a new rollout of ``task``."""
-        env, messages = self.envs.open(task)
+        owner = f"env {self.name}: open(task {task.id})"
+        try:
+            env, messages = self.envs.open(task)
+        except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
+            raise PluginContractError(f"{owner} failed: {error_line(e)}") from e
+        messages = check_messages(f"{owner} messages", messages)
+        tools = check_tools(owner, env.tools)
         if reward_token is not None:
             messages = self.reward_goal.apply(messages, reward_token)
-        return env, messages, env.tools
+        return env, messages, tools
 
     def prompt_ids(self, task: Task, reward_token: bool | None) -> list[int]:
         """The token ids a rollout of ``task`` starts generating from (generation prompt included)."""
@@ -162,9 +200,9 @@ class RolloutEngine:
             budget = [self.max_total_tokens - len(s.seq.ids) for s in live]
             for s, b in zip(live, budget):
                 if b <= 0:
-                    s.env.truncate("context budget")
-            still = [s for s in live if not s.env.done]
-            done += [s for s in live if s.env.done]
+                    self._truncate(s, "context budget")
+            still = [s for s in live if not s.over]
+            done += [s for s in live if s.over]
             live = still
             if not live:
                 break
@@ -200,7 +238,7 @@ class RolloutEngine:
         text = self.tokenizer.decode(body, skip_special_tokens=False)
         s.traj.texts.append(text)
         if not stopped:
-            s.env.truncate("context budget" if len(tokens) >= room else "max_new_tokens without a stop token")
+            self._truncate(s, "context budget" if len(tokens) >= room else "max_new_tokens without a stop token")
             return
         parsed = self.parse(text, {t["function"]["name"] for t in s.tools} | {"done"})
         if self.renderer.spec.one_call_per_message and sum(isinstance(c, ToolCall) for c in parsed.calls) > 1:
@@ -210,17 +248,20 @@ class RolloutEngine:
                 raw=text[:200], message="llama3_json: one tool call per assistant message (the Llama 3.1 chat "
                 "template renders no more); call one tool, read its result, then call the next")])
         s.traj.calls.append([_call_record(c) for c in parsed.calls])
-        result = s.env.step(parsed.calls)
+        calls, finished = _until_done(parsed.calls, s.tools)
+        result = check_step(f"env {self.name}: {where(type(s.env).step) or 'step'}, task {s.spec.task.id}",
+                            s.env.step(calls))
+        s.finished = finished
         s.traj.observations.append([o.content for o in result.observations])
         s.traj.tool_errors += sum(not o.ok for o in result.observations)
         s.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [
             {"id": f"call_{len(s.messages)}_{i}", "type": "function",
              "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
             for i, c in enumerate(parsed.calls) if isinstance(c, ToolCall)]})
-        if s.env.done:
+        if s.over:
             return
         if s.traj.num_turns >= self.max_turns:
-            s.env.truncate(f"more than {self.max_turns} assistant messages")
+            self._truncate(s, f"more than {self.max_turns} assistant messages")
             return
         start = len(s.messages)
         s.messages += result.messages
@@ -228,36 +269,47 @@ class RolloutEngine:
         s.traj.followups.append([{"role": m["role"], "content": m.get("content") or ""}
                                  for m in result.messages if m.get("role") not in ("tool", "assistant")])
         if result.tools_changed:
-            s.tools = s.env.tools
+            s.tools = check_tools(f"env {self.name}: task {s.spec.task.id} after tools_changed", s.env.tools)
         after = Tokenized(self.renderer.after_stop_ids(), [])
         self.renderer.render_into(after, s.messages, start, s.tools)
         after.ids += self.renderer.generation_prompt_ids()
         if len(s.seq.ids) + len(after.ids) >= self.max_total_tokens:
-            s.env.truncate("context budget")
+            self._truncate(s, "context budget")
             return
         s.seq.ids += after.ids
         s.seq.mask += [0] * len(after.ids)
         s.logprobs += [0.0] * len(after.ids)
 
+    def _truncate(self, s: _Live, reason: str) -> None:
+        """End the episode now (the engine's record decides, whatever the env does with the news), reward 0."""
+        s.truncated = s.truncated or reason
+        try:
+            s.env.truncate(reason)  # the env may want to know (BFCL's official verdict: force-terminated)
+        except Exception as e:  # noqa: BLE001 - a broken truncate() cannot keep the episode going
+            log.warning("env %s: truncate() of %s raised %s", self.name, s.spec.task.id, error_line(e))
+
     def _fail(self, s: _Live, error: Exception) -> None:
-        message = f"{type(error).__name__}: {error}"[:500]
+        message = error_line(error)[:500]
         log.warning("rollout of %s (group %d) failed and ends with reward 0: %s", s.spec.task.id, s.spec.group, message)
-        s.traj.error = message
+        s.traj.error = s.traj.error or message
         n = min(len(s.seq.ids), len(s.seq.mask), len(s.logprobs))  # the appends of a half-done round stay aligned
         del s.seq.ids[n:], s.seq.mask[n:], s.logprobs[n:]
-        s.env.truncate("rollout error")
+        self._truncate(s, "rollout error")
 
     def _finish(self, s: _Live) -> Trajectory:
         t = s.traj
+        owner = f"env {self.name}: {where(type(s.env).reward) or 'reward'}, task {s.spec.task.id}"
         try:
-            reward = s.env.reward()
+            reward = check_reward(owner, s.env.reward())
             verdict = s.env.official_verdict()
         except Exception as e:
             self._fail(s, e)
             reward, verdict = RewardInfo(0.0, False, False, {"error": t.error}), None
         t.token_ids, t.loss_mask, t.sampler_logprobs = s.seq.ids, s.seq.mask, s.logprobs
+        t.truncated = s.truncated or s.env.truncated
+        if t.truncated:  # the engine's rule for every env: a truncated episode pays 0, the reason recorded
+            reward = RewardInfo(0.0, reward.state_ok, reward.actions_ok, {**reward.details, "truncated": t.truncated})
         t.reward, t.state_ok, t.actions_ok = reward.value, reward.state_ok, reward.actions_ok
-        t.truncated = s.env.truncated
         t.official_valid = None if verdict is None else verdict.valid
         if verdict is not None and not verdict.valid:
             t.official_error = f"{verdict.error_type}: {verdict.error_message}"

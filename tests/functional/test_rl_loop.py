@@ -330,3 +330,37 @@ def test_a_users_stage_loaded_by_name(data_dir, tmp_path, monkeypatch):
     finally:
         _unload_example_plugin()
     assert main(_args(data_dir, tmp_path / "t", "stage=rcgrpo_no_all_fail_example")) == 2  # not loaded: refused
+
+
+def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(data_dir, tmp_path, monkeypatch, capsys):
+    """Deliberately misbehaving envs through the CLI's RL loop (tests/data/plugins/misbehaving_env_example.py): one
+    whose reward() pays 1.0 even for a truncated episode is paid 0 for it, the reason recorded; one whose step()
+    raises fails every rollout, and the run stops with one line (exit 2) instead of training on zero advantages,
+    every rollout's error in the step's dump."""
+    import nemo_rcgrpo.registry as registry
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
+    small = ["plugins=[misbehaving_env_example]", "trainer.max_steps=1", "rl.tasks_per_step=1", "rl.group_size=2",
+             "rl.max_turns=1", "generation.scripted.success_high=1.0", "generation.scripted.success_low=1.0"]
+    try:
+        assert main(_args(data_dir, tmp_path / "a", *small, "env.name=always_paid_example")) == 0
+        records = _dump(tmp_path / "a", 1)
+        assert len(records) == 2 and all(r["error"] is None for r in records)
+        for r in records:  # the gold plan needs more than one message: cut by rl.max_turns=1, paid 0 not 1.0
+            assert (r["truncated"], r["reward"]) == ("more than 1 assistant messages", 0.0), r
+            assert r["reward_details"] == {"paid": "always", "truncated": "more than 1 assistant messages"}
+        capsys.readouterr()
+        assert main(_args(data_dir, tmp_path / "b", *small, "env.name=step_raises_example")) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error: rcgrpo step 1: all 2 rollouts failed, nothing to train on (first: task "), err
+        assert "KeyError: 'function' (at " in err and "misbehaving_env_example.py:" in err and " in step)" in err
+        assert err.endswith("every rollout's error is in rollouts/step_1.jsonl")
+        records = _dump(tmp_path / "b", 1)
+        assert len(records) == 2 and all(r["error"].startswith("KeyError: 'function'") for r in records)
+        assert all(r["reward"] == 0.0 and r["truncated"] == "rollout error" for r in records)
+        assert not (tmp_path / "b" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "b")
+    finally:
+        for name in ("always_paid_example", "step_raises_example"):
+            registry.table("env").pop(name, None)
+        registry._loaded.discard("misbehaving_env_example")
+        sys.modules.pop("misbehaving_env_example", None)

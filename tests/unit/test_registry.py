@@ -300,3 +300,40 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
     with pytest.raises(TypeError, match=r"generation.backend=test_no_close: the factory returned a NoClose without "
                                         r"\['close'\]"):
         make_generator(setup, None, None)
+
+
+def test_a_task_sources_tasks_are_checked_once_at_load():
+    from types import SimpleNamespace
+
+    from nemo_rcgrpo.envs.contract import PluginContractError
+    from nemo_rcgrpo.envs.sources import make_suite
+
+    class Suite:
+        def __init__(self, tasks):
+            self.tasks = {t.id if isinstance(getattr(t, "id", None), str) else "k": t for t in tasks}
+
+        def __getitem__(self, task_id):
+            return self.tasks[task_id]
+
+    good = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    cases = {  # task source -> (its tasks, the one line)
+        "no_category_example": ([SimpleNamespace(id="t0", category="a"), SimpleNamespace(id="t1")],
+                                "task source no_category_example: task t1 has category None: give every task a "
+                                "non-empty string .category"),
+        "no_id_example": ([SimpleNamespace(category="a")], "task source no_id_example: task 'k' has id None"),
+        "bare_tool_example": ([SimpleNamespace(id="t0", category="a", tools=[good, {"name": "sub"}])],
+                              "task source bare_tool_example: task t0: tools[1] is {'name': 'sub'}: a tool is an "
+                              "OpenAI function schema"),
+    }
+    try:
+        for name, (tasks, message) in cases.items():
+            register("task_source", name)(lambda categories, tasks=tasks: Suite(tasks))
+            with pytest.raises(PluginContractError) as e:
+                make_suite(name, ["base"])
+            assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+        register("task_source", "fine_example")(lambda categories: Suite([SimpleNamespace(id="t0", category="a",
+                                                                                          tools=[good])]))
+        assert list(make_suite("fine_example", ["base"]).tasks) == ["t0"]
+    finally:
+        for name in [*cases, "fine_example"]:
+            table("task_source").pop(name, None)

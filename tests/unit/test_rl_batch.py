@@ -83,3 +83,24 @@ def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
     assert m["tool_error_rate"] == 0.5 and m["truncated_share"] == 0.25
     assert (m["success_base"], m["success_put"]) == (0.5, 0.0)
     assert m["sampler_logprob_abs_diff"] == pytest.approx(0.1) and m["token_mult_prob_error"] == pytest.approx(0.55)
+
+
+def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed():
+    from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, check_failures
+
+    trajs = [_traj([1, 2], [0, 1], 0.0, None, group=g) for g in range(4)]
+    assert check_failures("rcgrpo", 3, trajs, 0.25) is None  # none failed
+    trajs[1].error = "PluginContractError: env x: reward().value is None"
+    assert check_failures("rcgrpo", 3, trajs, 0.25) is None  # 1 of 4 = 0.25: not more than the share
+    trajs[2].error = "RuntimeError: boom"
+    assert check_failures("rcgrpo", 3, trajs, 0.25) == (  # 2 of 4 = 0.5 > 0.25
+        "WARNING: rcgrpo step 3: 2 of 4 rollouts failed (more than rl.max_failed_share=0.25) and pay reward 0; "
+        "first: task t1: PluginContractError: env x: reward().value is None")
+    assert check_failures("rcgrpo", 3, trajs, 0.5) is None
+    for t in trajs:
+        t.error = t.error or "KeyError: 'function'"
+    with pytest.raises(RolloutsFailed, match=r"^rcgrpo step 3: all 4 rollouts failed, nothing to train on \(first: "
+                                             r"task t0: KeyError: 'function'\); every rollout's error is in "
+                                             r"rollouts/step_3.jsonl$") as e:
+        check_failures("rcgrpo", 3, trajs, 1.0)
+    assert e.value.trajectories == trajs

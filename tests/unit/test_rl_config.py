@@ -11,6 +11,8 @@ from nemo_rcgrpo.utils.config import ConfigError, compose
     ("rl.sampling.temperature=0.7", "rl.sampling.temperature=0.7, top_p=1.0: RL samples at temperature 1 and top_p 1"),
     ("rl.sampling.top_p=0.9", "rl.sampling.temperature=1.0, top_p=0.9: RL samples at temperature 1"),
     ("rl.dapo_shortfall=skip", "rl.dapo_shortfall='skip': choose one of ['train', 'error']"),
+    ("rl.max_failed_share=1.5", "rl.max_failed_share=1.5: must be in [0, 1]"),
+    ("rl.max_failed_share=-0.1", "rl.max_failed_share=-0.1: must be in [0, 1]"),
 ])
 def test_rl_settings_refused(override, message):
     with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
@@ -26,6 +28,10 @@ def test_scripted_settings_refused(override, message):
     with pytest.raises(ConfigError) as err:
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=scripted", override]))
     assert str(err.value).startswith(message)
+
+
+def test_max_failed_share_default():
+    assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", [])).rl.max_failed_share == 0.25
 
 
 def test_scripted_recipe_validates():

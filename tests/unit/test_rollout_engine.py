@@ -218,3 +218,130 @@ def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
     assert isinstance(KVEnv(tasks[0]), Env)
     bfcl_env, messages = make_opener(BFCLEnvConfig(), suite).open(suite["multi_turn_base_0"])
     assert isinstance(bfcl_env, Env) and messages[-1]["role"] == "user"
+
+
+# ---------------------------------------------------------------- the plugin contract, enforced by the engine
+class _Fault:
+    """A deliberately misbehaving environment: ``task.id`` names what it gets wrong (envs/contract.py)."""
+
+    TOOLS = [{"type": "function", "function": {"name": "put", "parameters": {"type": "object", "properties": {}}}},
+             {"type": "function", "function": {"name": "done", "parameters": {"type": "object", "properties": {}}}}]
+
+    def __init__(self, task):
+        self.task, self.done, self.truncated, self.seen = task, False, None, []
+
+    @property
+    def tools(self):
+        return self.TOOLS if self.task.id != "no_wrapper" else [{"name": "put", "parameters": {}}]
+
+    def step(self, calls):
+        from nemo_rcgrpo.types import Observation
+
+        self.seen.append([c.name for c in calls])
+        if self.task.id == "step_raises":
+            raise RuntimeError("the env's own bug")
+        obs = ["ok"] if self.task.id == "str_observation" else [Observation("ok", True, "put")]
+        tools_changed = "yes" if self.task.id == "str_tools_changed" else False
+        return type("Result", (), {"observations": obs, "messages": [{"role": "tool", "content": "ok"}],
+                                   "tools_changed": tools_changed})()
+
+    def truncate(self, reason):  # ignores it: neither done nor truncated is set
+        pass
+
+    def reward(self):
+        from nemo_rcgrpo.types import RewardInfo
+
+        value = {"none_reward": None, "str_reward": "1", "nan_reward": float("nan"), "big_reward": 2.0,
+                 "bool_reward": True}.get(self.task.id, 1.0)  # 1.0 whatever happened, truncated or not
+        return RewardInfo(value, True, True, {"said": value})
+
+    def official_verdict(self):
+        return None
+
+
+class _FaultOpener:
+    def __init__(self):
+        self.envs = []
+
+    def open(self, task):
+        self.envs.append(_Fault(task))
+        return self.envs[-1], [{"role": "user", "content": f"Do it. [{task.id}]"}]
+
+
+class _Answers:
+    """Answers the k-th assistant message of every rollout with texts[k] (the last one again after the end)."""
+
+    def __init__(self, renderer, texts):
+        self.renderer, self.texts, self.header = renderer, texts, renderer.generation_prompt_ids()
+
+    def generate(self, prompts, params):
+        out = []
+        for p in prompts:
+            turn = min(_count(p, self.header) - 1, len(self.texts) - 1)
+            ids = self.renderer.encode_text(self.texts[turn]) + [params.stop_token_ids[0]]
+            out.append(Completion(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+
+def _call(name):
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {}}) + "\n</tool_call>"
+
+
+def _fault_rollouts(renderer, ids, texts, **kw):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class T:
+        id: str
+        category: str = "c"
+
+    opener = _FaultOpener()
+    engine = RolloutEngine(_Answers(renderer, texts), renderer, opener, SamplingParams(max_new_tokens=64),
+                           name="fault_example", **kw)
+    return engine.rollout([RolloutSpec(T(i), g) for g, i in enumerate(ids)]), opener
+
+
+def test_a_bad_value_from_a_plugin_ends_that_rollout_alone_with_the_reason(renderer):
+    bad = ["none_reward", "str_reward", "nan_reward", "big_reward", "bool_reward", "str_observation",
+           "str_tools_changed", "step_raises"]
+    trajs, _ = _fault_rollouts(renderer, ["ok", *bad], [_call("put"), _call("done")], max_turns=4)
+    assert trajs[0].error is None and trajs[0].reward == 1.0 and trajs[0].truncated is None
+    for t in trajs[1:]:  # each pays 0 and says which plugin, object and field broke the contract
+        assert t.reward == 0.0 and t.truncated == "rollout error" and t.record()["error"] == t.error, t.task_id
+    errors = {t.task_id: t.error for t in trajs[1:]}
+    assert errors["none_reward"].startswith("PluginContractError: env fault_example: _Fault.reward (test_rollout_engine"
+                                            ".py:") and "task none_reward: reward().value is None (NoneType)" in \
+        errors["none_reward"]
+    assert "reward().value is '1' (str): give a float in [0, 1]" in errors["str_reward"]
+    assert "reward().value is nan: give a finite float in [0, 1]" in errors["nan_reward"]
+    assert "reward().value is 2.0: give a finite float in [0, 1]" in errors["big_reward"]
+    assert "reward().value is True (bool)" in errors["bool_reward"]
+    assert "_Fault.step (test_rollout_engine.py:" in errors["str_observation"]
+    assert "step().observations[0] is 'ok', not an Observation" in errors["str_observation"]
+    assert "step().tools_changed is 'yes': give True" in errors["str_tools_changed"]
+    # an exception in the plugin's code: one line with the plugin's file, line and function
+    assert errors["step_raises"].startswith("RuntimeError: the env's own bug (at ")
+    assert "test_rollout_engine.py:" in errors["step_raises"] and errors["step_raises"].endswith(" in step)")
+
+
+def test_a_tool_without_the_function_wrapper_is_one_line_naming_the_env(renderer):
+    from nemo_rcgrpo.envs.contract import PluginContractError
+
+    with pytest.raises(PluginContractError, match=r"^env fault_example: open\(task no_wrapper\): tools\[0\] is "
+                                                  r"\{'name': 'put', 'parameters': \{\}\}: a tool is an OpenAI "
+                                                  r"function schema \{\"type\": \"function\", \"function\""):
+        _fault_rollouts(renderer, ["no_wrapper"], [_call("put")])
+
+
+def test_the_engine_owns_truncation_and_the_done_tool(renderer):
+    # the env pays 1.0 whatever happens and ignores truncate(): the engine's limit still ends the episode, pays 0
+    # and records why (reward_details keeps what the env said)
+    trajs, _ = _fault_rollouts(renderer, ["ok"], [_call("put")], max_turns=2)
+    t = trajs[0]
+    assert (t.num_turns, t.reward, t.truncated) == (2, 0.0, "more than 2 assistant messages")
+    assert t.reward_details == {"said": 1.0, "truncated": "more than 2 assistant messages"}
+    # a done() call ends the episode although this env never sets done; the call after it is not run
+    trajs, opener = _fault_rollouts(renderer, ["ok"], [_call("put"), _call("done") + "\n" + _call("put")],
+                                    max_turns=5)
+    assert (trajs[0].num_turns, trajs[0].reward, trajs[0].truncated) == (2, 1.0, None)
+    assert opener.envs[0].seen == [["put"], ["done"]]
