@@ -5,7 +5,9 @@ RL prompt must be an id-prefix of the same task's stage-1 rendering.
 ``data.dir/config.yaml``. RL rollouts and in-training evaluation read the reward goal from there instead of
 rebuilding it from defaults, and the training record carries it to `rcgrpo eval`. What the data cannot carry (the
 env's system prompt, tool offer and result rendering, the chat settings) is checked on ids: the first training
-task's RL prompt is rendered by the rollout engine and compared with the rendering of its stage-1 line.
+task's RL prompt is rendered by the rollout engine and compared with the rendering of its stage-1 line, as stage 1
+rendered it: for a conditioned run through the ``rctp`` dataset's own templating (`data/stage1_datasets.py:
+reward_conditioned`), so a user's row that carries only ``reward: 1`` gets the same reward goal here as there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import yaml
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.stage1_datasets import reward_conditioned
 
 
 class DataMismatchError(ValueError):
@@ -89,7 +92,9 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     if saved_mode and saved_mode != env_config.mode:
         raise DataMismatchError(f"env.mode={env_config.mode} but {data_dir} was prepared with mode={saved_mode}: "
                                 f"set env.mode={saved_mode} or prepare the data with mode={env_config.mode}")
-    stage1 = renderer.render(record["messages"], record.get("tools")).ids
+    # the row as the rctp dataset prepared it for stage 1 (its goal templated from ``reward`` when it has none)
+    messages = reward_conditioned(record, engine.reward_goal)["messages"] if conditioned else record["messages"]
+    stage1 = renderer.render(messages, record.get("tools")).ids
     prompt = engine.prompt_ids(suite[record["task_id"]], True if conditioned else None)
     if stage1[: len(prompt)] == prompt:
         return record["task_id"]

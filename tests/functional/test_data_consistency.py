@@ -67,3 +67,42 @@ def test_a_reward_goal_changed_after_preparation_is_refused(data_dir, tmp_path, 
     assert main(_rl(data, tmp_path / "r")) == 2
     err = _error(capsys)
     assert "is not a prefix of its stage-1 rendering" in err and "check the reward goal or the env's rendering" in err
+
+
+def test_rows_that_carry_only_reward_pass_the_prefix_check(tmp_path):
+    """A user's RCTP rows with only ``reward: 1`` / ``reward: 0`` (no goal in the text, no ``reward_goal``): stage 1
+    templates the goal (the ``rctp`` dataset); stage 2's prefix check renders the row through the same function, so
+    the RL prompt with the high token is a prefix of it."""
+    import json
+    from types import SimpleNamespace
+
+    from nemo_rcgrpo.data.consistency import check_prompt_prefix
+    from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
+    from nemo_rcgrpo.data.tokenize import ChatRenderer
+    from nemo_rcgrpo.generation.base import SamplingParams
+    from nemo_rcgrpo.models.hf import load_tokenizer
+    from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
+
+    tools = [{"type": "function", "function": {"name": "put", "parameters": {"type": "object", "properties": {}}}}]
+    opening = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Store blue."}]
+
+    class Opener:
+        def open(self, task):
+            return SimpleNamespace(tools=tools, done=False, truncated=None), [dict(m) for m in opening]
+
+    tok = load_tokenizer("smollm2")
+    tok.add_tokens(["<|high_reward|>", "<|low_reward|>"], special_tokens=True)
+    renderer = ChatRenderer(tok, "hermes", tool_description="compact")
+    engine = RolloutEngine(None, renderer, Opener(), SamplingParams(), name="toy")
+    answer = {"role": "assistant", "content": "Done."}
+    rows = [{"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 0},
+            {"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 1}]
+    (tmp_path / "rctp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    suite = {"t0": SimpleNamespace(id="t0", category="c")}
+    env = SimpleNamespace(mode="merged", name="toy")
+    assert check_prompt_prefix(engine, renderer, suite, tmp_path, ["t0"], env, conditioned=True) == "t0"
+    # what stage 1 trained on: the rctp dataset's rendering of the reward-1 row, with the high goal
+    prepared = stage1_dataset("rctp").prepare(rows[1], engine.reward_goal)
+    assert prepared["messages"][1]["content"] == "Store blue. [Reward Goal: <|high_reward|>]"
+    prompt = engine.prompt_ids(suite["t0"], True)
+    assert renderer.render(prepared["messages"], tools).ids[: len(prompt)] == prompt
