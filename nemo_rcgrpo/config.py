@@ -21,7 +21,7 @@ from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
 from nemo_rcgrpo.registry import load_plugins, names
 from nemo_rcgrpo.stages import Stage, group_filter, stage_of
-from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, did_you_mean, plain, reject_unknown
 
 
 @dataclass(frozen=True)
@@ -340,4 +340,4 @@ def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}")
+        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}{did_you_mean(value, list(allowed))}")

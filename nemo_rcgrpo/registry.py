@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from nemo_rcgrpo.utils.config import ConfigError
+from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
     "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file and dataset (stage 1), keep_group: a "
@@ -117,7 +117,8 @@ def lookup(kind: str, name: str, of: type | None = None) -> Any:
     entries are objects of one class: Stage, FormatSpec, Stage1Dataset). ValueErrors name the registered ones."""
     entries = table(kind)
     if name not in entries:
-        raise ValueError(f"{KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}")
+        raise ValueError(f"{KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
+                         f"{did_you_mean(name, list(entries))}")
     entry = entries[name]
     if of is not None and not isinstance(entry, of):
         raise ValueError(f"{kind} {name!r} is registered as a {type(entry).__name__}, not a {of.__name__}")
@@ -152,6 +153,13 @@ def plugin_frame(error: BaseException) -> str | None:
     return f"{_shown(path)}:{frame.lineno} in {frame.name}"
 
 
+def error_line(error: BaseException, typed: bool = True) -> str:
+    """``Type: message (at path:line in function)``: an error from a plugin's code with where it was raised."""
+    frame = plugin_frame(error)
+    text = f"{type(error).__name__}: {error}" if typed else str(error)
+    return text + ("" if frame is None or frame in text else f" (at {frame})")
+
+
 def _entry_points() -> list[Any]:
     from importlib.metadata import entry_points
 
@@ -171,7 +179,7 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
         try:
             ep.load()
         except Exception as e:  # noqa: BLE001 - a broken plugin is the user's one-line error
-            raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {error_line(e)}") from None
         _loaded.add(f"entry_point:{ep.name}")
         done.append(ep.value)
     for module in modules:
@@ -181,10 +189,10 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             if e.name != module and not module.startswith(f"{e.name}."):
-                raise ConfigError(f"plugins: importing {module!r} failed: {e}") from None  # one of its own imports
+                raise ConfigError(f"plugins: importing {module!r} failed: {error_line(e, typed=False)}") from None  # its own
             raise ConfigError(f"plugins: cannot import {module!r} ({e}); is its folder on PYTHONPATH?") from None
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"plugins: importing {module!r} failed: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"plugins: importing {module!r} failed: {error_line(e)}") from None
         _loaded.add(module)
         done.append(module)
     return done

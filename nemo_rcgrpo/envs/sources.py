@@ -24,9 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from nemo_rcgrpo.registry import names, register, table
-from nemo_rcgrpo.envs.contract import check_suite
-from nemo_rcgrpo.utils.config import ConfigError
+from nemo_rcgrpo.registry import error_line, names, plugin_frame, register, table
+from nemo_rcgrpo.envs.contract import PluginContractError, check_suite, where
+from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 
 @register("task_source", "bfcl")
@@ -57,9 +57,15 @@ def make_opener(config, suite):
     suite of ``env.task_source``."""
     envs = table("env")
     if config.name not in envs:
-        raise ConfigError(f"env.name={config.name!r}: registered: {list(names('env'))} (a plugin's env needs "
-                          "plugins=[its module])")
-    return envs[config.name](config, suite)
+        raise ConfigError(f"env.name={config.name!r}: registered: {list(names('env'))}"
+                          f"{did_you_mean(config.name, list(envs))} (a plugin's env needs plugins=[its module])")
+    try:
+        return envs[config.name](config, suite)
+    except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
+        if plugin_frame(e) is None:  # raised by this package's code: as it is
+            raise
+        raise PluginContractError(f"env {config.name}: its factory {where(envs[config.name])} failed: "
+                                  f"{error_line(e)}") from e
 
 
 def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):
@@ -68,7 +74,12 @@ def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None
     ``categories`` alone."""
     sources = table("task_source")
     if name not in sources:
-        raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))} (a plugin's source needs "
-                          "plugins=[its module])")
-    suite = sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
+        raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))}"
+                          f"{did_you_mean(name, list(sources))} (a plugin's source needs plugins=[its module])")
+    try:
+        suite = sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
+    except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
+        if plugin_frame(e) is None:  # raised by this package's code (BFCL's data missing, ...): as it is
+            raise
+        raise PluginContractError(f"task source {name}: {where(sources[name])} failed: {error_line(e)}") from e
     return check_suite(name, suite)  # its tasks' ids and categories, once, before anything trains on them

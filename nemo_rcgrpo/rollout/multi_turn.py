@@ -42,6 +42,7 @@ from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
 from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check_reward, check_step, check_tools, where
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
+from nemo_rcgrpo.registry import error_line
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,6 @@ def _until_done(calls: Sequence[ToolCall | ToolCallError], tools: Sequence[dict]
         return list(calls), False
     at = next((i for i, c in enumerate(calls) if isinstance(c, ToolCall) and c.name == "done"), None)
     return (list(calls), False) if at is None else (list(calls[: at + 1]), True)
-
-
-def error_line(error: BaseException) -> str:
-    """``Type: message``, with ``(at file.py:line in function)`` of the innermost frame outside this package and
-    the Python installation (the plugin's code) when the error was raised there."""
-    from nemo_rcgrpo.registry import plugin_frame
-
-    text = f"{type(error).__name__}: {error}"
-    frame = plugin_frame(error)
-    return text if frame is None or frame in text else f"{text} (at {frame})"
 
 
 def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:

@@ -140,6 +140,13 @@ def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | 
     return f"unknown setting {key}; {hint}known in {section or 'the top level'}: {siblings}"
 
 
+def did_you_mean(name: Any, choices: Sequence[Any]) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to ``name`` (difflib, ignoring case), or ``""``."""
+    strings = {c.lower(): c for c in choices if isinstance(c, str)}
+    close = difflib.get_close_matches(name.lower(), list(strings), n=1, cutoff=0.6) if isinstance(name, str) else []
+    return f"; did you mean {strings[close[0]]!r}?" if close else ""
+
+
 def reject_unknown(section: str, given: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(given) - known)
     if unknown:
@@ -176,7 +183,8 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(f"{key}={value!r} has the wrong type (expected {_describe(hint)})")
     if origin is Literal:
         if value not in typing.get_args(hint):
-            raise ConfigError(f"{key}={value!r}: choose one of {list(typing.get_args(hint))}")
+            choices = list(typing.get_args(hint))
+            raise ConfigError(f"{key}={value!r}: choose one of {choices}{did_you_mean(value, choices)}")
         return value
     if hint is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # Hydra reads `devices=4` or `name=1` as a number; the setting is text

@@ -302,6 +302,66 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
         make_generator(setup, None, None)
 
 
+def test_a_plugin_that_raises_at_import_names_its_file_line_and_function(tmp_path, monkeypatch):
+    (tmp_path / "raising_plugin_example.py").write_text("def build():\n    return {}['key']\n\n\nTABLE = build()\n")
+    (tmp_path / "syntax_plugin_example.py").write_text("x = 1\ndef broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        load_plugins(["raising_plugin_example"])
+    # the innermost frame in the plugin's own file: line 2, in build (not importlib's, not this package's)
+    assert str(e.value).startswith("plugins: importing 'raising_plugin_example' failed: KeyError: 'key' (at ")
+    assert str(e.value).endswith("raising_plugin_example.py:2 in build)") and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"SyntaxError: .*syntax_plugin_example.py:2\)$"):
+        load_plugins(["syntax_plugin_example"])
+    # a task source or env factory that raises: one line with the plugin's function, file and line
+    from nemo_rcgrpo.envs.contract import PluginContractError
+    from nemo_rcgrpo.envs.sources import make_opener, make_suite
+
+    def broken_source(categories):
+        return {"tasks": 1}["task"]
+
+    def broken_env(config, suite):
+        raise RuntimeError("no store")
+
+    register("task_source", "broken_source_example")(broken_source)
+    register("env", "broken_env_example")(broken_env)
+    try:
+        with pytest.raises(PluginContractError) as e:
+            make_suite("broken_source_example", ["base"])
+        line = broken_source.__code__.co_firstlineno
+        assert str(e.value).startswith(
+            "task source broken_source_example: test_a_plugin_that_raises_at_import_names_its_file_line_and_function."
+            f"<locals>.broken_source (test_registry.py:{line}) failed: KeyError: 'task' (at ")
+        assert str(e.value).endswith(f"test_registry.py:{line + 1} in broken_source)")
+        with pytest.raises(PluginContractError, match=r"^env broken_env_example: its factory .*broken_env "
+                                                      r"\(test_registry.py:\d+\) failed: RuntimeError: no store "
+                                                      r"\(at .*test_registry.py:\d+ in broken_env\)$"):
+            make_opener(type("EnvSection", (), {"name": "broken_env_example"})(), None)
+    finally:
+        table("task_source").pop("broken_source_example", None)
+        table("env").pop("broken_env_example", None)
+
+
+def test_an_unknown_name_suggests_the_closest_registered_one():
+    from nemo_rcgrpo.envs.sources import make_opener, make_suite
+
+    with pytest.raises(ValueError, match=r"registered: \['mean', 'leave_one_out'\]; did you mean 'mean'\?$"):
+        lookup("advantage_baseline", "meen")
+    with pytest.raises(ConfigError, match=r"rl.advantage.baseline='leave_one_ot': choose one of \['mean', "
+                                          r"'leave_one_out'\]; did you mean 'leave_one_out'\?$"):
+        _cfg("rl.advantage.baseline=leave_one_ot")
+    with pytest.raises(ConfigError, match=r"env.name='bfc': choose one of \['bfcl'\]; did you mean 'bfcl'\?$"):
+        _cfg("env.name=bfc")
+    with pytest.raises(ConfigError, match=r"env.task_source='bfcl_mikro': choose one of .*; did you mean 'bfcl_micro'"):
+        _cfg("env.task_source=bfcl_mikro")
+    with pytest.raises(ConfigError, match=r"registered: \['bfcl', 'bfcl_micro'\]; did you mean 'bfcl_micro'\? "):
+        make_suite("bfcl_mcro", ["base"])
+    with pytest.raises(ConfigError, match=r"registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env"):
+        make_opener(type("EnvSection", (), {"name": "BFCL"})(), None)
+    with pytest.raises(ConfigError, match=r"choose one of \['sft', 'rctp', 'grpo', 'rcgrpo', 'dapo_filter'.*\]$"):
+        _cfg("stage=zzz")  # nothing close: no suggestion
+
+
 def test_a_task_sources_tasks_are_checked_once_at_load():
     from types import SimpleNamespace
 

@@ -11,7 +11,7 @@ from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 from nemo_rcgrpo.types import Message
-from nemo_rcgrpo.utils.config import ConfigError
+from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -87,4 +87,4 @@ class BFCLOpener:
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}")
+        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}{did_you_mean(value, list(allowed))}")
