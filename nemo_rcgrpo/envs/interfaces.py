@@ -29,7 +29,10 @@ class StepResult(Protocol):
 class Env(Protocol):
     """One rollout's environment. Model output is untrusted: ``step`` turns a malformed or forbidden call into an
     error observation and never raises for one. Besides ``tools`` the engine's parser knows one call more,
-    ``done`` (no arguments): the model says it has finished, and ``step`` ends the episode."""
+    ``done`` (no arguments): the model says it has finished. Where ``tools`` offers ``done``, the engine ends the
+    episode at that call (``step`` gets the calls up to it, never those after it), whether or not ``step`` sets
+    ``done``. A truncated episode (the engine's limits, or ``truncated`` set by the env) pays 0 whatever ``reward``
+    says. What every method returns is checked by the engine (`envs/contract.py`)."""
 
     done: bool  # the episode is over (``reward`` may be read)
     truncated: str | None  # why it was cut short (reward 0), or None
@@ -41,7 +44,7 @@ class Env(Protocol):
 
     def truncate(self, reason: str) -> None: ...  # end the episode now, reward 0
 
-    def reward(self) -> RewardInfo: ...  # value in [0, 1] with state_ok, actions_ok and details
+    def reward(self) -> RewardInfo: ...  # value a finite float in [0, 1], state_ok and actions_ok bools, details dict
 
     def official_verdict(self) -> OfficialVerdict | None: ...  # an external checker's verdict, where there is one
 
