@@ -189,7 +189,8 @@ def load_plugins(modules: Sequence[str] = ()) -> list[str]:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             if e.name != module and not module.startswith(f"{e.name}."):
-                raise ConfigError(f"plugins: importing {module!r} failed: {error_line(e, typed=False)}") from None  # its own
+                # one of the plugin's own imports is missing
+                raise ConfigError(f"plugins: importing {module!r} failed: {error_line(e, typed=False)}") from None
             raise ConfigError(f"plugins: cannot import {module!r} ({e}); is its folder on PYTHONPATH?") from None
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"plugins: importing {module!r} failed: {error_line(e)}") from None

@@ -240,8 +240,7 @@ class RolloutEngine:
                 "template renders no more); call one tool, read its result, then call the next")])
         s.traj.calls.append([_call_record(c) for c in parsed.calls])
         calls, finished = _until_done(parsed.calls, s.tools)
-        result = check_step(f"env {self.name}: {where(type(s.env).step) or 'step'}, task {s.spec.task.id}",
-                            s.env.step(calls))
+        result = check_step(self._owner(s, "step"), s.env.step(calls))
         s.finished = finished
         s.traj.observations.append([o.content for o in result.observations])
         s.traj.tool_errors += sum(not o.ok for o in result.observations)
@@ -271,6 +270,10 @@ class RolloutEngine:
         s.seq.mask += [0] * len(after.ids)
         s.logprobs += [0.0] * len(after.ids)
 
+    def _owner(self, s: _Live, method: str) -> str:
+        """``env NAME: Class.method (file.py:line), task ID``: who handed over a value, for the contract's lines."""
+        return f"env {self.name}: {where(getattr(type(s.env), method, None)) or method}, task {s.spec.task.id}"
+
     def _truncate(self, s: _Live, reason: str) -> None:
         """End the episode now (the engine's record decides, whatever the env does with the news), reward 0."""
         s.truncated = s.truncated or reason
@@ -289,9 +292,8 @@ class RolloutEngine:
 
     def _finish(self, s: _Live) -> Trajectory:
         t = s.traj
-        owner = f"env {self.name}: {where(type(s.env).reward) or 'reward'}, task {s.spec.task.id}"
         try:
-            reward = check_reward(owner, s.env.reward())
+            reward = check_reward(self._owner(s, "reward"), s.env.reward())
             verdict = s.env.official_verdict()
         except Exception as e:
             self._fail(s, e)
