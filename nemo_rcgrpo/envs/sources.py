@@ -52,6 +52,10 @@ def bfcl_env(config, suite):
     return BFCLOpener(config, suite)
 
 
+def _shipped(fn) -> bool:
+    return getattr(fn, "__module__", "").startswith("nemo_rcgrpo.")
+
+
 def make_opener(config, suite):
     """What the rollout engine opens its environments with: the ``env.name`` entry, given the env settings and the
     suite of ``env.task_source``."""
@@ -62,7 +66,7 @@ def make_opener(config, suite):
     try:
         return envs[config.name](config, suite)
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
-        if plugin_frame(e) is None:  # raised by this package's code: as it is
+        if _shipped(envs[config.name]) or plugin_frame(e) is None:  # this package's own errors: as they are
             raise
         raise PluginContractError(f"env {config.name}: its factory {where(envs[config.name])} failed: "
                                   f"{error_line(e)}") from e
@@ -79,7 +83,7 @@ def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None
     try:
         suite = sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
-        if plugin_frame(e) is None:  # raised by this package's code (BFCL's data missing, ...): as it is
+        if _shipped(sources[name]) or plugin_frame(e) is None:  # BFCL's data missing, ...: as it is
             raise
         raise PluginContractError(f"task source {name}: {where(sources[name])} failed: {error_line(e)}") from e
     return check_suite(name, suite)  # its tasks' ids and categories, once, before anything trains on them
