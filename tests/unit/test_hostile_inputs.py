@@ -4,6 +4,7 @@ Each case was a crash, a hang or a silent difference before the guard that it te
 """
 
 import decimal
+import sys
 
 import mpmath
 import pytest
@@ -84,11 +85,14 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
     assert "\\ud800" in trajs[0].observations[0][0]
     # a rollout whose parser raises (any bug of a component) ends alone, reward 0, the error recorded
     real_parse = engine.parse
+    line = sys._getframe().f_lineno + 1
     monkeypatch.setattr(engine, "parse", lambda text, names: (_ for _ in ()).throw(RuntimeError("boom"))
                         if "cd" in text else real_parse(text, names))
     trajs = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
-    assert trajs[0].error == "RuntimeError: boom" and trajs[0].reward == 0.0 and trajs[0].truncated == "rollout error"
-    assert trajs[0].record()["error"] == "RuntimeError: boom"
+    # the error keeps where it was raised: the raising function's file, line and name
+    boom = f"RuntimeError: boom (at tests/unit/test_hostile_inputs.py:{line} in <genexpr>)"
+    assert trajs[0].error == boom and trajs[0].reward == 0.0 and trajs[0].truncated == "rollout error"
+    assert trajs[0].record()["error"] == boom
     assert len(trajs[0].token_ids) == len(trajs[0].loss_mask) == len(trajs[0].sampler_logprobs)
     assert trajs[1].error is None and trajs[1].num_turns == 2  # the other rollout ran to its turn limit
 

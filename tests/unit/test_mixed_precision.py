@@ -43,7 +43,9 @@ def test_bf16_training_moves_fp32_masters_including_the_norm_weights():
     moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
     assert moved > 0.95, moved
     norms = [i for i, n in enumerate(names) if "norm" in n]
-    assert norms and all(bool((after[i] != 1.0).all()) for i in norms)  # every RMSNorm weight left 1.0
+    # the RMSNorm weights (all 1.0, where a direct bf16 update rounds away) left 1.0, but for the odd element whose
+    # gradient is so small that Adam's eps-damped step stays below fp32's resolution at 1.0 (6e-8)
+    assert norms and all(float((after[i] != 1.0).float().mean()) > 0.95 for i in norms)
     # the model holds its masters rounded to bf16
     for p, m in zip(policy.module.parameters(), after):
         assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))
