@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check (scripts/gpu_check.py): every GPU path once, in priority order, in under 9 minutes.
+# The GPU check (scripts/gpu_check.py): every GPU path once, by value, under one checked budget (540 s).
 #
-#   bash scripts/gpu_check.sh --prepare   on a machine with the package registries (this checkout installed):
-#                                         downloads the wheels of scripts/gpu_wheels.txt for Python 3.12 into
-#                                         build/gpu/wheels and copies SmolLM2's config and tokenizer to
-#                                         build/gpu/smollm2 (a few MB in all; no weights)
-#   bash scripts/gpu_check.sh [--out DIR] on the GPU machine (python3 with pip, torch, transformers, accelerate,
-#                                         safetensors; no internet): installs those wheels into build/gpu/site, runs
-#                                         the check, writes DIR/summary.json and one log per step (default
-#                                         build/gpu/check). build/ is git-ignored: copy build/gpu with the checkout.
-#   bash scripts/gpu_check.sh --dry-run   on any machine: validates the plan (configs, imports, wheel pins)
+#   bash scripts/gpu_check.sh --prepare   where the package registries are reachable (this checkout installed):
+#                                         downloads the wheels of scripts/gpu_wheels.txt for the lent machine's
+#                                         Python and platform (scripts/gpu_machine.txt) into build/gpu/wheels, builds
+#                                         the sdist-only ones, checks their tags, and copies SmolLM2's config and
+#                                         tokenizer to build/gpu/smollm2 (a few MB in all; no weights)
+#   bash scripts/gpu_check.sh [--out DIR] on the GPU machine (python3 with torch, transformers, ...; no internet):
+#                                         installs those wheels into build/gpu/site, prints the versions, runs the
+#                                         check; results in DIR (default $OUT where set, else build/gpu/check):
+#                                         summary.json, versions.txt, logs.tar.gz. With the device tool:
+#                                         run(command="bash scripts/gpu_check.sh", carry=["build/gpu"], timeout_s=600)
+#   bash scripts/gpu_check.sh --dry-run   on any machine: the plan holds on the lent machine's packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -21,16 +23,24 @@ case "${1:-}" in
     exec "$PY" scripts/gpu_check.py --dry-run
     ;;
   --prepare)
-    rm -rf build/gpu/wheels build/gpu/smollm2
+    rm -rf build/gpu/wheels build/gpu/smollm2 build/gpu/site build/gpu/check
     mkdir -p build/gpu/wheels
-    # megatron-core has a compiled part: its CPython 3.12 wheel; the others are pure Python (antlr4's 4.9.3 is a
-    # source release only, built into a wheel here)
-    grep -E '^megatron-core==' scripts/gpu_wheels.txt > build/gpu/binary.txt
-    grep -vE '^(#|megatron-core==|$)' scripts/gpu_wheels.txt > build/gpu/pure.txt
-    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --implementation cp \
-        -d build/gpu/wheels -r build/gpu/binary.txt
-    "$PY" -m pip wheel --quiet --no-deps -w build/gpu/wheels -r build/gpu/pure.txt
+    pyver="$(sed -nE 's/^# python: *([0-9.]+).*/\1/p' scripts/gpu_machine.txt)"
+    platform="$(sed -nE 's/^# platform: *([a-z0-9_]+).*/\1/p' scripts/gpu_machine.txt)"
+    # wheels for the machine's Python and platform (never built by this machine's own Python); the releases that
+    # have none ("# sdist" in gpu_wheels.txt, pure Python) are built here
+    grep -E '^[A-Za-z0-9].*==' scripts/gpu_wheels.txt | grep -v '# sdist' | sed 's/ *#.*//' > build/gpu/binary.txt
+    grep -E '# sdist' scripts/gpu_wheels.txt | sed 's/ *#.*//' > build/gpu/sdist.txt
+    platforms=(--platform "$platform")
+    for n in 27 24 17; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+    platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+        "${platforms[@]}" -d build/gpu/wheels -r build/gpu/binary.txt
+    if [[ -s build/gpu/sdist.txt ]]; then
+      "$PY" -m pip wheel --quiet --no-deps -w build/gpu/wheels -r build/gpu/sdist.txt
+    fi
+    rm -f build/gpu/binary.txt build/gpu/sdist.txt
+    "$PY" scripts/gpu_check.py --check-wheels build/gpu/wheels
     "$PY" -c "
 import shutil; from pathlib import Path
 from nemo_rcgrpo.models.hf import smollm2_model_dir
@@ -39,7 +49,8 @@ for f in src.iterdir():
     if f.is_file() and not f.name.endswith('.safetensors') and not f.name.startswith('.'):
         shutil.copy(f, dst / f.name)
 "
-    du -sh build/gpu/wheels build/gpu/smollm2
+    ls build/gpu/wheels
+    du -sh build/gpu
     exit 0
     ;;
 esac
@@ -50,7 +61,15 @@ if [[ ! -d build/gpu/wheels ]]; then
   exit 2
 fi
 rm -rf build/gpu/site  # no packages of earlier wheels
-"$PY" -m pip install --quiet --no-index --no-deps --target build/gpu/site build/gpu/wheels/*.whl
+"$PY" -m pip install --quiet --no-index --no-deps --no-compile --target build/gpu/site build/gpu/wheels/*.whl
 export PYTHONPATH="$PWD/build/gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export NEMO_RCGRPO_CACHE="$PWD/build/gpu/cache"
+"$PY" -c "
+import importlib.metadata as m, sys
+def v(d):
+    try: return m.version(d)
+    except m.PackageNotFoundError: return 'absent'
+print('python', sys.version.split()[0], *(f'{d} {v(d)}' for d in ('pyarrow', 'fsspec', 'packaging', 'triton', 'torch',
+      'transformers', 'datasets', 'megatron-core')), sep=' | ', flush=True)
+"
 exec "$PY" scripts/gpu_check.py "$@"

@@ -244,18 +244,26 @@ class TorchPolicy:
             out["entropy_sums"] = entropy_sums
         return out
 
+    @torch.no_grad()
     def _gradients_to_master(self) -> None:
-        """Add the model's gradients to the fp32 masters' and free them."""
-        for p, m in zip(self.params, self.master):
-            if p.grad is not None:
-                g = p.grad.float()
-                m.grad = g if m.grad is None else m.grad.add_(g)
-                p.grad = None
+        """Add the model's gradients to the fp32 masters' and free them (foreach ops: a few kernels, not one
+        per parameter)."""
+        pairs = [(p, m) for p, m in zip(self.params, self.master) if p.grad is not None]
+        fresh = [(p, m) for p, m in pairs if m.grad is None]
+        more = [(p, m) for p, m in pairs if m.grad is not None]
+        if fresh:
+            grads = [torch.empty_like(m) for _, m in fresh]
+            torch._foreach_copy_(grads, [p.grad for p, _ in fresh])  # bf16 -> fp32
+            for (_, m), g in zip(fresh, grads):
+                m.grad = g
+        if more:
+            torch._foreach_add_([m.grad for _, m in more], [p.grad for p, _ in more])  # fp32 += bf16
+        for p, _ in pairs:
+            p.grad = None
 
     @torch.no_grad()
     def _master_to_model(self) -> None:
-        for p, m in zip(self.params, self.master):
-            p.copy_(m)
+        torch._foreach_copy_(self.params, self.master)  # fp32 -> bf16, rounded as copy_ rounds
 
     def master_weights(self) -> list[torch.Tensor]:
         """The tensors the optimizer updates: fp32 masters for a low-precision model, else the parameters."""

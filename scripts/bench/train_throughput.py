@@ -49,7 +49,8 @@ def main() -> int:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", type=Path, default=Path("data/bfcl_v4"))
     p.add_argument("--steps", type=int, default=6, help="measured steps per side (after one warm-up step each)")
-    p.add_argument("--micro", type=int, default=2, help="micro-batches (of one sequence) per optimizer step")
+    p.add_argument("--micro", type=int, default=2, help="micro-batches per optimizer step")
+    p.add_argument("--batch", type=int, default=1, help="sequences per micro-batch (right-padded)")
     p.add_argument("--max-length", type=int, default=1536)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--device", default="cpu")
@@ -62,10 +63,15 @@ def main() -> int:
     tokenizer, model = load_tokenizer(args.model), load_model(args.model, args.dtype)
     add_reward_tokens(tokenizer, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
+    per_step = args.micro * args.batch
     examples, _ = build_examples(load_records(args.data / "rctp.jsonl", "train"), renderer, args.max_length, 0,
-                                 (args.steps + 1) * args.micro)
+                                 (args.steps + 1) * per_step)
+    if len(examples) < (args.steps + 1) * per_step:
+        sys.exit(f"error: {len(examples)} training lines in {args.data / 'rctp.jsonl'}, "
+                 f"{(args.steps + 1) * per_step} needed for --steps {args.steps} x --micro {args.micro} x --batch {args.batch}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    steps = [[collate([e], pad) for e in examples[s * args.micro:(s + 1) * args.micro]] for s in range(args.steps + 1)]
+    steps = [[collate(examples[s * per_step + m * args.batch:s * per_step + (m + 1) * args.batch], pad)
+              for m in range(args.micro)] for s in range(args.steps + 1)]
 
     bare_model = copy.deepcopy(model).to(device).train()
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
@@ -100,12 +106,14 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "model": args.model, "dtype": args.dtype,
                                          "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                                         "steps": args.steps, "tokens": tokens, "bare_tokens_per_s": bare_tps,
+                                         "steps": args.steps, "micro_batches": args.micro, "batch": args.batch,
+                                         "max_length": args.max_length, "tokens": tokens, "bare_tokens_per_s": bare_tps,
                                          "backend_tokens_per_s": backend_tps, "ratio": backend_tps / bare_tps}, indent=1))
     rows = [START, "## Stage-1 training throughput (`scripts/bench/train_throughput.py`)", "",
             f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
             f"Python {platform.python_version()}, torch {torch.__version__}.",
-            f"- {args.model}, {args.dtype} on {args.device}, AdamW; {args.steps} measured optimizer steps per side of {args.micro} sequences "
+            f"- {args.model}, {args.dtype} on {args.device}, AdamW; {args.steps} measured optimizer steps per side of "
+            f"{args.micro} micro-batches x {args.batch} sequences "
             f"(RCTP-FT training lines, compact tools, <= {args.max_length} tokens; {tokens} tokens per side), "
             "interleaved, after one warm-up step each.", "",
             "| loop | tokens/s | ratio to bare |", "|---|---:|---:|",
