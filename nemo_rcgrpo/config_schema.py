@@ -192,7 +192,7 @@ class RLConfig:
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
-    eval_tasks: int = 8
+    eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (rl_collect.stratified_sample)
     eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()

@@ -10,12 +10,15 @@ The config (``conf/<name>.yaml``) is composed with Hydra, validated against
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Sequence
 
 if __package__ in (None, ""):  # run as a script (torchrun nemo_rcgrpo/train.py)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+log = logging.getLogger("nemo_rcgrpo.train")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
     from nemo_rcgrpo.utils.config import ConfigError
+    from nemo_rcgrpo.utils.logging import run_log
     from nemo_rcgrpo.utils.signals import StopRequested
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -34,14 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resolved is None:  # --help, or --cfg job (validated, printed, nothing run)
             return 0
         invocation, cfg = resolved
-        if cfg.is_rl:
-            from nemo_rcgrpo.algorithms.rcgrpo import run_rl
+        with run_log(cfg.run_dir):
+            try:
+                if cfg.is_rl:
+                    from nemo_rcgrpo.algorithms.rcgrpo import run_rl
 
-            result = run_rl(cfg, recipe=invocation.name)
-        else:
-            from nemo_rcgrpo.algorithms.sft import run_stage1
+                    result = run_rl(cfg, recipe=invocation.name)
+                else:
+                    from nemo_rcgrpo.algorithms.sft import run_stage1
 
-            result = run_stage1(cfg, recipe=invocation.name)
+                    result = run_stage1(cfg, recipe=invocation.name)
+            except Exception as e:  # into the run's log with its traceback; the console gets the line below
+                if Path(cfg.run_dir).is_dir():
+                    log.debug("the run stopped: %s", e, exc_info=e)
+                raise
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
             ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
-from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, collect_groups, shuffled_tasks
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, collect_groups, shuffled_tasks, stratified_sample
 from nemo_rcgrpo.algorithms.sft import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
@@ -108,8 +108,10 @@ class RLTrainer:
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
                                          max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
                                          name=cfg.env.name)
-        self.eval_ids = [t for t in rl_task_ids(cfg.data.dir, "test", required=False)
-                         if t in self.suite.tasks][: rl.eval_tasks]
+        # held-out tasks: a seeded sample stratified by category (the test split's order would favour its first one)
+        self.eval_ids = stratified_sample([t for t in rl_task_ids(cfg.data.dir, "test", required=False)
+                                           if t in self.suite.tasks],
+                                          lambda t: self.suite[t].category, rl.eval_tasks, cfg.seed)
         self.step, self.task_cursor = 0, 0
         # the env opens a training task with checked messages and tools, or the run stops here in one line
         self.engine.opening(self.suite[self.task_ids[0]], None)

@@ -25,6 +25,7 @@ from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.rl_tasks import find_pointers
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -38,9 +39,19 @@ from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
 
 
-def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
+def _needed(cfg: TrainConfig) -> Path | None:
+    """What the run reads: the stage-1 data file, or an RL stage's task pointers (``rl_<split>``; its stage-1
+    lines are only compared with, `data/consistency.py`); None when it is missing."""
+    if cfg.is_rl:
+        return find_pointers(cfg.data.dir, cfg.rl.split)
     path = Path(cfg.data.dir) / cfg.data_file
-    if not path.exists() and cfg.data.prepare_if_missing and dist.is_main:
+    return path if path.exists() else None
+
+
+def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
+    name = f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file
+    path = _needed(cfg) or Path(cfg.data.dir) / name
+    if _needed(cfg) is None and cfg.data.prepare_if_missing and dist.is_main:
         if Path(cfg.data.dir).exists():
             raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
                                     f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
@@ -51,6 +62,7 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
             cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
         subprocess.run(cmd, check=True)
     barrier(dist)
+    path = _needed(cfg) or path
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
     return path

@@ -9,17 +9,33 @@ and `examples/plugins/kv_store` has one outside the package.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
 
 
 class Task(Protocol):
-    id: str  # unique within its task source
-    category: str  # what the per-category metrics are keyed on
+    """One task of a suite: any object with these two attributes (a frozen dataclass is usual); what else it holds
+    (its question, its initial state, its gold answer) is the env's business, read in ``EnvOpener.open``."""
+
+    id: str  # unique within its task source: its key in Suite.tasks and in the data's rl_*.jsonl pointers
+    category: str  # what the per-category metrics are keyed on (eval_accuracy_<category>)
+
+
+class Suite(Protocol):
+    """What a task source returns, checked once when it is built, before anything trains (`envs/contract.py:
+    check_suite`). ``prepare-data``, ``rcgrpo eval policy=oracle`` and BFCL's env also need ``gold(task)`` (the
+    ground-truth replay) and ``split(seed, test_fraction)`` (train / held-out ids): subclass `envs/bfcl/suite.py:
+    BFCLSuite` for them, or bring your own data builder (`examples/plugins/kv_store/make_data.py`)."""
+
+    tasks: Mapping[str, Task]  # {task.id: task}; tools a task carries as dicts must be OpenAI function schemas
+
+    def __getitem__(self, task_id: str) -> Task: ...  # tasks[task_id]
 
 
 class StepResult(Protocol):
+    """What ``Env.step`` returns (any object with these attributes; a dataclass is usual)."""
+
     observations: Sequence[Observation]  # one per call of the step but ``done``, in order (ok False: an error)
     messages: list[Message]  # what the conversation gets next: tool results, then the next user turn if any
     tools_changed: bool  # True when ``Env.tools`` changed (a held-out function revealed): the engine re-reads it
@@ -50,4 +66,7 @@ class Env(Protocol):
 
 
 class EnvOpener(Protocol):
+    """What an ``env`` factory returns. ``open`` is called once per rollout (and once before training, on the first
+    training task, to check it): return a new Env each time, never one shared by two rollouts."""
+
     def open(self, task: Any) -> tuple[Env, list[Message]]: ...  # a fresh env reset on task; its opening messages

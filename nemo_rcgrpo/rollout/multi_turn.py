@@ -285,6 +285,7 @@ class RolloutEngine:
     def _fail(self, s: _Live, error: Exception) -> None:
         message = error_line(error)[:500]
         log.warning("rollout of %s (group %d) failed and ends with reward 0: %s", s.spec.task.id, s.spec.group, message)
+        log.debug("the traceback of rollout %s (group %d)'s error:", s.spec.task.id, s.spec.group, exc_info=error)
         s.traj.error = s.traj.error or message
         n = min(len(s.seq.ids), len(s.seq.mask), len(s.logprobs))  # the appends of a half-done round stay aligned
         del s.seq.ids[n:], s.seq.mask[n:], s.logprobs[n:]

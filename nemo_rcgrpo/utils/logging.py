@@ -1,12 +1,17 @@
 """Run metrics: ``metrics.jsonl`` always, TensorBoard and W&B (offline by default) when enabled.
 
-Only rank 0 writes. Every record has ``step``; values must be numbers. ``metrics.jsonl`` keeps the flat names;
+Only rank 0 writes them. Every record has ``step``; values must be numbers. ``metrics.jsonl`` keeps the flat names;
 TensorBoard and W&B get them in namespaces (`namespaced`): ``train/``, ``rollout/``, ``timing/``, ``eval/``.
+
+The run's log file (`run_log`): ``run_dir/run.log``, every log record of the package while the run lasts, with the
+full traceback of each rollout that failed (its dump and the console keep the one line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -106,3 +111,41 @@ def wandb_init_args(wandb_cfg: Any, run_dir: Path, config: dict[str, Any] | None
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+class _RunLogHandler(logging.FileHandler):
+    """``run_dir/run.log`` (rank r > 0: ``run.rank<r>.log``), made with its folder at the first record only, so a
+    run that stops at its config check leaves no folder behind."""
+
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+@contextlib.contextmanager
+def run_log(run_dir: str | Path):
+    """While a run lasts, the package's log records (``nemo_rcgrpo.*``, DEBUG and up: a failed rollout's full
+    traceback among them) are appended to the run's log file, each with its time; the console keeps the one-line
+    warnings it showed before (WARNING and up, as Python prints them when nothing is configured)."""
+    rank = int(os.environ.get("RANK", "0"))
+    handler = _RunLogHandler(Path(run_dir) / ("run.log" if rank == 0 else f"run.rank{rank}.log"), delay=True,
+                             encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package = logging.getLogger("nemo_rcgrpo")
+    console = None
+    if not logging.getLogger().handlers:  # nothing configured: Python's last resort printed the warnings
+        console = logging.StreamHandler()
+        console.setLevel(logging.WARNING)
+        package.addHandler(console)
+    level = package.level
+    package.setLevel(logging.DEBUG)
+    package.addHandler(handler)
+    try:
+        yield handler.baseFilename
+    finally:
+        package.removeHandler(handler)
+        handler.close()
+        if console is not None:
+            package.removeHandler(console)
+        package.setLevel(level)

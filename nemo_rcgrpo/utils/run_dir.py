@@ -41,7 +41,7 @@ RESUME_FREE = (
     "policy.megatron.tp", "policy.megatron.pp", "policy.megatron.recompute", "layout", "trainer.micro_batch_size",
 )
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval", "generator", "data_stats.json",
-               "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json")
+               "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json", "run.log")
 
 
 # settings added after runs were saved: a run saved without one resumes while it keeps the value that means what
@@ -133,6 +133,8 @@ def save_run_config(run_dir: str | Path, config: dict[str, Any], *, resume: bool
             path = run_dir / name
             if path.is_dir():
                 shutil.rmtree(path)
+            elif name == "run.log" and path.exists():  # emptied, not removed: this run may be appending to it
+                path.write_bytes(b"")
             elif path.exists():
                 path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -351,7 +351,8 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
             assert r["reward_details"] == {"paid": "always", "truncated": "more than 1 assistant messages"}
         capsys.readouterr()
         assert main(_args(data_dir, tmp_path / "b", *small, "env.name=step_raises_example")) == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
+        console = capsys.readouterr().err
+        err = console.strip().splitlines()[-1]
         assert err.startswith("error: rcgrpo step 1: all 2 rollouts failed, nothing to train on (first: task "), err
         assert "KeyError: 'function' (at " in err and "misbehaving_env_example.py:" in err and " in step)" in err
         assert err.endswith("every rollout's error is in rollouts/step_1.jsonl")
@@ -359,6 +360,13 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
         assert len(records) == 2 and all(r["error"].startswith("KeyError: 'function'") for r in records)
         assert all(r["reward"] == 0.0 and r["truncated"] == "rollout error" for r in records)
         assert not (tmp_path / "b" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "b")
+        # the run's log file has each rollout's full traceback, down to the plugin's raising line, and the stop
+        log = (tmp_path / "b" / "run.log").read_text()
+        raising = next(i for i, l in enumerate((REPO / "tests" / "data" / "plugins" / "misbehaving_env_example.py")
+                                               .read_text().splitlines(), 1) if 'raise KeyError("function")' in l)
+        assert log.count("Traceback (most recent call last):") == 3, log[-3000:]  # 2 rollouts, then the run's stop
+        assert log.count(f'misbehaving_env_example.py", line {raising}, in step') == 2 and "the run stopped: " in log
+        assert "Traceback" not in console  # the console: one line per rollout, one for the stop
     finally:
         for name in ("always_paid_example", "step_raises_example"):
             registry.table("env").pop(name, None)

@@ -22,3 +22,21 @@ def test_every_module_and_config_group_is_in_the_layout_page():
     groups = sorted(p for p in (ROOT / "conf").iterdir() if p.is_dir())
     assert {g.name for g in groups} >= {"model", "init", "algorithm", "hardware", "generation"}
     assert not [g.name for g in groups if f"conf/{g.name}/" not in text]
+
+
+def test_the_plugin_reference_page_is_generated_from_the_code():
+    """docs/reference.md is what `python -m nemo_rcgrpo.utils.reference` prints today: a Protocol, a field or a
+    kind changed without regenerating the page fails here (regenerate it with that command)."""
+    from nemo_rcgrpo.registry import KINDS
+    from nemo_rcgrpo.utils.reference import render
+
+    page = (ROOT / "docs" / "reference.md").read_text()
+    assert page == render(), "docs/reference.md is stale: python -m nemo_rcgrpo.utils.reference > docs/reference.md"
+    for name in ("Suite", "Task", "EnvOpener", "Env", "StepResult", "ToolCall", "ToolCallError", "Observation",
+                 "RewardInfo", "Generator", "SamplingParams", "Completion"):
+        assert f"### `{name}`" in page
+    assert all(f"| `{kind}` |" in page for kind in KINDS)
+    # the declarations are the code's: a field's line comment and a method signature come through
+    assert "    category: str  # what the per-category metrics are keyed on" in page
+    assert "    def step(self, calls: Sequence[ToolCall | ToolCallError]) -> StepResult: ..." in page
+    assert "](reference.md)" in (ROOT / "docs" / "extending.md").read_text()
