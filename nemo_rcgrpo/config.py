@@ -15,6 +15,7 @@ from typing import Any
 from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.data.tokenize import RENDERERS
+from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
 from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
@@ -44,6 +45,7 @@ class PolicySetup:
         _choice("chat.format", self.chat.format, names("chat_format"))
         _choice("chat.renderer", self.chat.renderer, RENDERERS)
         _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
+        _choice("chat.rejected_message", self.chat.rejected_message, REJECTED_MESSAGE)
         _choice("generation.backend", self.generation.backend, names("generator"))
         if self.generation.max_batch_size <= 0:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")

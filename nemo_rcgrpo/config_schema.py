@@ -23,6 +23,9 @@ class ChatConfig:
     renderer: str = "auto"  # auto | project | template
     tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
     max_length: int = 4096  # tokens; longer examples are dropped (counted in the log)
+    # a message the format's parser rejects whole: content (as served: no call runs, the turn ends) | error (every
+    # call attempt an error observation, the episode goes on: trains what serving will not do)
+    rejected_message: str = "content"
 
 
 @dataclass(frozen=True)

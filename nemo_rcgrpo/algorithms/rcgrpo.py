@@ -103,11 +103,11 @@ class RLTrainer:
                                     SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
                                                    temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
                                     max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
-                                    name=cfg.env.name)
+                                    name=cfg.env.name, rejected_message=cfg.chat.rejected_message)
         self.eval_engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
                                          SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
                                          max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
-                                         name=cfg.env.name)
+                                         name=cfg.env.name, rejected_message=cfg.chat.rejected_message)
         # held-out tasks: a seeded sample stratified by category (the test split's order would favour its first one)
         self.eval_ids = stratified_sample([t for t in rl_task_ids(cfg.data.dir, "test", required=False)
                                            if t in self.suite.tasks],
@@ -360,7 +360,7 @@ class RLTrainer:
         if cfg.trainer.export_hf and self.step == total:
             hf = self.policy.sync_hf_model()  # a collective with the megatron backend
             if main:
-                export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record)
+                export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=cfg.chat)
         return {"steps": self.step, **metrics}
 
     def _share(self, groups, stats):

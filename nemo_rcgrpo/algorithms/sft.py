@@ -192,6 +192,6 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     if t.export_hf and end_step == total_steps:
         hf = policy.sync_hf_model()  # a collective with the megatron backend
         if dist.is_main:
-            export_hf(hf, tokenizer, run_dir / "hf", record)
+            export_hf(hf, tokenizer, run_dir / "hf", record, chat=cfg.chat)
     barrier(dist)
     return {"steps": end_step, "total_steps": total_steps, "start_step": start_step, **last, **data_stats}

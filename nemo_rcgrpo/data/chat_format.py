@@ -269,7 +269,8 @@ register("chat_format", "hermes")(FormatSpec(
     parse=parse_hermes, vllm_tool_parser="hermes", tokenizer_template=True))
 register("chat_format", "llama3_json")(FormatSpec(
     _llama3_pieces, _llama3_generation_prompt,
-    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"),
+    # <|python_tag|>: vLLM's llama3_json tool parser refuses to start without it in the vocabulary
+    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
     ("<|eot_id|>", "<|eom_id|>"), "", parse=parse_llama3_json, vllm_tool_parser="llama3_json",
     one_call_per_message=True))
 

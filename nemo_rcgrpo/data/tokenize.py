@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from nemo_rcgrpo.data.chat_format import Piece, format_spec, formats, one_call_per_message
+from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS, Piece, format_spec, formats, one_call_per_message
 from nemo_rcgrpo.types import Message, valid_text
 
 RENDERERS = ("auto", "project", "template")
@@ -48,6 +48,14 @@ def ensure_format_tokens(tokenizer, fmt: str) -> list[str]:
     return missing
 
 
+def _shipped_template(template: str, fmt: str) -> bool:
+    """``template`` is one the project writes into its exports for ``fmt`` (`data/served_template.py`): its
+    rendering is the project's, byte for byte (tests/unit/test_served_template.py)."""
+    from nemo_rcgrpo.data.served_template import OFFICIAL, served_template
+
+    return fmt in OFFICIAL and template in {served_template(fmt, d) for d in TOOL_DESCRIPTIONS}
+
+
 class ChatRenderer:
     def __init__(self, tokenizer, fmt: str = "hermes", *, tool_description: str = "full",
                  renderer: str = "auto", reward_tokens: Sequence[str] = REWARD_TOKENS, literal_reward_tokens: bool = False):
@@ -60,8 +68,9 @@ class ChatRenderer:
         self.spec = format_spec(fmt)
         self.tool_description = tool_description
         template = getattr(tokenizer, "chat_template", None) or ""
-        if renderer == "auto":
-            renderer = "template" if ("tools" in template and self.spec.tokenizer_template) else "project"
+        if renderer == "auto":  # a template the project ships (its exports carry one) renders as the project does
+            renderer = "template" if ("tools" in template and self.spec.tokenizer_template
+                                      and not _shipped_template(template, fmt)) else "project"
         if renderer == "template" and "tools" not in template:
             raise ChatFormatError("chat.renderer=template needs a tokenizer chat template with tool support; use project")
         self.renderer = renderer

@@ -13,7 +13,9 @@ here) and is stricter where vLLM hands a client something other than the call th
   or ``parameters``.
 
 vLLM returns no call at all for a message one of whose calls it cannot parse; here such a message is rejected
-whole: every call in it becomes a ``ToolCallError`` (an error observation, never a partly executed message).
+whole (``ParsedMessage.rejected`` says why): every call in it becomes a ``ToolCallError``, never a partly executed
+message. What the rollout engine does with it is ``chat.rejected_message``'s (by default what a served model's
+client gets: the text as content, no call).
 A message without a call attempt (no ``<tool_call>``; no ``{`` in llama3_json) is plain content. Unknown tools
 are errors of their own call only (vLLM hands the call to the client, which refuses it). Duplicate keys and
 NaN / Infinity are rejected. `tests/unit/test_parser_agreement.py` checks the rules against vLLM's parser
@@ -31,12 +33,19 @@ from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
 MAX_CALLS = 128  # more calls than this in one message reject the message
+# what the rollout engine makes of a message rejected whole (chat.rejected_message):
+#   content: what a served model's client gets, the text as content and no call: the assistant's turn ends
+#            (the env's step gets no call) and the reward follows from what the env saw
+#   error:   every call attempt an error observation, and the episode goes on (the model may retry: training
+#            then teaches what serving will not do)
+REJECTED_MESSAGE = ("content", "error")
 
 
 @dataclass
 class ParsedMessage:
     content: str  # the text outside the calls
     calls: list[ToolCall | ToolCallError] = field(default_factory=list)
+    rejected: str | None = None  # why the whole message was rejected (vLLM's parser returns no call for it)
 
 
 class _Reject(ValueError):
@@ -96,7 +105,8 @@ def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> Parse
     raws = [a or b for a, b in _TOOL_CALL.findall(text)]
     content = _TOOL_CALL.sub("", text).strip()
     if len(raws) > MAX_CALLS:
-        return ParsedMessage(content, _rejected(raws, f"more than {MAX_CALLS} tool calls in one message"))
+        reason = f"more than {MAX_CALLS} tool calls in one message"
+        return ParsedMessage(content, _rejected(raws, reason), reason)
     calls = []
     for raw in raws:
         try:
@@ -108,7 +118,7 @@ def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> Parse
                 raise _Reject(f"tool call is not valid JSON: {e}") from None
             calls.append(_call(obj, ("arguments",), known_tools))
         except _Reject as e:
-            return ParsedMessage(content, _rejected(raws, str(e)))
+            return ParsedMessage(content, _rejected(raws, str(e)), str(e))
     return ParsedMessage(content, calls)
 
 
@@ -143,7 +153,7 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
                 raise _Reject(f"more than {MAX_CALLS} tool calls in one message")
             calls.append(_call(obj, ("arguments", "parameters"), known_tools))
         except _Reject as e:
-            return ParsedMessage(text.strip(), _rejected(raws, str(e)))
+            return ParsedMessage(text.strip(), _rejected(raws, str(e)), str(e))
     pieces.append(text[end:])
     content = "".join(pieces).replace("<|python_tag|>", "").strip(" \t\r\n;,")
     return ParsedMessage(content, calls)

@@ -30,6 +30,9 @@ class EndpointPolicyConfig:
 
     url: str = "http://127.0.0.1:8000/v1"  # base URL; /chat/completions is appended
     model: str | None = None  # the served model name (required)
+    # the served model's folder: its training record decides reward_token=auto and gives the reward goal, as for
+    # a checkpoint (null: endpoint.model when that is a folder, as `vllm serve PATH` names the model PATH)
+    model_path: str | None = None
     api_key_env: str | None = None  # name of the environment variable holding the key (never the key itself)
     timeout: float = 120.0  # seconds per request
     max_retries: int = 4  # connection errors, 408, 429 and 5xx are retried with exponential backoff
@@ -59,7 +62,7 @@ class EvalConfig:
     tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
-    reward_token: str = "auto"  # checkpoint policy: auto (high if trained with reward conditioning, else none) | high | low | none
+    reward_token: str = "auto"  # checkpoint and endpoint: auto (high if trained with reward conditioning, else none) | high | low | none
     samples: int = 1  # rollouts per task; > 1 needs temperature > 0 (pass@k and mean accuracy)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0

@@ -48,11 +48,44 @@ def _record(cfg: EvalConfig, task: BFCLTask, sample: int, seed: int, reward_toke
     }
 
 
-class MessagePolicy:
-    """oracle, null and endpoint: whole messages in and out, episodes run in a thread pool."""
+def conditioning(cfg: EvalConfig, model_path: Path | None, source: str, has_tokens: bool | None):
+    """(reward_token setting resolved: high | low | none, the RewardGoal) for the model at ``model_path``, as it was
+    trained: ``auto`` reads its training record, and the goal's template, position and separator are the record's
+    (the tokens are the run's ``reward_tokens``). ``has_tokens``: whether its vocabulary has the reward tokens (None:
+    unknown, an endpoint)."""
+    from nemo_rcgrpo.data.reward_goal import RewardGoal
+    from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record
 
-    def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict):
+    record = read_record(model_path) if model_path is not None else None
+    token = cfg.reward_token
+    if token == "auto":  # as the model was trained (its training record), as in-training evaluation does
+        token = auto_reward_token(record)
+        if record is None and (has_tokens or (has_tokens is None and model_path is not None)):
+            print(f"warning: {source} {'has reward tokens but ' if has_tokens else ''}no training record "
+                  f"({RECORD_FILE}); reward_token=auto evaluates it without a token: set reward_token=high for an "
+                  "RCTP-FT / RC-GRPO model", file=sys.stderr)
+    if token != "none" and has_tokens is False and cfg.model.reward_tokens == "special":
+        print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
+              f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
+    saved = (record or {}).get("reward_goal") or {}
+    fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
+    goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
+                      **{k: v for k, v in saved.items() if k in fields})
+    return token, goal
+
+
+TOKENS = {"high": True, "low": False, "none": None}
+
+
+class MessagePolicy:
+    """oracle, null and endpoint: whole messages in and out, episodes run in a thread pool. ``reward_token`` (True:
+    high, False: low, None: no goal) goes into the first user message as ``goal`` writes it, as the checkpoint
+    policy and training do."""
+
+    def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict,
+                 reward_token: bool | None = None, goal=None):
         self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
+        self.reward_token, self.goal = reward_token, goal
 
     def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
             only: set[str] | None = None) -> list[dict]:
@@ -65,13 +98,16 @@ class MessagePolicy:
             task = suite[task_id]
             env = env_cfg.make_env()
             opening = env.reset(task, gold=suite.gold(task))
+            if self.reward_token is not None:
+                opening = self.goal.apply(opening, self.reward_token)
             agent = self.make_agent()
             episode_seed = seed + index
             agent.start(task, self.cfg.mode, episode_seed)
             ep = play_episode(agent, env, opening, max_turns=self.cfg.max_turns)
             reward = env.reward()
             verdict = env.official_verdict()
-            rec = _record(self.cfg, task, sample, episode_seed, None, reward=reward.value,
+            token = None if self.reward_token is None else ("high" if self.reward_token else "low")
+            rec = _record(self.cfg, task, sample, episode_seed, token, reward=reward.value,
                           official_valid=None if verdict is None else verdict.valid,
                           official_error=None if verdict is None or verdict.valid else
                           f"{verdict.error_type}: {verdict.error_message}",
@@ -105,34 +141,18 @@ class CheckpointPolicy:
         import torch
 
         from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
-        from nemo_rcgrpo.data.reward_goal import RewardGoal
         from nemo_rcgrpo.generation import make_generator
         from nemo_rcgrpo.generation.base import SamplingParams
         from nemo_rcgrpo.models.hf import load_tokenizer
         from nemo_rcgrpo.envs.sources import make_opener
         from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
-        from nemo_rcgrpo.utils.provenance import RECORD_FILE, auto_reward_token, read_record
 
         self.cfg = cfg
         model_path, state, source = resolve_checkpoint(cfg.checkpoint.path, cfg.checkpoint.step)
         has_tokens = cfg.reward_tokens.high in load_tokenizer(model_path).get_vocab()
-        record = read_record(model_path)
-        token = cfg.reward_token
-        if token == "auto":  # as the model was trained (its training record), as in-training evaluation does
-            token = auto_reward_token(record)
-            if record is None and has_tokens:
-                print(f"warning: {source} has reward tokens but no training record ({RECORD_FILE}); reward_token=auto "
-                      "evaluates it without a token: set reward_token=high for an RCTP-FT / RC-GRPO model",
-                      file=sys.stderr)
-        if token != "none" and cfg.model.reward_tokens == "special" and not has_tokens:
-            print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
-                  f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
-        self.reward_token = {"high": True, "low": False, "none": None}[token]
-        # the reward goal the model was trained with (template, position, separator), from its training record
-        saved = (record or {}).get("reward_goal") or {}
-        fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
-        goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
-                          **{k: v for k, v in saved.items() if k in fields})
+        # the reward token and goal as the model was trained (template, position, separator: its training record)
+        token, goal = conditioning(cfg, model_path, source, has_tokens)
+        self.reward_token = TOKENS[token]
         setup = cfg.policy_setup(str(model_path))
         seed_everything(cfg.seed)
         self.tokenizer, model = load_tokenizer_and_model(setup)
@@ -151,7 +171,7 @@ class CheckpointPolicy:
             self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
-            reward_goal=goal, name=setup.env.name)
+            reward_goal=goal, name=setup.env.name, rejected_message=cfg.chat.rejected_message)
         self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}
@@ -234,8 +254,15 @@ def make_policy(cfg: EvalConfig, suite: BFCLSuite):
         from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
 
         EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+        folder = cfg.endpoint.model_path or cfg.endpoint.model
+        folder = Path(folder).expanduser() if folder and Path(folder).expanduser().is_dir() else None
+        if cfg.endpoint.model_path and folder is None:
+            raise FileNotFoundError(f"endpoint.model_path={cfg.endpoint.model_path}: no such folder")
+        # conditioned as the checkpoint policy is: the served model's training record, the goal in the first message
+        token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", None)
         return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
                                                         max_new_tokens=cfg.max_new_tokens),
                              cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
-                                                        "model": cfg.endpoint.model})
+                                                        "model": cfg.endpoint.model, "reward_token": token},
+                             reward_token=TOKENS[token], goal=goal)
     return CheckpointPolicy(cfg, suite)

@@ -178,7 +178,9 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     policy = make_policy(cfg, suite)
     token = getattr(policy, "description", {}).get("reward_token", cfg.reward_token)  # `auto` resolved
     print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {token})"
-                                           if cfg.policy == "checkpoint" else "")
+                                           if cfg.policy == "checkpoint" else
+                                           f" ({cfg.endpoint.model}, reward token {token})"
+                                           if cfg.policy == "endpoint" else "")
           + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of "
           + f"{sorted({suite[t].category for t in task_ids}, key=category_order)}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
@@ -236,7 +238,7 @@ def describe(result: dict[str, Any]) -> str:
     if p["policy"] == "checkpoint":
         return f"{p['source']} ({p['generator']}, token {p['reward_token']})"
     if p["policy"] == "endpoint":
-        return f"{p['model']} @ {p['url']}"
+        return f"{p['model']} @ {p['url']}" + (f" (token {p['reward_token']})" if "reward_token" in p else "")
     return p["policy"]
 
 

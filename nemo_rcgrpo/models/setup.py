@@ -53,14 +53,27 @@ def model_fingerprint(model: torch.nn.Module, path: str) -> str:
     return hashlib.sha256(json.dumps([type(model).__name__, shapes], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def export_hf(model: torch.nn.Module, tokenizer, target: Path, record: dict | None = None) -> Path:
+def export_hf(model: torch.nn.Module, tokenizer, target: Path, record: dict | None = None, chat=None) -> Path:
     """An HF folder (weights + tokenizer with the reward tokens + the training record), written beside and moved
-    into place."""
+    into place. With ``chat`` (the run's chat section) it is served as trained: the chat template of its format and
+    tool description, its bos / eos and the format's stop ids in generation_config.json
+    (`data/served_template.py`); the run's own tokenizer and model are left as they are."""
+    import copy
+
     from nemo_rcgrpo.utils.atomic import staged_folder
     from nemo_rcgrpo.utils.provenance import write_record
 
+    generation = copy.deepcopy(getattr(model, "generation_config", None))
+    if chat is not None:
+        from nemo_rcgrpo.data.served_template import OFFICIAL, prepare_export
+
+        if chat.format in OFFICIAL:  # a plugin format keeps its tokenizer's own template
+            tokenizer = copy.deepcopy(tokenizer)
+            prepare_export(tokenizer, generation, chat.format, chat.tool_description)
     with staged_folder(target) as tmp:
         model.save_pretrained(tmp)
+        if generation is not None:
+            generation.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if record is not None:
             write_record(tmp, record)

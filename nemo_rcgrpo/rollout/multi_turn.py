@@ -43,6 +43,7 @@ from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.registry import error_line
+from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Trajectory:
     truncated: str | None = None
     num_turns: int = 0  # assistant messages
     tool_errors: int = 0
+    rejected_messages: int = 0  # assistant messages the chat format's parser rejected whole (chat.rejected_message)
     calls: list[list[Any]] = field(default_factory=list)  # per assistant message: {"name", "arguments"} or {"error"}
     observations: list[list[str]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # decoded assistant messages
@@ -91,7 +93,8 @@ class Trajectory:
         return {"task_id": self.task_id, "category": self.category, "group": self.group,
                 "reward_token": self.reward_token, "turns": self.calls, "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
-                "tool_errors": self.tool_errors, "generated_tokens": self.generated_tokens,
+                "tool_errors": self.tool_errors, "rejected_messages": self.rejected_messages,
+                "generated_tokens": self.generated_tokens,
                 "error": self.error, "reward_details": self.reward_details, "messages": self.messages()}
 
     def messages(self) -> list[dict[str, Any]]:
@@ -143,7 +146,10 @@ def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
 class RolloutEngine:
     def __init__(self, generator: Generator, renderer: ChatRenderer, envs: EnvOpener, sampling: SamplingParams, *,
                  max_turns: int = 20, max_total_tokens: int = 4096, reward_goal: RewardGoal | None = None,
-                 tokenizer=None, name: str | None = None):
+                 tokenizer=None, name: str | None = None, rejected_message: str = "content"):
+        if rejected_message not in REJECTED_MESSAGE:
+            raise ValueError(f"rejected_message={rejected_message!r}: choose one of {list(REJECTED_MESSAGE)}")
+        self.rejected_message = rejected_message
         self.generator = generator
         self.name = name or type(envs).__name__  # the env as the user named it (env.name), for the error lines
         self.renderer = renderer
@@ -238,6 +244,10 @@ class RolloutEngine:
             parsed = type(parsed)(parsed.content, [ToolCallError(
                 raw=text[:200], message="llama3_json: one tool call per assistant message (the Llama 3.1 chat "
                 "template renders no more); call one tool, read its result, then call the next")])
+        if parsed.rejected is not None:
+            s.traj.rejected_messages += 1
+            if self.rejected_message == "content":  # as served: the whole text is content, no call runs
+                parsed = type(parsed)(text, [], parsed.rejected)
         s.traj.calls.append([_call_record(c) for c in parsed.calls])
         calls, finished = _until_done(parsed.calls, s.tools)
         result = check_step(self._owner(s, "step"), s.env.step(calls))

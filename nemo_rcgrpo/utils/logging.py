@@ -21,7 +21,7 @@ from typing import Any
 # rollout statistics (what the sampled trajectories were), by name or prefix; everything else not timing / eval
 # is an optimisation quantity (train/)
 _ROLLOUT = ("reward", "zero_variance_fraction", "success_", "entropy_reward_corr", "advantage_", "nonzero_advantage",
-            "response_tokens", "turns", "tool_error_rate", "truncated_share", "groups", "rollouts", "sampler_",
+            "response_tokens", "turns", "tool_error_rate", "rejected_message_rate", "truncated_share", "groups", "rollouts", "sampler_",
             "token_mult_prob_error", "dropped_zero_variance", "sampled_groups")
 
 

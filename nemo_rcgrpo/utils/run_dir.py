@@ -51,7 +51,9 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
                                               "model.name": (None, "llama8b", "qwen7b"),
                                               # registered parts chosen by name: the values that mean what ran before
                                               "env.reward": ("state_x_action",), "rl.group_filter": (None,),
-                                              "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,)}
+                                              "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,),
+                                              # runs before it answered a rejected message with error observations
+                                              "chat.rejected_message": ("error",)}
 
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""

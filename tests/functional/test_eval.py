@@ -57,6 +57,7 @@ class _Server:
         self.requests = 0
         self.fail_first = 0
         self.die_after = None  # answer 503 to every request after this many
+        self.first_users = []  # the first user message of every request
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -91,7 +92,8 @@ class _Server:
     def reply(self, body):
         assert body["model"] == "scripted" and body["tools"] and body["temperature"] == 0.0
         user = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        task = self.prompts[user]
+        self.first_users.append(user)
+        task = self.prompts.get(user) or next(t for p, t in self.prompts.items() if p in user)  # a goal added
         written = sum(m["role"] == "assistant" for m in body["messages"])
         b = self.behaviour
         if b == "oracle":
@@ -154,6 +156,36 @@ def test_endpoint_playing_the_ground_truth_scores_100_with_retries(tmp_path, ser
     r = _results(out)
     assert r["overall"] == 100.0 and r["tasks"] == 12 and r["policy"]["model"] == "scripted"
     assert s.requests > 12 + 3
+
+
+def test_the_endpoint_is_conditioned_as_the_checkpoint_is(tmp_path, server):
+    """reward_token applies to the endpoint as to a checkpoint: auto reads the served export's training record
+    (endpoint.model_path), and the goal goes into the first user message as training wrote it."""
+    from nemo_rcgrpo.data.reward_goal import RewardGoal
+    from nemo_rcgrpo.utils.provenance import training_record, write_record
+
+    export = tmp_path / "export"
+    record = training_record("rctp", "smollm2", "<|high_reward|>", "<|low_reward|>", conditioned=True)
+    write_record(export, {**record, "reward_goal": {"template": "Goal={token}", "position": "prefix",
+                                                    "separator": " "}})
+    goal = RewardGoal(template="Goal={token}", position="prefix", separator=" ")
+    for setting, token in (("auto", "high"), ("low", "low"), ("none", None)):
+        s = server("oracle")
+        rc, out = _eval(tmp_path, setting, *_endpoint_args(s.url, "limit=1", "categories=[base]",
+                                                           f"endpoint.model_path={export}", f"reward_token={setting}"))
+        assert rc == 0 and _results(out)["overall"] == 100.0
+        episodes = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
+        assert [e["reward_token"] for e in episodes] == [token]
+        prompt = episodes[0]["messages"][next(i for i, m in enumerate(episodes[0]["messages"]) if m["role"] == "user")]
+        if token is None:
+            assert all("Goal=" not in u for u in s.first_users) and "Goal=" not in prompt["content"]
+        else:
+            conditioned = goal.apply([{"role": "user", "content": "X"}], token == "high")[0]["content"]
+            assert conditioned.startswith(f"Goal=<|{token}_reward|> ")  # the record's template and position
+            assert all(u.startswith(f"Goal=<|{token}_reward|> ") for u in s.first_users) and s.first_users
+    # a model_path that is not a folder is one line, before any request
+    rc, _ = _eval(tmp_path, "missing", *_endpoint_args("http://127.0.0.1:9/v1", f"endpoint.model_path={tmp_path / 'x'}"))
+    assert rc == 2
 
 
 @pytest.mark.parametrize("behaviour, reason", [

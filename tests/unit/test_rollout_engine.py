@@ -96,14 +96,56 @@ def test_gold_rollouts_score_one_and_tokens_equal_the_rendered_conversation(suit
     assert t0.calls[0][0] == {"name": "cd", "arguments": {"folder": "document"}}
 
 
+def test_a_rejected_message_is_what_a_server_hands_its_client(suite, renderer):
+    """chat.rejected_message=content (the default): a message the parser rejects whole is, as vLLM's parser hands it
+    to a client, the whole text as content and no call: nothing runs, the turn ends (merged: the episode), the
+    reward is what the env saw. A good call before it still counts; with error observations it would not end."""
+    task = suite["multi_turn_base_0"]
+    script = _gold_script(renderer, task)
+    garbage = 'Sure. <tool_call>{"name": "cd", "arguments": {"folder": "document"}}</tool_call> <tool_call>{not json'
+    engine, _ = _engine(renderer, suite, {"x": {"marker": script["marker"], "turns": [garbage] * 50}}, max_turns=3)
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert traj.num_turns == 1 and traj.rejected_messages == 1 and traj.calls == [[]] and traj.truncated is None
+    assert traj.observations == [[]] and traj.tool_errors == 0 and traj.reward == 0.0
+    assert traj.messages()[0]["content"] == garbage and traj.record()["rejected_messages"] == 1
+    # the first gold step, then a rejected message: the env saw one step; per turn, only that turn ends
+    turns = [script["turns"][0], garbage, script["turns"][1]]
+    engine, _ = _engine(renderer, suite, {"x": {"marker": script["marker"], "turns": turns}}, max_turns=5)
+    traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
+    assert traj.num_turns == 2 and traj.calls[1] == [] and traj.calls[0][0]["name"] == "cd"
+    with pytest.raises(ValueError, match="rejected_message"):
+        _engine(renderer, suite, {}, rejected_message="retry")
+
+
+def test_the_rejected_message_rule_decides_what_is_rewarded(suite, renderer):
+    """Mixed rewards in both modes: of two rollouts of a task, one plays the ground truth and one writes a rejected
+    message first and then the ground truth. Served (content), the second ends at the rejected message and pays 0;
+    with error observations it recovers and pays 1, a success that a served model would never have had."""
+    task = suite["multi_turn_base_0"]
+    script = _gold_script(renderer, task)
+    other = suite["multi_turn_base_1"]
+    retry = _gold_script(renderer, other)
+    scripts = {"gold": script, "retry": {"marker": retry["marker"], "turns": ["<tool_call>{not json", *retry["turns"]]}}
+    rewards = {}
+    for mode in ("content", "error"):
+        engine, _ = _engine(renderer, suite, scripts, max_turns=20, rejected_message=mode)
+        trajs = engine.rollout([RolloutSpec(task, 0, None), RolloutSpec(other, 1, None)])
+        rewards[mode] = [t.reward for t in trajs]
+        assert [t.rejected_messages for t in trajs] == [0, 1]
+    assert rewards == {"content": [1.0, 0.0], "error": [1.0, 1.0]}
+
+
 def test_bad_output_becomes_error_observations_and_limits_end_rollouts(suite, renderer):
+    """chat.rejected_message=error: each call attempt of a rejected message is an error observation and the episode
+    goes on (what serving does not do: the opt-in of training on retries)."""
     task = suite["multi_turn_base_0"]
     marker = _gold_script(renderer, task)["marker"]
     garbage = "<tool_call>{not json</tool_call>"
-    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": [garbage] * 50}}, max_turns=3)
+    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": [garbage] * 50}}, max_turns=3,
+                        rejected_message="error")
     traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
     assert traj.num_turns == 3 and traj.tool_errors == 3 and traj.truncated.startswith("more than 3")
-    assert traj.reward == 0.0 and "not valid JSON" in traj.observations[0][0]
+    assert traj.reward == 0.0 and "not valid JSON" in traj.observations[0][0] and traj.rejected_messages == 3
     engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["<tool_call>\n{\"name\": \"ls\", \"arguments\": {}}\n</tool_call>"] * 50}},
                         max_total_tokens=700)
     traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
