@@ -351,7 +351,7 @@ from nemo_rcgrpo.data.chat_format import format_spec  # noqa: E402
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized  # noqa: E402
 
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-            "<|eot_id|>", "<|eom_id|>", "<|high_reward|>", "<|low_reward|>")
+            "<|eot_id|>", "<|eom_id|>", "<|high_reward|>", "<|low_reward|>", "<|python_tag|>")
 
 
 class CharTokenizer:

@@ -124,3 +124,23 @@ def test_a_plugin_format_keeps_its_tokenizers_template(tmp_path):
     export_hf(model, tok, tmp_path / "hf", None, chat=ChatConfig(format="a_plugin_format"))
     assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template == tok.chat_template
     assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "hf").lm_head.weight, model.lm_head.weight)
+
+
+def test_hermes_history_is_the_servers_retokenisation_across_mask_boundaries(suite):
+    """A server re-tokenises a whole conversation's text: for hermes the training ids of real BFCL conversations
+    (gold trajectories, reward goal applied) equal that, across the boundaries between trained and untrained runs
+    too (an assistant message, its <|im_end|>, the "\\n" and the next header). llama3_json does not hold this with
+    SmolLM2's tokenizer (the assistant header's "\\n\\n" is one token when generating, two before a call in history:
+    docs/vllm.md), so it is not asserted here."""
+    from nemo_rcgrpo.data.chat_format import render_text
+
+    for description in ("full", "compact"):
+        tok = load_tokenizer("smollm2")
+        tok.add_tokens(["<|high_reward|>", "<|low_reward|>"], special_tokens=True)
+        renderer = ChatRenderer(tok, "hermes", tool_description=description, renderer="project")
+        checked = 0
+        for task_id, mode, messages, tools in _conversations(suite, step=40):
+            text = render_text(messages, tools, "hermes", description)
+            assert renderer.render(messages, tools).ids == tok(text, add_special_tokens=False)["input_ids"], task_id
+            checked += 1
+        assert checked == 40

@@ -41,27 +41,33 @@ def _export(folder, fmt):
     return tok
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
-def test_the_export_serves_as_trained(tmp_path, fmt):
+def check_served(url: str, tok, fmt: str) -> None:
+    """A server at ``url`` (…/v1) of an export trained with ``fmt`` and compact tools renders a conversation into
+    the training ids and stops at the format's stop token."""
+    messages = RewardGoal().apply([{"role": "system", "content": "You list files."},
+                                   {"role": "user", "content": "What is in the docs folder?"}], True)
+    # the server's chat prompt is the project's rendering, id for id (reward token included)
+    served = _post(url.removesuffix("/v1"), "/tokenize", {"model": "policy", "messages": messages, "tools": TOOLS,
+                                                         "add_generation_prompt": True})["tokens"]
+    renderer = ChatRenderer(tok, fmt, tool_description="compact")
+    assert served == renderer.render(messages, TOOLS, add_generation_prompt=True).ids
+    stop = tok.convert_tokens_to_ids(format_spec(fmt).stop_tokens[0])
+    body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.0, "max_tokens": 8}
+    # forced to write the stop token first: the served message ends there (the export's stop ids)
+    reply = _post(url, "/chat/completions", {**body, "logit_bias": {str(stop): 100}})
+    assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 1
+
+
+def test_the_llama3_json_export_serves_as_trained(tmp_path):
+    """hermes: the same checks on the served checkpoint of tests/vllm/test_served_agreement.py."""
+    fmt = "llama3_json"
     tok = _export(tmp_path / "hf", fmt)
-    spec = format_spec(fmt)
     server = VLLMServer(ServerSpec(model=str(tmp_path / "hf"), port=0, dtype="float32", max_model_len=2048,
                                    kv_cache_gib=1, enforce_eager=True, worker_extension=False,
-                                   extra_args=("--enable-auto-tool-choice", "--tool-call-parser", spec.vllm_tool_parser)),
+                                   extra_args=("--enable-auto-tool-choice", "--tool-call-parser",
+                                               format_spec(fmt).vllm_tool_parser)),
                         tmp_path / "server.log")
     try:
-        url = server.start(timeout=600) + "/v1"
-        messages = RewardGoal().apply([{"role": "system", "content": "You list files."},
-                                       {"role": "user", "content": "What is in the docs folder?"}], True)
-        # the server's chat prompt is the project's rendering, id for id (reward token included)
-        served = _post(url.removesuffix("/v1"), "/tokenize", {"model": "policy", "messages": messages, "tools": TOOLS,
-                                                             "add_generation_prompt": True})["tokens"]
-        renderer = ChatRenderer(tok, fmt, tool_description="compact")
-        assert served == renderer.render(messages, TOOLS, add_generation_prompt=True).ids
-        stop = tok.convert_tokens_to_ids(spec.stop_tokens[0])
-        body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.0, "max_tokens": 8}
-        # forced to write the stop token first: the served message ends there (the export's stop ids)
-        reply = _post(url, "/chat/completions", {**body, "logit_bias": {str(stop): 100}})
-        assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 1
+        check_served(server.start(timeout=600) + "/v1", tok, fmt)  # llama3_json's parser needs <|python_tag|>
     finally:
         server.stop()
