@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -19,6 +20,16 @@ if __package__ in (None, ""):  # run as a script (torchrun nemo_rcgrpo/train.py)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("nemo_rcgrpo.train")
+
+
+def _wrote_config(run_dir: str, since: float) -> bool:
+    """This invocation saved its config into ``run_dir`` (its run was accepted there), on any rank's disk."""
+    from nemo_rcgrpo.utils.run_dir import config_files
+
+    try:
+        return any(p.stat().st_mtime >= since - 1.0 for p in config_files(Path(run_dir)))
+    except OSError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resolved is None:  # --help, or --cfg job (validated, printed, nothing run)
             return 0
         invocation, cfg = resolved
+        started = time.time()
         with run_log(cfg.run_dir):
             try:
                 if cfg.is_rl:
@@ -49,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                     result = run_stage1(cfg, recipe=invocation.name)
             except Exception as e:  # into the run's log with its traceback; the console gets the line below
-                if Path(cfg.run_dir).is_dir():
+                if _wrote_config(cfg.run_dir, started):  # never into a folder this invocation was refused
                     log.debug("the run stopped: %s", e, exc_info=e)
                 raise
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,

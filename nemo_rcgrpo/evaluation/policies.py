@@ -259,7 +259,15 @@ def make_policy(cfg: EvalConfig, suite: BFCLSuite):
         if cfg.endpoint.model_path and folder is None:
             raise FileNotFoundError(f"endpoint.model_path={cfg.endpoint.model_path}: no such folder")
         # conditioned as the checkpoint policy is: the served model's training record, the goal in the first message
-        token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", None)
+        has_tokens = None
+        if folder is not None:  # the served folder's vocabulary says whether it has the reward tokens
+            from nemo_rcgrpo.models.hf import load_tokenizer
+
+            try:
+                has_tokens = cfg.reward_tokens.high in load_tokenizer(str(folder)).get_vocab()
+            except Exception:  # noqa: BLE001 - a folder without a tokenizer: unknown
+                has_tokens = None
+        token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
         return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
                                                         max_new_tokens=cfg.max_new_tokens),
                              cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,

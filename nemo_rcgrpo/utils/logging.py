@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,32 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 class _RunLogHandler(logging.FileHandler):
     """``run_dir/run.log`` (rank r > 0: ``run.rank<r>.log``), made with its folder at the first record only, so a
-    run that stops at its config check leaves no folder behind."""
+    run that stops at its config check leaves no folder behind. A log file that cannot be written (a full disk,
+    no permission) is said once on stderr and given up: it never stops the run."""
 
     def _open(self):
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
+
+    def emit(self, record):
+        if self.level > logging.CRITICAL:
+            return
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            super().emit(record)
+        except OSError as e:
+            self.setLevel(logging.CRITICAL + 1)
+            print(f"warning: the run log {self.baseFilename} cannot be written ({e}); it is not written further",
+                  file=sys.stderr)
+
+
+class _ToRoot(logging.Handler):
+    """What propagation would do, for WARNING and up only: the run log's DEBUG records (tracebacks) stay in the
+    file whatever handlers the root logger has (a notebook's, pytest's); with none, Python's last resort prints."""
+
+    def emit(self, record):
+        logging.getLogger().handle(record)
 
 
 @contextlib.contextmanager
@@ -133,19 +155,17 @@ def run_log(run_dir: str | Path):
     handler.setLevel(logging.DEBUG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     package = logging.getLogger("nemo_rcgrpo")
-    console = None
-    if not logging.getLogger().handlers:  # nothing configured: Python's last resort printed the warnings
-        console = logging.StreamHandler()
-        console.setLevel(logging.WARNING)
-        package.addHandler(console)
-    level = package.level
+    console = _ToRoot(logging.WARNING)
+    level, propagate = package.level, package.propagate
     package.setLevel(logging.DEBUG)
+    package.propagate = False
     package.addHandler(handler)
+    package.addHandler(console)
     try:
         yield handler.baseFilename
     finally:
         package.removeHandler(handler)
+        package.removeHandler(console)
         handler.close()
-        if console is not None:
-            package.removeHandler(console)
         package.setLevel(level)
+        package.propagate = propagate

@@ -55,6 +55,20 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
                                               # runs before it answered a rejected message with error observations
                                               "chat.rejected_message": ("error",)}
 
+# settings only an RL stage reads: a stage-1 run saved without one resumes whatever its value now
+RL_ONLY = ("chat.rejected_message",)
+
+
+def _rl_stage(stage: Any) -> bool:
+    """Whether the saved run's ``stage`` runs the RL loop (unknown stages count as RL: the strict reading)."""
+    from nemo_rcgrpo.stages import stage_of
+
+    try:
+        return stage_of(str(stage)).loop == "rl"
+    except Exception:  # noqa: BLE001 - a stage no longer registered
+        return True
+
+
 def flat_config(value: Any, prefix: str = "") -> dict[str, Any]:
     """A nested config as {dotted key: leaf value} (an empty section is a leaf {})."""
     if isinstance(value, dict):
@@ -90,8 +104,12 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
             continue
         if key in NEWER_DEFAULTS and key not in a and b.get(key) in NEWER_DEFAULTS[key]:  # newer than that run
             continue
+        if key in RL_ONLY and key not in a and not _rl_stage(a.get("stage")):  # a setting stage 1 never reads
+            continue
         if a.get(key, "<unset>") != b.get(key, "<unset>"):
-            out.append(f"{key} is {a.get(key, '<unset>')!r} there and {b.get(key, '<unset>')!r} now")
+            ran = f" (that run ran as {key}={NEWER_DEFAULTS[key][0]})" if key in NEWER_DEFAULTS and key not in a and \
+                key in RL_ONLY else ""
+            out.append(f"{key} is {a.get(key, '<unset>')!r} there{ran} and {b.get(key, '<unset>')!r} now")
     return out
 
 
@@ -131,6 +149,8 @@ def save_run_config(run_dir: str | Path, config: dict[str, Any], *, resume: bool
     written atomically (``config.yaml`` first, then ``config.N.yaml`` with N one above the highest)."""
     run_dir = Path(run_dir)
     if overwrite and not resume and holds_run(run_dir):
+        for path in run_dir.glob("run.rank*.log"):  # the other ranks' logs of the old run
+            path.write_bytes(b"")
         for name in RUN_OUTPUTS:
             path = run_dir / name
             if path.is_dir():

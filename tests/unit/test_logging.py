@@ -29,3 +29,32 @@ def test_tensorboard_tags_are_namespaced_and_jsonl_stays_flat(tmp_path):
     assert events.Scalars("rollout/reward_mean")[0].value == 0.25 and events.Scalars("train/loss")[0].step == 1
     assert read_metrics(tmp_path) == [{"step": 1, "loss": 0.5, "reward_mean": 0.25, "step_seconds": 3.0,
                                        "eval_accuracy": 50.0}]
+
+
+def test_the_run_log_keeps_tracebacks_in_the_file_and_never_stops_a_run(tmp_path, caplog):
+    """run_log: the package's DEBUG records (a failed rollout's traceback) go to run_dir/run.log only, WARNING and up
+    also reach the root logger's handlers (here pytest's); an unwritable log is given up with one line."""
+    import logging
+
+    from nemo_rcgrpo.utils.logging import run_log
+
+    log = logging.getLogger("nemo_rcgrpo.rollout.multi_turn")
+    caplog.set_level(logging.DEBUG)
+    with run_log(tmp_path / "run") as path:
+        log.warning("rollout of t1 failed")
+        try:
+            raise KeyError("boom")
+        except KeyError as e:
+            log.debug("the traceback", exc_info=e)
+    text = (tmp_path / "run" / "run.log").read_text()
+    assert path.endswith("run.log") and "WARNING nemo_rcgrpo.rollout.multi_turn: rollout of t1 failed" in text
+    assert "Traceback (most recent call last):" in text and "KeyError: 'boom'" in text
+    assert [r.getMessage() for r in caplog.records] == ["rollout of t1 failed"]  # the DEBUG one stayed in the file
+    package = logging.getLogger("nemo_rcgrpo")
+    assert package.propagate and not package.handlers  # left as it was
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with run_log(blocker / "run") as path:  # its folder cannot be made: a file is in the way
+        log.warning("still logged")
+        log.warning("and again")
+    assert [r.getMessage() for r in caplog.records][-2:] == ["still logged", "and again"]

@@ -125,3 +125,22 @@ def test_a_run_saved_before_the_registered_choices_existed_resumes_with_their_de
         assert differences(saved, changed, ()) == [f"{key} is '<unset>' there and {value!r} now"]
     unclipped = {**now, "rl": {**now["rl"], "loss": {**now["rl"]["loss"], "policy_loss": "unclipped"}}}
     assert differences(saved, unclipped, ()) == ["rl.loss.policy_loss is '<unset>' there and 'unclipped' now"]
+
+
+def test_a_run_saved_before_chat_rejected_message_resumes_as_it_ran():
+    """RL runs saved before the setting answered rejected messages with error observations: they resume with
+    chat.rejected_message=error and are refused (the line says how it ran) with the new default; a stage-1 run,
+    which never reads it, resumes with either."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose
+
+    for recipe, rl in (("smoke_rl", True), ("smoke_stage1", False)):
+        now = TrainConfig.from_dict(compose(recipe, [])).to_dict()
+        saved = {**now, "chat": {k: v for k, v in now["chat"].items() if k != "rejected_message"}}
+        as_ran = {**now, "chat": {**now["chat"], "rejected_message": "error"}}
+        assert now["chat"]["rejected_message"] == "content" and differences(saved, as_ran, ()) == []
+        if rl:
+            assert differences(saved, now, ()) == ["chat.rejected_message is '<unset>' there (that run ran as "
+                                                   "chat.rejected_message=error) and 'content' now"]
+        else:
+            assert differences(saved, now, ()) == []

@@ -22,7 +22,8 @@ from pathlib import Path
 
 META = "megatron.json"
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json")
+                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json",
+                 "nemo_rcgrpo_training.json")  # the training record: how evaluation conditions the model
 
 
 def _load_hf_tensors(folder: Path) -> dict:
