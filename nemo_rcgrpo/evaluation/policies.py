@@ -193,6 +193,7 @@ class CheckpointPolicy:
                               tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
                               observations=t.observations,
                               extra={"text": t.texts, "reward_details": t.reward_details, "messages": t.messages(),
+                                     "rejected_messages": t.rejected_messages,
                                      "prompt": self.engine.tokenizer.decode(t.token_ids[: t.prompt_length])})
                 on_done(rec)
                 out.append(rec)
