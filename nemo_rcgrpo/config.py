@@ -20,7 +20,7 @@ from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
-from nemo_rcgrpo.registry import load_plugins, names
+from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.stages import Stage, group_filter, stage_of
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, did_you_mean, plain, reject_unknown
 
@@ -42,11 +42,11 @@ class PolicySetup:
     def validate(self) -> None:
         _choice("model.dtype", self.model.dtype, ("float32", "bfloat16"))
         _choice("model.reward_tokens", self.model.reward_tokens, ("special", "literal", "none"))
-        _choice("chat.format", self.chat.format, names("chat_format"))
+        lookup("chat_format", self.chat.format, setting="chat.format")
         _choice("chat.renderer", self.chat.renderer, RENDERERS)
         _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
         _choice("chat.rejected_message", self.chat.rejected_message, REJECTED_MESSAGE)
-        _choice("generation.backend", self.generation.backend, names("generator"))
+        lookup("generator", self.generation.backend, setting="generation.backend")
         if self.generation.max_batch_size <= 0:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
         if self.generation.backend == "vllm":
@@ -72,7 +72,7 @@ class PolicySetup:
 
     def _validate_scripted(self) -> None:
         s = self.generation.scripted
-        _choice("generation.scripted.failure_type", s.failure_type, names("failure"))
+        lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
         for key in ("success_rate", "success_high", "success_low"):
             value = getattr(s, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
@@ -138,19 +138,19 @@ class TrainConfig:
     def _validate_stage1_dataset(self) -> None:
         name = self.stage1_dataset_name
         label = "data.dataset" if self.data.dataset else f"stage {self.stage}'s dataset"
-        _choice(label, name, names("stage1_dataset"))
+        lookup("stage1_dataset", name, setting=label)
         if stage1_dataset(name).conditioned != self.stage_spec.conditioned:
             want = "a reward-conditioned" if self.stage_spec.conditioned else "an unconditioned"
             raise ConfigError(f"{label}={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
                               f"data.dataset={'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage")
 
     def validate(self) -> None:
-        _choice("stage", self.stage, names("stage"))
+        lookup("stage", self.stage, setting="stage")
         self.policy_setup().validate()  # model, chat, reward tokens, generation
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
-        _choice("policy.backend", self.policy.backend, names("policy_backend"))
+        lookup("policy_backend", self.policy.backend, setting="policy.backend")
         self._validate_megatron()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
@@ -212,19 +212,19 @@ class TrainConfig:
 
     def _validate_rl(self) -> None:
         rl = self.rl  # the choices of pluggable parts are the registry's names (a plugin's included)
-        _choice("rl.reward_token_sampling", rl.reward_token_sampling, names("reward_token_sampler"))
-        _choice("rl.advantage.baseline", rl.advantage.baseline, names("advantage_baseline"))
-        _choice("rl.advantage.scale", rl.advantage.scale, names("advantage_scale"))
-        _choice("rl.loss.policy_loss", rl.loss.policy_loss, names("policy_loss"))
-        _choice("rl.loss.kl_estimator", rl.loss.kl_estimator, names("kl_estimator"))
-        _choice("rl.loss.aggregation", rl.loss.aggregation, names("loss_aggregation"))
+        lookup("reward_token_sampler", rl.reward_token_sampling, setting="rl.reward_token_sampling")
+        lookup("advantage_baseline", rl.advantage.baseline, setting="rl.advantage.baseline")
+        lookup("advantage_scale", rl.advantage.scale, setting="rl.advantage.scale")
+        lookup("policy_loss", rl.loss.policy_loss, setting="rl.loss.policy_loss")
+        lookup("kl_estimator", rl.loss.kl_estimator, setting="rl.loss.kl_estimator")
+        lookup("loss_aggregation", rl.loss.aggregation, setting="rl.loss.aggregation")
         _choice("rl.split", rl.split, ("train", "test"))
         _choice("rl.eval_token", rl.eval_token, ("high", "low", "none"))
         _choice("rl.dapo_shortfall", rl.dapo_shortfall, ("train", "error"))
         if rl.group_filter is not None:
-            _choice("rl.group_filter", rl.group_filter, names("group_filter"))
+            lookup("group_filter", rl.group_filter, setting="rl.group_filter")
         if isinstance(self.stage_spec.keep_group, str):
-            _choice(f"stage {self.stage}'s keep_group", self.stage_spec.keep_group, names("group_filter"))
+            lookup("group_filter", self.stage_spec.keep_group, setting=f"stage {self.stage}'s keep_group")
         _choice("rl.old_logprobs", rl.old_logprobs, ("auto", "recompute"))
         for key, value in {"rl.ppo_epochs": rl.ppo_epochs, "rl.mini_batches": rl.mini_batches}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

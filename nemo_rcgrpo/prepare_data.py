@@ -41,8 +41,8 @@ from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
 from nemo_rcgrpo.envs.sources import make_suite
-from nemo_rcgrpo.utils.config import ConfigError, check_fields, did_you_mean, plain, reject_unknown
-from nemo_rcgrpo.registry import load_plugins, names
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
+from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
 
@@ -100,9 +100,7 @@ class PrepareDataConfig:
         return config
 
     def validate(self) -> None:
-        if self.task_source not in names("task_source"):
-            raise ConfigError(f"task_source={self.task_source!r}: registered: {list(names('task_source'))}"
-                              f"{did_you_mean(self.task_source, names('task_source'))}")
+        lookup("task_source", self.task_source, setting="task_source")
         if self.mode not in EPISODE_MODES:
             raise ConfigError(f"mode={self.mode!r}: choose one of {list(EPISODE_MODES)}")
         bad = [c for c in self.categories if c not in CATEGORIES]
@@ -112,10 +110,8 @@ class PrepareDataConfig:
             raise ConfigError(f"calls_per_message={self.calls_per_message!r}: choose 'turn' or 'one'")
         if not 0.0 < self.test_fraction < 1.0:
             raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
-        unknown = set(self.failures.types) - set(names("failure"))
-        if unknown:
-            raise ConfigError(f"failures.types: unknown {sorted(unknown)}; registered: {list(names('failure'))}"
-                              f"{did_you_mean(sorted(unknown)[0], names('failure'))}")
+        for name in self.failures.types:
+            lookup("failure", name, setting="failures.types")
         if not 0.0 <= self.failures.rollout_fraction <= 1.0:
             raise ConfigError(f"failures.rollout_fraction={self.failures.rollout_fraction}: must be in [0, 1]")
         if self.failures.rollout_fraction > 0 and not self.failures.rollout_files:

@@ -27,8 +27,10 @@ from typing import Any, Callable, Sequence
 from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
-    "stage": ("stage", "Stage(loop 'stage1' | 'rl', conditioned, data_file and dataset (stage 1), keep_group: a "
+    "stage": ("stage", "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
                        "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
+    "loop": ("a Stage's loop", "fn(train config, recipe name) -> result dict: the loop that trains a stage ('stage1': "
+                               "algorithms/sft.py, 'rl': algorithms/rcgrpo.py)"),
     "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
                                                           "nemo_rcgrpo.data.stage1_datasets"),
     "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),
@@ -55,9 +57,13 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                              "the paper's R_state and R_action, nemo_rcgrpo.envs.bfcl.reward)"),
     "env": ("env.name", "factory(env config, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
                         "nemo_rcgrpo.envs.interfaces"),
+    "eval_policy": ("policy (rcgrpo eval)", "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
+                                            "seed, on_done, only) -> episode records; .description): "
+                                            "nemo_rcgrpo.evaluation.policies"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
-_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages",
+_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "loop": "nemo_rcgrpo.stages",
+             "eval_policy": "nemo_rcgrpo.evaluation.policies",
              "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
              "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
@@ -112,13 +118,16 @@ def names(kind: str) -> tuple[str, ...]:
     return tuple(table(kind))
 
 
-def lookup(kind: str, name: str, of: type | None = None) -> Any:
-    """The ``name`` of ``kind``; with ``of``, an entry that is not an instance of it is refused (kinds whose
-    entries are objects of one class: Stage, FormatSpec, Stage1Dataset). ValueErrors name the registered ones."""
+def lookup(kind: str, name: str, of: type | None = None, setting: str | None = None) -> Any:
+    """The ``name`` of ``kind``, the one way every part chosen by name is found; with ``of``, an entry that is not an
+    instance of it is refused (kinds whose entries are objects of one class: Stage, FormatSpec, Stage1Dataset).
+    An unknown name is a ConfigError (a ValueError) in one format: the setting, the registered names, the closest
+    one, and that a plugin's names need its module in ``plugins``. ``setting``: the setting that named it, where
+    the kind's own (``KINDS``) is not the one (config validation, a stage's keep_group, prepare-data's)."""
     entries = table(kind)
     if name not in entries:
-        raise ValueError(f"{KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
-                         f"{did_you_mean(name, list(entries))}")
+        raise ConfigError(f"{setting or KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
+                          f"{did_you_mean(name, list(entries))} (a plugin's {kind} needs plugins=[its module])")
     entry = entries[name]
     if of is not None and not isinstance(entry, of):
         raise ValueError(f"{kind} {name!r} is registered as a {type(entry).__name__}, not a {of.__name__}")

@@ -52,14 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.time()
         with run_log(cfg.run_dir):
             try:
-                if cfg.is_rl:
-                    from nemo_rcgrpo.algorithms.rcgrpo import run_rl
+                from nemo_rcgrpo.registry import lookup
 
-                    result = run_rl(cfg, recipe=invocation.name)
-                else:
-                    from nemo_rcgrpo.algorithms.sft import run_stage1
-
-                    result = run_stage1(cfg, recipe=invocation.name)
+                result = lookup("loop", cfg.stage_spec.loop)(cfg, recipe=invocation.name)  # the stage's loop
             except Exception as e:  # into the run's log with its traceback; the console gets the line below
                 if _wrote_config(cfg.run_dir, started):  # never into a folder this invocation was refused
                     log.debug("the run stopped: %s", e, exc_info=e)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_rcgrpo.registry import _TABLES, register
+from nemo_rcgrpo.registry import register
 
 
 @register("kl_estimator", "k1")
@@ -34,5 +34,3 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)  # exp overflow guard
     return (torch.exp(d) - d - 1.0).clamp(max=K3_MAX)
 
-
-KL_ESTIMATORS = _TABLES["kl_estimator"]  # the registry's table: k1, k2, k3 and any a plugin adds

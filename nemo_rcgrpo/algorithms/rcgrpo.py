@@ -56,7 +56,7 @@ from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
-from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
 
@@ -68,8 +68,6 @@ SUMMED_METRICS = ("loss_local", "pg_loss_sum", "kl_sum", "clipped_tokens", "rati
 
 class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
-        if dist.world_size > 1 and cfg.policy.backend != "megatron":
-            raise ValueError("the torch RL loop runs in one process; for several processes use policy.backend=megatron")
         self.cfg, self.dist, self.recipe = cfg, dist, recipe
         self.run_dir = Path(cfg.run_dir)
         seed_everything(cfg.seed)
@@ -85,6 +83,9 @@ class RLTrainer:
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
+        if dist.world_size > 1 and not self.policy.distributed_rl:
+            raise ValueError(f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
+                             "processes use policy.backend=megatron")
         self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = self.policy.data_parallel()
         check_task_source(cfg.data.dir, cfg.env.task_source)
@@ -96,6 +97,9 @@ class RLTrainer:
                              f"{cfg.env.task_source} (categories {list(cfg.env.categories)})")
         rl = cfg.rl
         self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
+        # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
+        shares = self.generator is not None and self.generator.shares_policy_weights
+        self.shares_weights = bool(all_reduce_sum(float(shares), dist))
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
         self.record["reward_goal"] = dataclasses.asdict(goal)
@@ -149,7 +153,7 @@ class RLTrainer:
         batches = micro_batches(trajs, adv.reshape(-1), self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
         # and the entropies come from that pass too (torch backend): no separate old-logprob pass
-        fused = self.updates == 1 and rl.old_logprobs == "auto" and self.cfg.policy.backend == "torch"
+        fused = self.updates == 1 and rl.old_logprobs == "auto" and self.policy.fuses_old_logprobs
         entropy = self._score(batches, old_logprobs=not fused)  # [N * G] entropy sums (zeros when fused)
         logprob_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -159,10 +163,7 @@ class RLTrainer:
         entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        # the in-process generator shares the torch policy's weights; megatron's are copied into rank 0's HF model
-        sync_generator(self.policy, self.generator, self.cfg.generation.backend, self.step + 1)
-        if self.generator is not None:
-            self.generator.version = self.step + 1
+        sync_generator(self.policy, self.generator, self.shares_weights, self.step + 1)
         sync_seconds = time.perf_counter() - t0
         num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
         metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
@@ -307,8 +308,8 @@ class RLTrainer:
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.resume()
-        if cfg.generation.backend != "hf":  # the server starts on (or an attached one receives) the current weights
-            sync_generator(self.policy, self.generator, cfg.generation.backend, self.step)
+        # a server starts on (an attached one receives) the current weights; a generator sharing them is told the version
+        sync_generator(self.policy, self.generator, self.shares_weights, self.step)
         main = self.dist.is_main
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logger = MetricsLogger(self.run_dir, rank=self.dist.rank, tensorboard=cfg.logging.tensorboard,

@@ -16,10 +16,9 @@ import math
 import random
 from typing import Callable
 
-from nemo_rcgrpo.registry import _TABLES, register
+from nemo_rcgrpo.registry import register
 
 RewardTokenSampler = Callable[[int, int, float, random.Random], list[list[bool]]]
-REWARD_TOKEN_SAMPLERS: dict[str, RewardTokenSampler] = _TABLES["reward_token_sampler"]  # the registry's table
 
 
 def register_sampler(name: str):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.registry import lookup
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.stages import has_variance
 from nemo_rcgrpo.utils.banner import say
@@ -85,7 +85,8 @@ def rollout_specs(cfg: TrainConfig, suite: Any, task_ids: Sequence[str], first_g
     """G rollouts per task, in group order; a conditioned stage's each get a token from rl.reward_token_sampling."""
     rl = cfg.rl
     if cfg.stage_spec.conditioned:
-        tokens = REWARD_TOKEN_SAMPLERS[rl.reward_token_sampling](len(task_ids), rl.group_size, rl.p_high, rng)
+        sampler = lookup("reward_token_sampler", rl.reward_token_sampling)
+        tokens = sampler(len(task_ids), rl.group_size, rl.p_high, rng)
     else:
         tokens = [[None] * rl.group_size for _ in task_ids]
     return [RolloutSpec(suite[t], first_group + g, tok) for g, t in enumerate(task_ids) for tok in tokens[g]]

@@ -99,7 +99,7 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     if stage1[: len(prompt)] == prompt:
         return record["task_id"]
     system = next((m.get("content") for m in record["messages"] if m.get("role") == "system"), None)
-    if getattr(env_config, "name", "bfcl") != "bfcl":  # another registered env: its own settings decide the prompt
+    if env_config.name != "bfcl":  # another registered env: its own settings decide the prompt
         setting = f"the opening messages and tools of env {env_config.name} against the data's"
     elif system is not None and system != env_config.make_env().system_prompt:
         setting = "env.system_prompt"

@@ -20,11 +20,10 @@ from typing import Any, Callable, Iterable, Mapping
 from nemo_rcgrpo.data.trajectories import Plan, PlayedTrajectory, play, replay_messages
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, ToolDoc
-from nemo_rcgrpo.registry import _TABLES, register
+from nemo_rcgrpo.registry import lookup, names, register
 from nemo_rcgrpo.types import ToolCall
 
 Perturbation = Callable[[BFCLTask, Plan, random.Random], "tuple[Plan, str] | None"]
-FAILURE_OPERATORS: dict[str, Perturbation] = _TABLES["failure"]  # the registry's table
 
 
 def register_failure(name: str) -> Callable[[Perturbation], Perturbation]:
@@ -151,7 +150,7 @@ class Failure:
     source: str  # perturbation | rollout
 
 
-SHIPPED_FAILURES = tuple(FAILURE_OPERATORS)  # the types above, in order (fallbacks)
+SHIPPED_FAILURES = names("failure")  # the types above, in order (fallbacks; a plugin registers later)
 
 
 def make_failure(
@@ -166,7 +165,7 @@ def make_failure(
     the same seed gives the same data whatever is installed)."""
     order = [preferred] + [name for name in SHIPPED_FAILURES if name != preferred]
     for name in order:
-        operator = FAILURE_OPERATORS[name]
+        operator = lookup("failure", name)
         for _ in range(max_tries):
             perturbed = operator(task, plan, rng)
             if perturbed is None:
@@ -180,9 +179,8 @@ def make_failure(
 
 def assign_types(n: int, weights: Mapping[str, float], rng: random.Random) -> list[str]:
     """``n`` failure types in proportion to ``weights`` (largest remainder), shuffled."""
-    unknown = set(weights) - set(FAILURE_OPERATORS)
-    if unknown:
-        raise ValueError(f"unknown failure types {sorted(unknown)}; known: {sorted(FAILURE_OPERATORS)}")
+    for name in weights:  # an unknown type: the one-line error of every registered kind
+        lookup("failure", name)
     total = sum(weights.values())
     if total <= 0 or any(w < 0 for w in weights.values()):
         raise ValueError(f"failure type weights must be >= 0 with a positive sum, got {dict(weights)}")

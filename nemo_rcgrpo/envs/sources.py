@@ -24,9 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from nemo_rcgrpo.registry import error_line, names, plugin_frame, register, table
+from nemo_rcgrpo.registry import error_line, lookup, plugin_frame, register
 from nemo_rcgrpo.envs.contract import PluginContractError, check_suite, where
-from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 
 @register("task_source", "bfcl")
@@ -59,31 +58,24 @@ def _shipped(fn) -> bool:
 def make_opener(config, suite):
     """What the rollout engine opens its environments with: the ``env.name`` entry, given the env settings and the
     suite of ``env.task_source``."""
-    envs = table("env")
-    if config.name not in envs:
-        raise ConfigError(f"env.name={config.name!r}: registered: {list(names('env'))}"
-                          f"{did_you_mean(config.name, list(envs))} (a plugin's env needs plugins=[its module])")
+    factory = lookup("env", config.name, setting="env.name")
     try:
-        return envs[config.name](config, suite)
+        return factory(config, suite)
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
-        if _shipped(envs[config.name]) or plugin_frame(e) is None:  # this package's own errors: as they are
+        if _shipped(factory) or plugin_frame(e) is None:  # this package's own errors: as they are
             raise
-        raise PluginContractError(f"env {config.name}: its factory {where(envs[config.name])} failed: "
-                                  f"{error_line(e)}") from e
+        raise PluginContractError(f"env {config.name}: its factory {where(factory)} failed: {error_line(e)}") from e
 
 
 def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):
     """The suite of the task source ``name`` holding the tasks of ``categories``; ``data_dir``: another copy of
     the bfcl-eval data (prepare-data's ``bfcl_data_dir``), passed only when given, so a plugin's source may take
     ``categories`` alone."""
-    sources = table("task_source")
-    if name not in sources:
-        raise ConfigError(f"task_source={name!r}: registered: {list(names('task_source'))}"
-                          f"{did_you_mean(name, list(sources))} (a plugin's source needs plugins=[its module])")
+    source = lookup("task_source", name, setting="task_source")
     try:
-        suite = sources[name](categories) if data_dir is None else sources[name](categories, data_dir=Path(data_dir))
+        suite = source(categories) if data_dir is None else source(categories, data_dir=Path(data_dir))
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
-        if _shipped(sources[name]) or plugin_frame(e) is None:  # BFCL's data missing, ...: as it is
+        if _shipped(source) or plugin_frame(e) is None:  # BFCL's data missing, ...: as it is
             raise
-        raise PluginContractError(f"task source {name}: {where(sources[name])} failed: {error_line(e)}") from e
+        raise PluginContractError(f"task source {name}: {where(source)} failed: {error_line(e)}") from e
     return check_suite(name, suite)  # its tasks' ids and categories, once, before anything trains on them

@@ -12,7 +12,6 @@ from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
-POLICIES = ("oracle", "null", "checkpoint", "endpoint")
 PROTOCOLS = ("paper", "bfcl")
 
 
@@ -44,7 +43,7 @@ class EndpointPolicyConfig:
 
 @dataclass
 class EvalConfig:
-    policy: str = "oracle"  # oracle | null | checkpoint | endpoint
+    policy: str = "oracle"  # oracle | null | checkpoint | endpoint | a plugin's (kind eval_policy)
     protocol: str = "paper"  # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
     out_dir: str | None = None
     overwrite: bool = False
@@ -100,16 +99,17 @@ class EvalConfig:
         return "merged" if self.protocol == "paper" else "per_turn"
 
     def validate(self) -> None:
-        _choice("policy", self.policy, POLICIES)
+        from nemo_rcgrpo.registry import lookup
+
+        lookup("eval_policy", self.policy, setting="policy")
         _choice("protocol", self.protocol, PROTOCOLS)
         _choice("reward_token", self.reward_token, ("auto", "high", "low", "none"))
         if not self.out_dir:
             raise ConfigError("out_dir is required: rcgrpo eval policy=... protocol=... out_dir=PATH")
-        from nemo_rcgrpo.registry import names
 
-        _choice("task_source", self.task_source, names("task_source"))
-        _choice("env", self.env, names("env"))
-        _choice("reward", self.reward, names("reward"))
+        lookup("task_source", self.task_source, setting="task_source")
+        lookup("env", self.env, setting="env")
+        lookup("reward", self.reward, setting="reward")
         unknown = sorted(set(self.categories) - set(CATEGORIES))
         if unknown or not self.categories:
             raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")

@@ -14,6 +14,7 @@ from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
+from nemo_rcgrpo.registry import lookup, register
 
 
 def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
@@ -165,7 +166,7 @@ class CheckpointPolicy:
         if torch.cuda.is_available():
             model = model.cuda()
         self.generator = make_generator(setup, model, self.tokenizer)
-        if cfg.generation.backend != "hf":  # a started server serves these weights; an attached one receives them
+        if not self.generator.shares_policy_weights:  # a started server serves these weights; an attached one receives them
             self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
             self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
@@ -246,32 +247,51 @@ def resolve_checkpoint(path: str, step: int | None = None):
     return resolve_model_path(path), None, path
 
 
-def make_policy(cfg: EvalConfig, suite: BFCLSuite):
-    if cfg.policy == "oracle":
-        return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
-    if cfg.policy == "null":
-        return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
-    if cfg.policy == "endpoint":
-        from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
+@register("eval_policy", "oracle")
+def oracle_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+    """The gold calls (the reward's and the checker's ceiling)."""
+    return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
 
-        EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
-        folder = cfg.endpoint.model_path or cfg.endpoint.model
-        folder = Path(folder).expanduser() if folder and Path(folder).expanduser().is_dir() else None
-        if cfg.endpoint.model_path and folder is None:
-            raise FileNotFoundError(f"endpoint.model_path={cfg.endpoint.model_path}: no such folder")
-        # conditioned as the checkpoint policy is: the served model's training record, the goal in the first message
-        has_tokens = None
-        if folder is not None:  # the served folder's vocabulary says whether it has the reward tokens
-            from nemo_rcgrpo.models.hf import load_tokenizer
 
-            try:
-                has_tokens = cfg.reward_tokens.high in load_tokenizer(str(folder)).get_vocab()
-            except Exception:  # noqa: BLE001 - a folder without a tokenizer: unknown
-                has_tokens = None
-        token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
-        return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
-                                                        max_new_tokens=cfg.max_new_tokens),
-                             cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
-                                                        "model": cfg.endpoint.model, "reward_token": token},
-                             reward_token=TOKENS[token], goal=goal)
+@register("eval_policy", "null")
+def null_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+    """No call at all (the floor)."""
+    return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
+
+
+@register("eval_policy", "endpoint")
+def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+    """Any OpenAI-compatible chat server with tool calling, conditioned as the served model was trained."""
+    from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
+
+    EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens)
+    folder = cfg.endpoint.model_path or cfg.endpoint.model
+    folder = Path(folder).expanduser() if folder and Path(folder).expanduser().is_dir() else None
+    if cfg.endpoint.model_path and folder is None:
+        raise FileNotFoundError(f"endpoint.model_path={cfg.endpoint.model_path}: no such folder")
+    # conditioned as the checkpoint policy is: the served model's training record, the goal in the first message
+    has_tokens = None
+    if folder is not None:  # the served folder's vocabulary says whether it has the reward tokens
+        from nemo_rcgrpo.models.hf import load_tokenizer
+
+        try:
+            has_tokens = cfg.reward_tokens.high in load_tokenizer(str(folder)).get_vocab()
+        except Exception:  # noqa: BLE001 - a folder without a tokenizer: unknown
+            has_tokens = None
+    token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
+    return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
+                                                    max_new_tokens=cfg.max_new_tokens),
+                         cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
+                                                    "model": cfg.endpoint.model, "reward_token": token},
+                         reward_token=TOKENS[token], goal=goal)
+
+
+@register("eval_policy", "checkpoint")
+def checkpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> CheckpointPolicy:
+    """A trained model (an HF folder, a model name or a run dir) through ``generation.backend``, token in / out."""
     return CheckpointPolicy(cfg, suite)
+
+
+def make_policy(cfg: EvalConfig, suite: BFCLSuite):
+    """The ``policy`` entry (kind ``eval_policy``: oracle, null, endpoint, checkpoint or a plugin's)."""
+    return lookup("eval_policy", cfg.policy)(cfg, suite)

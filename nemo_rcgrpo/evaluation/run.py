@@ -176,11 +176,10 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         traj_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     random.seed(cfg.seed)
     policy = make_policy(cfg, suite)
-    token = getattr(policy, "description", {}).get("reward_token", cfg.reward_token)  # `auto` resolved
-    print(f"eval    policy {cfg.policy}" + (f" ({cfg.checkpoint.path}, reward token {token})"
-                                           if cfg.policy == "checkpoint" else
-                                           f" ({cfg.endpoint.model}, reward token {token})"
-                                           if cfg.policy == "endpoint" else "")
+    described = policy.description  # what the policy says of itself: the model, the reward token (`auto` resolved)
+    model = described.get("source") or described.get("model")
+    print(f"eval    policy {cfg.policy}" + (f" ({model}, reward token {described['reward_token']})"
+                                           if "reward_token" in described else "")
           + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of "
           + f"{sorted({suite[t].category for t in task_ids}, key=category_order)}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")

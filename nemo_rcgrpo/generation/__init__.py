@@ -7,9 +7,9 @@ in `rcgrpo eval`; ``model`` the HF policy module the generator may share or copy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from nemo_rcgrpo.registry import _TABLES, register
+from nemo_rcgrpo.registry import lookup, register
 
 if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and needs none of the config
     from nemo_rcgrpo.config import PolicySetup
@@ -17,8 +17,12 @@ if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and 
 
 @register("generator", "hf")
 def _hf(cfg: PolicySetup, model: Any, tokenizer: Any):
+    import torch
+
     from nemo_rcgrpo.generation.hf_local import HFGenerator
 
+    if torch.cuda.is_available():  # it decodes on this rank's GPU (megatron keeps rank 0's HF copy on the CPU)
+        model.to(torch.device("cuda", torch.cuda.current_device()))
     return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size,
                        share_prefixes=cfg.generation.share_prefixes)
 
@@ -37,9 +41,6 @@ def _scripted(cfg: PolicySetup, model: Any, tokenizer: Any):
     return make_scripted_generator(cfg, model, tokenizer)
 
 
-# name -> factory(policy setup, policy model, tokenizer) -> Generator: the registry's table
-GENERATORS: dict[str, Callable[[Any, Any, Any], Any]] = _TABLES["generator"]
-
 
 def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
     from nemo_rcgrpo.config import PolicySetup
@@ -48,7 +49,7 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
         raise TypeError(f"make_generator takes a PolicySetup, not {type(setup).__name__}")
     from nemo_rcgrpo.generation.base import Generator
 
-    generator = GENERATORS[setup.generation.backend](setup, model, tokenizer)
+    generator = lookup("generator", setup.generation.backend)(setup, model, tokenizer)
     if not isinstance(generator, Generator):  # the loops call these without probing for them
         missing = [m for m in ("generate", "update_weights", "close", "version") if not hasattr(generator, m)]
         raise TypeError(f"generation.backend={setup.generation.backend}: the factory returned a "

@@ -41,9 +41,12 @@ class Generator(Protocol):
     """What the rollout engine and the loops call (kind ``generator``: a registered factory returns one).
 
     version: the policy version (optimizer steps) whose weights it samples from; 0 before the first update.
+    shares_policy_weights: it samples from the policy's own HF module (the in-process generator): a weight update
+    hands it no tensor, only the version (`models/factory.py: sync_generator`); otherwise it is sent the weights.
     """
 
     version: int
+    shares_policy_weights: bool
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """prompts: B lists of token ids -> B completions (token ids ending with a stop id unless the length limit
@@ -56,4 +59,21 @@ class Generator(Protocol):
 
     def close(self) -> None:
         """Release what it holds (a started server, a process group); idempotent."""
+        ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """How a served generator's weights are replaced (vLLM's ``FolderSync``: a folder every worker reloads;
+    ``CollectiveSync``: broadcast buckets into the workers' in-place reload). It owns the version: the generator's
+    ``version`` is its sync's, set only once a push has finished."""
+
+    version: int
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
+        """Serve these weights (HF-named full tensors, a ``WeightStream`` or a folder) as ``version``."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (a process group); idempotent."""
         ...

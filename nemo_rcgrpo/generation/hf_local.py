@@ -97,6 +97,8 @@ def _roomy_cache(config, room: int) -> DynamicCache:
 
 
 class HFGenerator:
+    shares_policy_weights = True  # its model is the policy's module (megatron: rank 0's HF copy, kept current)
+
     def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64,
                  share_prefixes: bool = True):
         self.model = model

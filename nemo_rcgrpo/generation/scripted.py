@@ -57,6 +57,8 @@ class _Script:
 
 
 class ScriptedGenerator:
+    shares_policy_weights = False  # weights are streamed to it (consumed and ignored), as to a server
+
     def __init__(self, renderer: ChatRenderer, suite: BFCLSuite, *, mode: str = "merged", success_rate: float = 0.5,
                  success_high: float = 1.0, success_low: float = 0.0, high_token: str = "<|high_reward|>",
                  low_token: str = "<|low_reward|>", failure_type: str = "wrong_param", seed: int = 0):

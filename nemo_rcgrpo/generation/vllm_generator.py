@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import torch
 
-from nemo_rcgrpo.generation.base import Completion, SamplingParams
+from nemo_rcgrpo.generation.base import Completion, SamplingParams, WeightSync
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
 from nemo_rcgrpo.generation.vllm_server import DTYPES, ServerSpec, VLLMServer, managed_server_devices, visible_gpus
 from nemo_rcgrpo.generation.vllm_sync import (FolderSync, _atomic_write, _manifest, _save, _stream_with_lm_head,
                                               _with_lm_head)
 
-if TYPE_CHECKING:
-    from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
-
 
 class VLLMGenerator:
-    """The ``Generator`` over a vLLM server (managed or attached); started on first use."""
+    """The ``Generator`` over a vLLM server (managed or attached); started on first use. Its ``version`` is its
+    weight sync's (`generation.base.WeightSync`)."""
+
+    shares_policy_weights = False  # the server holds its own copy: weights are sent (folder or collective)
 
     def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
                  reward_tokens: tuple[str, ...] = (), model_path: str | None = None, generation_gpus: int = 0):
@@ -31,11 +31,16 @@ class VLLMGenerator:
         self.generation_gpus = generation_gpus  # layout.generation_gpus: a managed server's GPUs when devices is unset
         self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
         self.dtype = dtype if vcfg.dtype == "auto" else vcfg.dtype
-        self.version = 0
         self.server: VLLMServer | None = None
         self.client: VLLMClient | None = None
-        self.sync: FolderSync | CollectiveSync | None = None
+        self.sync: WeightSync | None = None
+        self._version = 0  # before a server is attached, and after close
         self._tied: bool | None = None
+
+    @property
+    def version(self) -> int:
+        """The policy version whose weights the server holds."""
+        return self.sync.version if self.sync is not None else self._version
 
     @property
     def weight_sync(self) -> str:
@@ -69,7 +74,7 @@ class VLLMGenerator:
             raise GeneratorUnavailable(f"vLLM server {url} (generation.vllm.url) is not answering /health; "
                                        f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null")
         self._check_reward_tokens(client)
-        folders = FolderSync(client, self.weight_dir, v.request_timeout)
+        folders = FolderSync(client, self.weight_dir, v.request_timeout, version=version)
         if folder is not None:
             folders.manifest, folders.serving = _manifest(folder), folder
             folders.keep_only(folder)  # folders of an earlier server (a resumed run) are stale
@@ -82,7 +87,6 @@ class VLLMGenerator:
                                        default_dtype=DTYPES[self.dtype])
         self.client = client
         client.set_weight_version(version)
-        self.version = version
 
     def _write_initial(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
         """The served folder: config, tokenizer, weights. Tied embeddings are served untied (lm_head written as
@@ -146,12 +150,12 @@ class VLLMGenerator:
                 return
             weights = _stream_with_lm_head(weights, self.tied)
         self.start()
-        self.sync.push(weights, version)
+        self.sync.push(weights, version)  # the sync's version is this one once it has finished
         self.client.set_weight_version(version)
-        self.version = version
 
     def close(self) -> None:
-        if self.sync is not None and hasattr(self.sync, "close"):
+        if self.sync is not None:
+            self._version = self.sync.version
             self.sync.close()
         if self.server is not None:
             self.server.stop()

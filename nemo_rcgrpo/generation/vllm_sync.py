@@ -55,12 +55,14 @@ def _atomic_write(folder: Path, write) -> Path:
 
 
 class FolderSync:
-    """Weights through the filesystem: checked, written to ``weight_dir/v<version>``, reloaded by every worker."""
+    """Weights through the filesystem: checked, written to ``weight_dir/v<version>``, reloaded by every worker (a
+    `generation.base.WeightSync`)."""
 
-    def __init__(self, client: VLLMClient, weight_dir: Path, rpc_timeout: float):
+    def __init__(self, client: VLLMClient, weight_dir: Path, rpc_timeout: float, version: int = 0):
         self.client, self.weight_dir, self.rpc_timeout = client, Path(weight_dir), rpc_timeout
         self.manifest: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
         self.serving: Path | None = None  # the folder the server holds now (rollback target)
+        self.version = version  # of the weights the server holds (set once a reload has finished)
 
     def check(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The tensors to write, in the served names, copied to host memory as they arrive (a GPU policy's stream
@@ -110,8 +112,11 @@ class FolderSync:
                 self._roll_back(previous, version, e)
         finally:
             self.client.resume()
-        self.serving = folder
+        self.serving, self.version = folder, version
         self.keep_only(folder)
+
+    def close(self) -> None:
+        """Nothing held between pushes."""
 
     def keep_only(self, folder: Path) -> None:
         """Delete every weight folder but ``folder`` (the one being served)."""

@@ -56,7 +56,7 @@ def nccl_mismatch(ours: str | None, theirs: list) -> str | None:
 
 
 class CollectiveSync:
-    """Trainer side of the collective weight transfer (the module docstring)."""
+    """Trainer side of the collective weight transfer (the module docstring; a `generation.base.WeightSync`)."""
 
     def __init__(self, client: VLLMClient, master: str | None, timeout: float, fallback, backend: str | None = None,
                  default_dtype: torch.dtype = torch.float32, bucket_bytes: int = BUCKET_BYTES, verify: bool = False):
@@ -74,6 +74,7 @@ class CollectiveSync:
         self.disabled: str | None = None  # why every sync goes through folders instead (said once)
         self.group = self.store = None
         self.stats: dict[str, float] = {"syncs": 0, "broadcasts": 0, "bytes": 0, "fallbacks": 0}
+        self.version = fallback.version  # of the weights the workers hold (set once a push has finished)
 
     # ------------------------------------------------------------------ group
     def _rpc(self, method: str, kwargs: dict[str, Any], box: dict) -> None:
@@ -115,6 +116,10 @@ class CollectiveSync:
     def push(self, weights: Iterable[tuple[str, torch.Tensor]] | WeightStream | Path, version: int) -> None:
         """``weights``: a ``WeightStream`` (read bucket by bucket as it is produced; read a second time only if
         the transfer fails and is redone through a folder), a folder, or tensors already held."""
+        self._push(weights, version)
+        self.version = version
+
+    def _push(self, weights: Iterable[tuple[str, torch.Tensor]] | WeightStream | Path, version: int) -> None:
         if isinstance(weights, (str, Path)):  # a folder: the folder path loads it
             self.fallback.push(weights, version)
             return

@@ -34,17 +34,22 @@ def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -
     return lookup("policy_backend", cfg.policy.backend)(cfg, model, dist, total_steps)
 
 
-def sync_generator(policy, generator, backend: str, version: int) -> None:
-    """Push the policy's weights to the generator (a collective with the megatron backend: every rank calls it).
+def sync_generator(policy: Policy, generator, shares_weights: bool, version: int) -> None:
+    """The generator samples from the policy's current weights as ``version`` from now on (a collective with the
+    megatron backend: every rank calls it; the generator is None on ranks without one).
 
-    backend 'hf' with the torch policy shares the weights (nothing to do); with megatron, rank 0's HF copy
-    receives ``export_weights()``. Other backends get a ``WeightStream`` on rank 0: the tensors are produced
-    while the generator reads them (bucket by bucket, on the policy's device), and a generator that reads them
-    again (a failed transfer redone through a folder) gets a fresh export, the other ranks taking part in each
-    pass. Whatever the generator does, the export is finished before this returns, so no rank is left waiting.
+    ``shares_weights``: the generator's ``shares_policy_weights``, the same on every rank (the loop asks rank 0's
+    once). Such a generator reads ``policy.module``: ``sync_hf_model`` makes that current (nothing moves with the
+    torch backend; megatron copies its shards into rank 0's HF model) and the generator is handed no tensor, only
+    the version. Any other gets a ``WeightStream`` on rank 0: the tensors are produced while the generator reads
+    them (bucket by bucket, on the policy's device), and a generator that reads them again (a failed transfer redone
+    through a folder) gets a fresh export, the other ranks taking part in each pass. Whatever the generator does,
+    the export is finished before this returns, so no rank is left waiting.
     """
-    if backend == "hf":
-        policy.sync_hf_model()  # torch: the generator's model is the policy's (nothing moves)
+    if shares_weights:
+        policy.sync_hf_model()
+        if generator is not None:
+            generator.update_weights((), version)  # its module is current: nothing to load
         return
     collective = policy.export_is_collective
     meta = policy.export_meta()  # a collective on its first call with megatron
@@ -71,7 +76,7 @@ def _next_pass(policy, again: bool | None) -> bool:
     """Rank 0 tells every rank whether another export pass follows (``again``); the others learn it."""
     import torch.distributed as tdist
 
-    flag = torch.tensor([int(bool(again))], device=getattr(policy, "device", None) or "cpu")
+    flag = torch.tensor([int(bool(again))], device=policy.device)
     tdist.broadcast(flag, src=0)
     return bool(flag.item())
 

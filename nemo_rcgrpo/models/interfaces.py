@@ -1,9 +1,9 @@
 """The seam between the training loops and a policy backend, as a Protocol (shapes in the docstrings).
 
 Stage 1 (`algorithms/sft.py`) and stage 2 (`algorithms/rcgrpo.py`) drive a policy only through these methods,
-by way of `models/factory.py` (and ``module``, the HF model an in-process generator shares). Two choices
-of stage 2 still name a backend: more than one process only with ``megatron``, the fused old-logprob pass only
-with ``torch``. Backends are registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
+by way of `models/factory.py`. What a loop needs to know of a backend it asks the backend (its declared
+capabilities: ``module``, ``device``, ``fuses_old_logprobs``, ``distributed_rl``), never its name. Backends are
+registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
 ``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a dict of [B, T] CPU tensors:
 ``input_ids``, ``attention_mask``, ``loss_mask`` (1 on the trained tokens), plus what the loss reads
 (``advantages`` [B], ``ref_logprobs`` [B, T], ...); a backend moves it to its device.
@@ -26,6 +26,13 @@ WeightMeta = list[tuple[str, tuple[int, ...], torch.dtype]]  # (HF name, shape, 
 
 @runtime_checkable
 class Policy(Protocol):
+    # the HF model an in-process generator samples from (current after sync_hf_model); None on ranks without one
+    module: torch.nn.Module | None
+    device: torch.device  # where this rank computes (collectives of its own, e.g. the weight export's, use it)
+    # with one update per batch the training forward pass gives the old logprobs (the detached current ones) and
+    # the entropies: stage 2 runs no separate old-logprob pass
+    fuses_old_logprobs: bool
+    distributed_rl: bool  # stage 2 may run in several processes (torchrun)
     # every rank takes part in export_weights / export_meta / state_dict (Megatron at world size > 1)
     export_is_collective: bool
     # checkpoints hold a backend folder written by save_sharded from every rank (Megatron's dist_checkpointing)

@@ -161,10 +161,12 @@ class TorchPolicy:
 
     export_is_collective = False
     sharded_checkpoints = False
+    fuses_old_logprobs = True  # `train_step(with_entropy=True)` returns the training pass's entropies
+    distributed_rl = False  # the stage-2 loop runs it in one process (several: the megatron backend)
 
     def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, dist: DistInfo, total_steps: int,
                  gradient_checkpointing: bool = False):
-        self.dist = dist
+        self.dist, self.device = dist, dist.device
         self.model = model.to(dist.device)
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

@@ -31,7 +31,7 @@ from env_replay import cpu_name, emit  # noqa: E402
 
 import nemo_rcgrpo.evaluation.run as eval_run  # noqa: E402
 from nemo_rcgrpo.evaluation.run import main as eval_main  # noqa: E402
-from nemo_rcgrpo.generation import GENERATORS  # noqa: E402
+from nemo_rcgrpo.registry import names  # noqa: E402
 
 START, END = "<!-- bench:eval_throughput:start -->", "<!-- bench:eval_throughput:end -->"
 
@@ -110,8 +110,8 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["hf", "vllm"])
     parser.add_argument("--override", nargs="*", default=[], help="extra eval overrides (key=value)")
     args = parser.parse_args()
-    backends = [b for b in args.backends if b in GENERATORS]
-    skipped = [b for b in args.backends if b not in GENERATORS]
+    backends = [b for b in args.backends if b in names("generator")]
+    skipped = [b for b in args.backends if b not in names("generator")]
     root = Path(tempfile.mkdtemp(prefix="rcgrpo-bench-eval-"))
     try:
         results = {b: run(b, args, root) for b in backends}

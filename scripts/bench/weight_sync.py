@@ -247,7 +247,7 @@ def worker(out: Path, tp: int, pp: int, bucket_bytes: int) -> None:
                 else:
                     consumer.update_weights(list(weights), 1)
             else:
-                sync_generator(policy, consumer, "vllm", 1)
+                sync_generator(policy, consumer, False, 1)
         seconds = time.perf_counter() - t0
         counter.on = False
         mine = {**counter.result(), "seconds": seconds, "rss_peak": rss.peak - rss.base}

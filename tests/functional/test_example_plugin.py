@@ -91,8 +91,8 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     # a wrong env name is one line naming the registered ones, the plugin's included
     proc = _rcgrpo("train", *common, "env.name=kv_stor")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == ("error: env.name='kv_stor': choose one of ['bfcl', 'kv_store']; "
-                                                    "did you mean 'kv_store'?")
+    assert proc.stderr.strip().splitlines()[-1] == ("error: env.name='kv_stor': no env of that name; registered: ['bfcl', 'kv_store']; "
+                                                    "did you mean 'kv_store'? (a plugin's env needs plugins=[its module])")
     # `rcgrpo eval` on the plugin's env (its held-out tasks): the exported model's greedy episodes are those of
     # the run's own in-training evaluation at its last step
     _eval_as_in_training(data, tmp_path / "rl", tmp_path / "eval")

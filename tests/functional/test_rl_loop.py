@@ -212,6 +212,34 @@ def test_the_old_logprob_pass_changes_nothing_but_time(data_dir, tmp_path, unint
     assert a["sampler_logprob_abs_diff"] > 1.0
 
 
+def test_the_loop_asks_the_policy_whether_it_fuses_the_old_logprob_pass(data_dir, tmp_path, uninterrupted):
+    """A backend that declares no fused pass (``fuses_old_logprobs = False``, as megatron's) gets a separate no-grad
+    pass for old logprobs and entropies: the loop asks the policy, not the backend's name; the step is the same."""
+    from nemo_rcgrpo import registry
+    from nemo_rcgrpo.models.torch_policy import TorchPolicy
+
+    passes = []
+
+    class Unfused(TorchPolicy):
+        fuses_old_logprobs = False
+
+        def logprobs(self, batch, with_entropy=False):
+            passes.append(with_entropy)
+            return super().logprobs(batch, with_entropy)
+
+    shipped = registry.lookup("policy_backend", "torch")
+    # under the name "torch" itself: a loop that went by the name would fuse the pass and never call logprobs
+    registry.register("policy_backend", "torch", replace=True)(
+        lambda cfg, model, dist, total: Unfused(model, cfg.trainer, dist, total))
+    try:
+        assert main(_args(data_dir, tmp_path / "u", "trainer.max_steps=1", "policy.backend=torch")) == 0
+    finally:
+        registry.register("policy_backend", "torch", replace=True)(shipped)
+    assert passes and all(passes)  # one pass per micro-batch, with the entropies
+    a, b = read_metrics(uninterrupted)[0], read_metrics(tmp_path / "u")[0]
+    assert b["loss"] == pytest.approx(a["loss"], abs=1e-7) and b["entropy"] == pytest.approx(a["entropy"], rel=1e-6)
+
+
 def test_epochs_and_mini_batches(data_dir, tmp_path):
     """rl.ppo_epochs=2 x rl.mini_batches=2: four optimizer steps per RL step, the LR schedule counts all four."""
     assert main(_args(data_dir, tmp_path / "p", "trainer.max_steps=1", "rl.ppo_epochs=2", "rl.mini_batches=2")) == 0

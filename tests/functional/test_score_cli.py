@@ -135,5 +135,6 @@ def test_score_takes_the_tasks_of_another_task_source(tmp_path, capsys, one_fold
                                                                       ("one_0", "base", 0.0)]
     capsys.readouterr()
     assert main(["score", "--ground-truth", "--task-source", "nope", "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: task_source='nope': registered: ['bfcl', 'bfcl_micro', "
-                                               "'one_folder'] (a plugin's source needs plugins=[its module])")
+    assert capsys.readouterr().err.strip() == ("error: task_source='nope': no task_source of that name; registered: "
+                                               "['bfcl', 'bfcl_micro', 'one_folder'] (a plugin's task_source needs "
+                                               "plugins=[its module])")

@@ -65,7 +65,7 @@ def _counted_sync(policy, dist):
         setattr(tdist, n, counting(n, saved[n]))
     recorder = Recorder() if dist.rank == 0 else None
     try:
-        factory.sync_generator(policy, recorder, "vllm", 1)
+        factory.sync_generator(policy, recorder, False, 1)
     finally:
         for n in names:
             setattr(tdist, n, saved[n])

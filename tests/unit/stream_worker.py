@@ -63,7 +63,7 @@ def main() -> None:
         generator = Generator(behaviour) if rank == 0 else None
         error = None
         try:
-            sync_generator(policy, generator, "vllm", 1)
+            sync_generator(policy, generator, False, 1)
         except RuntimeError as e:
             error = str(e)
         passes = [None, None]

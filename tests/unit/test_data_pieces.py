@@ -30,7 +30,7 @@ def test_assign_types_largest_remainder():
     # 10/3 = 3.33 each: one type gets the leftover (ties broken by name: premature_termination)
     assert Counter(types) == {"premature_termination": 4, "wrong_param": 3, "wrong_tool": 3}
     assert Counter(assign_types(4, {"wrong_tool": 3, "wrong_param": 1}, random.Random(0))) == {"wrong_tool": 3, "wrong_param": 1}
-    with pytest.raises(ValueError, match="unknown failure types"):
+    with pytest.raises(ValueError, match=r"failures.types \(prepare-data\), generation.scripted.failure_type='typo': no failure of that name"):
         assign_types(3, {"typo": 1}, random.Random(0))
 
 

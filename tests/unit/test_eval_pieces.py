@@ -76,7 +76,7 @@ def test_config_from_hydra_and_validation(tmp_path):
     bad = {
         "out_dir is required": [],
         "temperature > 0": ["samples=4", f"out_dir={tmp_path}"],
-        "choose one of": ["policy=random", f"out_dir={tmp_path}"],
+        "policy='random': no eval_policy of that name": ["policy=random", f"out_dir={tmp_path}"],
         "checkpoint.path": ["policy=checkpoint", f"out_dir={tmp_path}"],
         "endpoint.model": ["policy=endpoint", f"out_dir={tmp_path}"],
         "categories": ["categories=[base,simple]", f"out_dir={tmp_path}"],

@@ -86,7 +86,7 @@ def test_the_reward_is_the_real_state_and_action_check(suite):
 def test_task_source_is_a_registered_choice(tmp_path):
     assert {"bfcl", "bfcl_micro"} <= set(names("task_source"))
     assert BFCLEnvConfig(task_source="bfcl_micro").task_source == "bfcl_micro"
-    with pytest.raises(ConfigError, match=r"env.task_source='nope': choose one of \['bfcl', 'bfcl_micro'"):
+    with pytest.raises(ConfigError, match=r"env.task_source='nope': no task_source of that name; registered: \['bfcl', 'bfcl_micro'"):
         BFCLEnvConfig(task_source="nope")
     (tmp_path / "config.yaml").write_text("task_source: bfcl_micro\n")
     check_task_source(tmp_path, "bfcl_micro")
@@ -131,7 +131,7 @@ def test_prepare_data_from_the_micro_source(tmp_path):
                            "task_source": "bfcl_micro", "mode": "merged"}
     rctp = [json.loads(l) for l in (out / "rctp.jsonl").read_text().splitlines()]
     assert len(rctp) == 2 * (micro.NUM_TRAIN + micro.NUM_TEST) and sum(r["reward"] for r in rctp) * 2 == len(rctp)
-    with pytest.raises(ConfigError, match="task_source='nope': registered"):
+    with pytest.raises(ConfigError, match="task_source='nope': no task_source of that name; registered"):
         PrepareDataConfig.from_dict({"task_source": "nope"})
 
 

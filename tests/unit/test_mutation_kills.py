@@ -14,7 +14,8 @@ import torch
 from nemo_rcgrpo.algorithms import reward_tokens
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss, sft_loss
-from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS, stratified_count
+from nemo_rcgrpo.algorithms.reward_tokens import stratified_count
+from nemo_rcgrpo.registry import lookup
 from nemo_rcgrpo.envs.bfcl.calls import (MAX_CALL_CHARS, MAX_NAME_CHARS, MAX_NESTING, CallRejected, parse_call_string,
                                          parse_json_call, to_tool_call)
 from nemo_rcgrpo.envs.bfcl.executor import (MAX_INT_EXPONENT, MAX_PRECISION, MAX_TREE_ENTRIES, ExecutedCall, Toolbox,
@@ -124,14 +125,14 @@ def test_ratio_on_the_clip_bound_is_not_clipped():
 
 def test_samplers_stay_importable_by_name():
     # kills: register_sampler's wrap returning None (the module attribute `iid` would be None)
-    assert reward_tokens.iid is REWARD_TOKEN_SAMPLERS["iid"]
-    assert reward_tokens.stratified is REWARD_TOKEN_SAMPLERS["stratified"]
+    assert reward_tokens.iid is lookup("reward_token_sampler", "iid")
+    assert reward_tokens.stratified is lookup("reward_token_sampler", "stratified")
 
 
 @pytest.mark.parametrize("sampler", ["iid", "stratified"])
 def test_argument_checks_are_exact(sampler):
     # kills: `or` -> `and`, `group_size < 1` -> `<= 1` / `< 2`, `p <= 1.0` -> `p < 1.0`, 1.0 -> 2.0
-    fn = REWARD_TOKEN_SAMPLERS[sampler]
+    fn = lookup("reward_token_sampler", sampler)
     assert [len(g) for g in fn(3, 1, 0.5, random.Random(0))] == [1, 1, 1]  # G = 1 is allowed
     assert len(fn(2, 4, 1.0, random.Random(0))) == 2 and len(fn(2, 4, 0.0, random.Random(0))) == 2  # p at 0 and 1
     for group_size, p in [(0, 0.5), (-1, 0.5), (4, 1.5), (4, 1.0001), (4, -0.1)]:
@@ -141,8 +142,8 @@ def test_argument_checks_are_exact(sampler):
 
 def test_iid_with_p_zero_never_draws_high():
     # kills: `rng.random() < p_high` -> `<=`; random() returns values in [0, 1), 0.0 included
-    assert REWARD_TOKEN_SAMPLERS["iid"](2, 3, 0.0, ZeroRandom()) == [[False] * 3, [False] * 3]
-    assert REWARD_TOKEN_SAMPLERS["iid"](1, 3, 1.0, ZeroRandom()) == [[True] * 3]
+    assert lookup("reward_token_sampler", "iid")(2, 3, 0.0, ZeroRandom()) == [[False] * 3, [False] * 3]
+    assert lookup("reward_token_sampler", "iid")(1, 3, 1.0, ZeroRandom()) == [[True] * 3]
 
 
 def test_stratified_count_never_rounds_a_whole_number_up():
@@ -154,7 +155,7 @@ def test_stratified_count_never_rounds_a_whole_number_up():
 
 def test_stratified_groups_have_group_size_tokens():
     # kills: `group_size - n_high` -> `group_size + n_high` (extra low tokens)
-    groups = REWARD_TOKEN_SAMPLERS["stratified"](50, 5, 0.5, random.Random(3))
+    groups = lookup("reward_token_sampler", "stratified")(50, 5, 0.5, random.Random(3))
     assert {len(g) for g in groups} == {5}
     assert {sum(g) for g in groups} == {2, 3}
 

@@ -66,7 +66,7 @@ def _cfg(*overrides):
 
 
 def test_a_plugin_module_by_name(monkeypatch):
-    with pytest.raises(ConfigError, match="rl.advantage.baseline='median_example': choose one of \\['mean', 'leave_one_out'"):
+    with pytest.raises(ConfigError, match="rl.advantage.baseline='median_example': no advantage_baseline of that name; registered: \\['mean', 'leave_one_out'"):
         _cfg("rl.advantage.baseline=median_example")
     monkeypatch.syspath_prepend(str(PLUGINS))
     assert load_plugins(["rc_plugin_example"]) == ["rc_plugin_example"]
@@ -148,7 +148,7 @@ def test_stages_are_registered_entries_checked_where_they_are_made():
         ("sft", "stage1", False), ("rctp", "stage1", True), ("grpo", "rl", False), ("rcgrpo", "rl", True)]
     assert stage_of("rctp").data_file == "rctp.jsonl" and stage_of("dapo_filter").keep_group is has_variance
     assert has_variance([0.0, 1.0]) and not has_variance([1.0, 1.0, 1.0])
-    for bad, message in ((dict(loop="ppo"), "the loops are"), (dict(loop="stage1"), "names its data_file"),
+    for bad, message in ((dict(loop="ppo"), r"Stage\(loop\)='ppo': no loop of that name"), (dict(loop="stage1"), "names its data_file"),
                          (dict(loop="stage1", data_file="x.jsonl", keep_group=has_variance), "no keep_group"),
                          (dict(loop="rl", data_file="x.jsonl"), "RL task pointers")):
         with pytest.raises(ValueError, match=message):
@@ -163,7 +163,7 @@ def test_stages_are_registered_entries_checked_where_they_are_made():
     assert cfg.is_rl and cfg.stage_spec.conditioned
     with pytest.raises(ConfigError, match="conditions on reward tokens"):
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=test_rl", "model.reward_tokens=none"]))
-    with pytest.raises(ConfigError, match=r"stage='nope': choose one of \['sft', 'rctp', 'grpo'"):
+    with pytest.raises(ConfigError, match=r"stage='nope': no stage of that name; registered: \['sft', 'rctp', 'grpo'"):
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["stage=nope"]))
 
 
@@ -196,7 +196,7 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     ids = torch.randint(0, 100, (2, 6))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
     assert torch.allclose(policy.frozen_reference()(batch), policy.logprobs(batch))
-    with pytest.raises(ConfigError, match=r"policy.backend='nope': choose one of \['torch', 'megatron', 'mine'\]"):
+    with pytest.raises(ConfigError, match=r"policy.backend='nope': no policy_backend of that name; registered: \['torch', 'megatron', 'mine'\]"):
         TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))
 
 
@@ -234,7 +234,7 @@ def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates()
     assert mine.parse("<call>ls</call>").calls == [ToolCall("ls", {})] and parsed
     cfg = TrainConfig.from_dict(compose("smoke_rl", ["chat.format=test_calltags"]))
     assert cfg.chat.format == "test_calltags"
-    with pytest.raises(ConfigError, match=r"chat.format='nope': choose one of \['hermes', 'llama3_json', "
+    with pytest.raises(ConfigError, match=r"chat.format='nope': no chat_format of that name; registered: \['hermes', 'llama3_json', "
                                           r"'test_calltags'\]"):
         TrainConfig.from_dict(compose("smoke_rl", ["chat.format=nope"]))
     register("chat_format", "test_not_a_format")(lambda: None)
@@ -253,14 +253,14 @@ def test_group_filters_are_registered_and_rl_group_filter_overrides_the_stage():
     assert _cfg("stage=dapo_filter").keep_group is has_variance
     assert _cfg("rl.group_filter=not_all_failed").keep_group is not_all_failed
     assert _cfg("stage=dapo_filter", "rl.group_filter=not_all_failed").keep_group is not_all_failed
-    with pytest.raises(ConfigError, match=r"rl.group_filter='nope': choose one of \['has_variance', 'not_all_failed'"):
+    with pytest.raises(ConfigError, match=r"rl.group_filter='nope': no group_filter of that name; registered: \['has_variance', 'not_all_failed'"):
         _cfg("rl.group_filter=nope")
     from nemo_rcgrpo.stages import Stage
 
     register("stage", "test_named_filter")(Stage("rl", keep_group="not_all_failed"))
     assert _cfg("stage=test_named_filter").keep_group is not_all_failed
     register("stage", "test_bad_filter")(Stage("rl", keep_group="nope"))
-    with pytest.raises(ConfigError, match=r"stage test_bad_filter's keep_group='nope': choose one of"):
+    with pytest.raises(ConfigError, match=r"stage test_bad_filter's keep_group='nope': no group_filter of that name"):
         _cfg("stage=test_bad_filter")
 
 
@@ -345,20 +345,20 @@ def test_a_plugin_that_raises_at_import_names_its_file_line_and_function(tmp_pat
 def test_an_unknown_name_suggests_the_closest_registered_one():
     from nemo_rcgrpo.envs.sources import make_opener, make_suite
 
-    with pytest.raises(ValueError, match=r"registered: \['mean', 'leave_one_out'\]; did you mean 'mean'\?$"):
+    with pytest.raises(ValueError, match=r"registered: \['mean', 'leave_one_out'\]; did you mean 'mean'\? \(a plugin's advantage_baseline needs plugins=\[its module\]\)$"):
         lookup("advantage_baseline", "meen")
-    with pytest.raises(ConfigError, match=r"rl.advantage.baseline='leave_one_ot': choose one of \['mean', "
-                                          r"'leave_one_out'\]; did you mean 'leave_one_out'\?$"):
+    with pytest.raises(ConfigError, match=r"rl.advantage.baseline='leave_one_ot': no advantage_baseline of that name; registered: \['mean', "
+                                          r"'leave_one_out'\]; did you mean 'leave_one_out'\? \("):
         _cfg("rl.advantage.baseline=leave_one_ot")
-    with pytest.raises(ConfigError, match=r"env.name='bfc': choose one of \['bfcl'\]; did you mean 'bfcl'\?$"):
+    with pytest.raises(ConfigError, match=r"env.name='bfc': no env of that name; registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env needs"):
         _cfg("env.name=bfc")
-    with pytest.raises(ConfigError, match=r"env.task_source='bfcl_mikro': choose one of .*; did you mean 'bfcl_micro'"):
+    with pytest.raises(ConfigError, match=r"env.task_source='bfcl_mikro': no task_source of that name; registered: .*; did you mean 'bfcl_micro'"):
         _cfg("env.task_source=bfcl_mikro")
     with pytest.raises(ConfigError, match=r"registered: \['bfcl', 'bfcl_micro'\]; did you mean 'bfcl_micro'\? "):
         make_suite("bfcl_mcro", ["base"])
     with pytest.raises(ConfigError, match=r"registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env"):
         make_opener(type("EnvSection", (), {"name": "BFCL"})(), None)
-    with pytest.raises(ConfigError, match=r"choose one of \['sft', 'rctp', 'grpo', 'rcgrpo', 'dapo_filter'.*\]$"):
+    with pytest.raises(ConfigError, match=r"registered: \['sft', 'rctp', 'grpo', 'rcgrpo', 'dapo_filter'.*\] \(a plugin's stage needs plugins=\[its module\]\)$"):
         _cfg("stage=zzz")  # nothing close: no suggestion
 
 

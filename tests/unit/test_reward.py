@@ -231,7 +231,7 @@ def test_a_plugin_reward_is_chosen_by_env_reward(suite):
         env = BFCLEnvConfig(mode="per_turn", reward="test_half_credit").make_env()
         env = run_turns(env, suite["multi_turn_base_0"], _edit(1, 1))
         assert env.reward().value == 0.5
-        with pytest.raises(ConfigError, match=r"env.reward='nope': choose one of \['state_x_action', 'state', "
+        with pytest.raises(ConfigError, match=r"env.reward='nope': no reward of that name; registered: \['state_x_action', 'state', "
                                               r"'action', 'test_half_credit'\]"):
             BFCLEnvConfig(reward="nope")
     finally:

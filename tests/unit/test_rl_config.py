@@ -22,7 +22,7 @@ def test_rl_settings_refused(override, message):
 @pytest.mark.parametrize("override, message", [
     ("generation.scripted.success_low=2", "generation.scripted.success_low=2.0: must be a probability in [0, 1]"),
     ("generation.scripted.success_rate=true", "generation.scripted.success_rate=True must be a number"),
-    ("generation.scripted.failure_type=typo", "generation.scripted.failure_type='typo': choose one of"),
+    ("generation.scripted.failure_type=typo", "generation.scripted.failure_type='typo': no failure of that name"),
 ])
 def test_scripted_settings_refused(override, message):
     with pytest.raises(ConfigError) as err:

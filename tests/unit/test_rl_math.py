@@ -9,11 +9,12 @@ import torch
 from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
 from nemo_rcgrpo.algorithms.kl import kl_k1, kl_k2, kl_k3
 from nemo_rcgrpo.algorithms.losses import grpo_loss
-from nemo_rcgrpo.algorithms.reward_tokens import REWARD_TOKEN_SAMPLERS, stratified_count
+from nemo_rcgrpo.algorithms.reward_tokens import stratified_count
+from nemo_rcgrpo.registry import lookup
 
 
 def test_iid_frequencies():
-    groups = REWARD_TOKEN_SAMPLERS["iid"](20_000, 5, 0.3, random.Random(0))
+    groups = lookup("reward_token_sampler", "iid")(20_000, 5, 0.3, random.Random(0))
     flat = [t for g in groups for t in g]
     assert abs(sum(flat) / len(flat) - 0.3) < 4 * math.sqrt(0.3 * 0.7 / len(flat))
     one_type = sum(all(g) or not any(g) for g in groups) / len(groups)
@@ -24,7 +25,7 @@ def test_iid_frequencies():
 @pytest.mark.parametrize("g, p, counts", [(5, 0.5, {2, 3}), (4, 0.5, {2}), (5, 0.1, {1}), (5, 0.9, {4}),
                                           (8, 0.25, {2}), (2, 0.0, {1}), (5, 0.3, {1, 2})])
 def test_stratified_counts_and_mean_share(g, p, counts):
-    groups = REWARD_TOKEN_SAMPLERS["stratified"](4000, g, p, random.Random(1))
+    groups = lookup("reward_token_sampler", "stratified")(4000, g, p, random.Random(1))
     assert {sum(grp) for grp in groups} == counts  # both tokens in every group
     assert len({tuple(grp) for grp in groups}) > 1  # positions are shuffled
     share = sum(map(sum, groups)) / (len(groups) * g)

@@ -98,7 +98,7 @@ def test_data_dataset_is_validated_and_a_plugin_dataset_is_chosen_by_name():
         TrainConfig.from_dict(compose("smoke_stage1", ["data.dataset=sft"]))
     with pytest.raises(ConfigError, match="data.dataset=rctp: stage=sft trains on an unconditioned dataset"):
         TrainConfig.from_dict(compose("smoke_stage1", ["stage=sft", "data.dataset=rctp"]))
-    with pytest.raises(ConfigError, match=r"data.dataset='nope': choose one of \['sft', 'rctp'"):
+    with pytest.raises(ConfigError, match=r"data.dataset='nope': no stage1_dataset of that name; registered: \['sft', 'rctp'"):
         TrainConfig.from_dict(compose("smoke_stage1", ["data.dataset=nope"]))
     register("stage1_dataset", "test_no_system")(Stage1Dataset(
         lambda r, goal: {**r, "messages": [m for m in r["messages"] if m["role"] != "system"]}))

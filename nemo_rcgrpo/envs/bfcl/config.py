@@ -31,12 +31,12 @@ class BFCLEnvConfig:
     reward: str = "state_x_action"  # a registered reward: state_x_action (the paper) | state | action | a plugin's
 
     def __post_init__(self) -> None:
-        from nemo_rcgrpo.registry import names
+        from nemo_rcgrpo.registry import lookup
 
-        _choice("env.name", self.name, names("env"))
-        _choice("env.task_source", self.task_source, names("task_source"))
+        lookup("env", self.name, setting="env.name")
+        lookup("task_source", self.task_source, setting="env.task_source")
         _choice("env.mode", self.mode, EPISODE_MODES)
-        _choice("env.reward", self.reward, names("reward"))
+        lookup("reward", self.reward, setting="env.reward")
         _choice("env.arg_types", self.arg_types, ARG_TYPE_MODES)
         _choice("env.on_parse_failure", self.on_parse_failure, PARSE_FAILURE_MODES)
         _choice("env.tool_response", self.tool_response, ("description", "drop"))

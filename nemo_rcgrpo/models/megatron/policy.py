@@ -79,6 +79,8 @@ def pad_micro_batches(batches: list[dict[str, torch.Tensor]], same_shape: bool =
 
 class MegatronPolicy:
     sharded_checkpoints = True  # dist_checkpointing folders, written by every rank (save_sharded)
+    fuses_old_logprobs = False  # old logprobs and entropies come from a pass of their own
+    distributed_rl = True  # TP x PP x DP under torchrun
 
     def __init__(self, hf_model: torch.nn.Module, cfg, dist: DistInfo, total_steps: int):
         """hf_model: the HF model (reward tokens already added) that gives the shape and initial weights."""
@@ -125,10 +127,8 @@ class MegatronPolicy:
                                        dist, self.device)
         self.lr_at = lr_lambda(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
         self.optimizer_step = 0
-        # rank 0 keeps an HF copy for exports and rollouts; the in-process generator decodes on this rank's device
+        # rank 0 keeps an HF copy for exports and rollouts (an in-process generator moves it to its device)
         self.hf_model = hf_model if dist.is_main else None
-        if self.hf_model is not None and cfg.generation.backend == "hf" and cfg.is_rl:
-            self.hf_model.to(self.device)
         if not dist.is_main:
             del hf_model
 
