@@ -146,6 +146,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         lookup("stage", self.stage, setting="stage")
+        lookup("loop", self.stage_spec.loop, setting=f"stage {self.stage}'s loop")
         self.policy_setup().validate()  # model, chat, reward tokens, generation
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))

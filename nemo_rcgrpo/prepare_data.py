@@ -29,7 +29,7 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
 from tqdm import tqdm
@@ -45,6 +45,11 @@ from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_un
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
+from nemo_rcgrpo.utils.dist import DistInfo, barrier
+from nemo_rcgrpo.data.rl_tasks import find_pointers
+
+if TYPE_CHECKING:
+    from nemo_rcgrpo.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {cfg.out_dir}")
     return 0
 
+
+
+# ---------------------------------------------------------------------- what a training run reads
+# Prepared first where it is missing (``data.prepare_if_missing``): stage 1's file or an RL stage's task pointers,
+# by this command in a child process on rank 0, every rank waiting for it.
+def _needed(cfg: TrainConfig) -> Path | None:
+    """What the run reads: the stage-1 data file, or an RL stage's task pointers (``rl_<split>``; its stage-1
+    lines are only compared with, `data/consistency.py`); None when it is missing."""
+    if cfg.is_rl:
+        return find_pointers(cfg.data.dir, cfg.rl.split)
+    path = Path(cfg.data.dir) / cfg.data_file
+    return path if path.exists() else None
+
+
+def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
+    name = f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file
+    path = _needed(cfg) or Path(cfg.data.dir) / name
+    if _needed(cfg) is None and cfg.data.prepare_if_missing and dist.is_main:
+        if Path(cfg.data.dir).exists():
+            raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
+                                    f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
+        # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
+        cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
+               f"seed={cfg.seed}", f"task_source={cfg.env.task_source}", "tokenizer=null"]
+        if cfg.plugins:  # a plugin's task source (or failure types) is registered by its module
+            cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
+        subprocess.run(cmd, check=True)
+    barrier(dist)
+    path = _needed(cfg) or path
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
+    return path
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -62,7 +62,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                                             "nemo_rcgrpo.evaluation.policies"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)
-_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "loop": "nemo_rcgrpo.stages",
+_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "loop": "nemo_rcgrpo.loops",
              "eval_policy": "nemo_rcgrpo.evaluation.policies",
              "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",

@@ -2,9 +2,9 @@
 
 A stage says which loop trains it and how it differs from its siblings in that loop:
 
-- ``loop``: a registered loop (kind ``loop``, ``fn(train config, recipe name) -> result``): ``"stage1"``
-  (supervised, `algorithms/sft.py`) or ``"rl"`` (rollouts and group advantages, `algorithms/rcgrpo.py`);
-  ``rcgrpo train`` runs the stage's loop;
+- ``loop``: a registered loop (kind ``loop``, ``fn(train config, recipe name) -> result``, `nemo_rcgrpo/loops.py`):
+  ``"stage1"`` (supervised, `algorithms/sft.py`) or ``"rl"`` (rollouts and group advantages,
+  `algorithms/rcgrpo.py`); ``rcgrpo train`` runs the stage's loop;
 - ``conditioned``: it trains on reward tokens (stage 1: the RCTP data; RL: each rollout's prompt gets a token
   drawn by ``rl.reward_token_sampling``). ``model.reward_tokens`` must not be ``none``, and the models it
   trains are recorded as reward-conditioned (``auto`` evaluation then conditions on the high token);
@@ -36,22 +36,6 @@ from typing import Callable, Sequence
 from nemo_rcgrpo.registry import lookup, register
 
 
-@register("loop", "stage1")
-def stage1_loop(cfg, recipe: str | None = None) -> dict:
-    """Supervised training on prepared rows (SFT, RCTP-FT): `algorithms/sft.py`."""
-    from nemo_rcgrpo.algorithms.sft import run_stage1
-
-    return run_stage1(cfg, recipe=recipe)
-
-
-@register("loop", "rl")
-def rl_loop(cfg, recipe: str | None = None) -> dict:
-    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `algorithms/rcgrpo.py`."""
-    from nemo_rcgrpo.algorithms.rcgrpo import run_rl
-
-    return run_rl(cfg, recipe=recipe)
-
-
 @dataclass(frozen=True)
 class Stage:
     loop: str
@@ -62,7 +46,8 @@ class Stage:
     description: str = ""
 
     def __post_init__(self) -> None:
-        lookup("loop", self.loop, setting="Stage(loop)")
+        if not isinstance(self.loop, str) or not self.loop:  # a registered loop's name (checked in config validation)
+            raise ValueError(f"Stage(loop={self.loop!r}): name a registered loop, e.g. 'stage1' or 'rl'")
         if self.loop == "stage1" and (self.keep_group is not None or not self.data_file):
             raise ValueError("a stage-1 Stage names its data_file and has no keep_group")
         if self.loop == "rl" and (self.data_file is not None or self.dataset is not None):

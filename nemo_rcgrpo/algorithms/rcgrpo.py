@@ -40,8 +40,8 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import grpo_loss
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
-from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, collect_groups, shuffled_tasks, stratified_sample
-from nemo_rcgrpo.algorithms.sft import ensure_data
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups, stratified_sample
+from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
@@ -124,16 +124,13 @@ class RLTrainer:
                             conditioned=cfg.stage_spec.conditioned)
 
     # ------------------------------------------------------------------ one step
-    def _next_tasks(self, n: int) -> list[str]:
-        """The next ``n`` task ids of the seeded per-epoch shuffle (the cursor is checkpointed)."""
-        out = shuffled_tasks(self.task_ids, self.task_cursor, n, self.cfg.seed)
-        self.task_cursor += n
-        return out
-
-    def collect(self, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
-        """This step's rollout groups and their timing / filter stats (`algorithms/rl_collect.py`)."""
+    def collect(self, rng: random.Random) -> StepRollouts:
+        """This step's rollout groups, their timing / filter stats and the task cursor after them
+        (`algorithms/rl_collect.py`)."""
+        cfg = self.cfg
         try:
-            return collect_groups(self.cfg, self.engine, self.suite, self._next_tasks, self.step, rng)
+            return collect_groups(cfg.rl, cfg.stage, self.engine, self.suite, self.task_ids, self.task_cursor,
+                                  self.step, rng, cfg.seed)
         except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
             g = self.cfg.rl.group_size
             trajs = e.trajectories
@@ -142,13 +139,18 @@ class RLTrainer:
                            torch.zeros(len(groups), g), self.tokenizer.decode)
             raise
 
-    def train_step(self, groups: list[RolloutGroup], stats: dict[str, float]) -> tuple[dict[str, float], torch.Tensor]:
-        """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default);
-        returns the metrics and the advantages [num_groups, G]."""
+    def advantages(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rewards [N, G], advantages [N, G]) over each whole group, regardless of token."""
+        adv_cfg = self.cfg.rl.advantage
+        rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
+        return rewards, group_advantages(rewards, baseline=adv_cfg.baseline, scale=adv_cfg.scale, eps=adv_cfg.eps)
+
+    def train_step(self, groups: list[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor,
+                   stats: dict[str, float]) -> dict[str, float]:
+        """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default) on
+        ``groups`` with their rewards and advantages [N, G]; returns the step's metrics."""
         rl = self.cfg.rl
         trajs = [t for g in groups for t in g]
-        rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
-        adv = group_advantages(rewards, baseline=rl.advantage.baseline, scale=rl.advantage.scale, eps=rl.advantage.eps)
         t0 = time.perf_counter()
         batches = micro_batches(trajs, adv.reshape(-1), self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
@@ -169,7 +171,7 @@ class RLTrainer:
         metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds)
-        return metrics, adv
+        return metrics
 
     def _mine(self, indices) -> list[int]:
         """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the
@@ -324,9 +326,11 @@ class RLTrainer:
             while self.step < end:
                 started = time.perf_counter()
                 rng = random.Random(cfg.seed * 1_000_003 + self.step)
-                groups, stats = self.collect(rng) if main else (None, None)
-                groups, stats = self._share(groups, stats)  # rank 0 rolls out; every rank trains on the same groups
-                metrics, adv = self.train_step(groups, stats)
+                rollouts = self._share(self.collect(rng) if main else None)  # rank 0 rolls out, every rank trains
+                self.task_cursor = rollouts.cursor
+                rewards, adv = self.advantages(rollouts.groups)
+                groups = rollouts.groups
+                metrics = self.train_step(groups, rewards, adv, rollouts.stats)
                 self.step += 1
                 if main:
                     write_rollouts(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", self.step, groups, adv,
@@ -364,16 +368,15 @@ class RLTrainer:
                 export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=cfg.chat)
         return {"steps": self.step, **metrics}
 
-    def _share(self, groups, stats):
-        """Broadcast rank 0's rollouts (and task cursor) to every rank; a no-op in one process."""
+    def _share(self, rollouts: StepRollouts | None) -> StepRollouts:
+        """Rank 0's rollouts (groups, stats, task cursor) on every rank; a no-op in one process."""
         if self.dist.world_size == 1:
-            return groups, stats
+            return rollouts
         import torch.distributed as tdist
 
-        box = [groups, stats, self.task_cursor]
+        box = [rollouts]
         tdist.broadcast_object_list(box, src=0)
-        groups, stats, self.task_cursor = box
-        return groups, stats
+        return box[0]
 
 
 def maybe_run_stage1(cfg: TrainConfig) -> None:

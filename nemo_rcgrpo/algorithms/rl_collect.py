@@ -11,14 +11,24 @@ stderr."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
-from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.config_schema import RLConfig
 from nemo_rcgrpo.registry import lookup
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
-from nemo_rcgrpo.stages import has_variance
+from nemo_rcgrpo.stages import group_filter, has_variance, stage_of
 from nemo_rcgrpo.utils.banner import say
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """What collection hands the step: the groups to train on, the timing and filter stats, and the task cursor
+    after the tasks it drew (the trainer keeps and checkpoints it)."""
+    groups: list[RolloutGroup]
+    stats: dict[str, float]
+    cursor: int
 
 
 class RolloutsFailed(ValueError):
@@ -80,11 +90,10 @@ def stratified_sample(task_ids: Sequence[str], category_of: Callable[[str], str]
     return [t for t in task_ids if t in picked]
 
 
-def rollout_specs(cfg: TrainConfig, suite: Any, task_ids: Sequence[str], first_group: int,
+def rollout_specs(rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequence[str], first_group: int,
                   rng: random.Random) -> list[RolloutSpec]:
     """G rollouts per task, in group order; a conditioned stage's each get a token from rl.reward_token_sampling."""
-    rl = cfg.rl
-    if cfg.stage_spec.conditioned:
+    if conditioned:
         sampler = lookup("reward_token_sampler", rl.reward_token_sampling)
         tokens = sampler(len(task_ids), rl.group_size, rl.p_high, rng)
     else:
@@ -92,15 +101,17 @@ def rollout_specs(cfg: TrainConfig, suite: Any, task_ids: Sequence[str], first_g
     return [RolloutSpec(suite[t], first_group + g, tok) for g, t in enumerate(task_ids) for tok in tokens[g]]
 
 
-def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tasks: Callable[[int], list[str]],
-                   step: int, rng: random.Random) -> tuple[list[RolloutGroup], dict[str, float]]:
+def collect_groups(rl: RLConfig, stage: str, engine: RolloutEngine, suite: Any, task_ids: Sequence[str],
+                   cursor: int, step: int, rng: random.Random, seed: int) -> StepRollouts:
     """``rl.tasks_per_step`` groups of G trajectories (fewer only when a group filter's rounds ran out and
-    ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts."""
-    rl = cfg.rl
+    ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts. Tasks are
+    drawn from ``cursor`` on in the seeded per-epoch shuffle of ``task_ids`` (``shuffled_tasks``); the stage
+    (``stage``'s registered spec) says whether rollouts get reward tokens and which groups are kept."""
+    spec = stage_of(stage)
     stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
              "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
     groups: list[RolloutGroup] = []
-    keep = cfg.keep_group  # None: every group is trained on
+    keep = group_filter(spec, rl.group_filter)  # None: every group is trained on
     filtering = keep is not None
     rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
     dropped = zero_sampled = 0
@@ -109,13 +120,14 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
         need = rl.tasks_per_step - len(groups)
         if need <= 0:
             break
-        specs = rollout_specs(cfg, suite, next_tasks(need), len(groups), rng)
-        trajs = engine.rollout(specs, seed=cfg.seed + 100_003 * step + 1_009 * round_index)
-        stats["generation_seconds"] += engine.timings["generation"]
-        stats["env_seconds"] += engine.timings["env"]
-        stats["reward_seconds"] += engine.timings["reward"]
+        drawn = shuffled_tasks(task_ids, cursor, need, seed)
+        cursor += need
+        specs = rollout_specs(rl, spec.conditioned, suite, drawn, len(groups), rng)
+        trajs, timings = engine.rollout_timed(specs, seed=seed + 100_003 * step + 1_009 * round_index)
+        for part in ("generation", "env", "reward"):
+            stats[f"{part}_seconds"] += timings[part]
         sampled += trajs
-        check_failures(cfg.stage, step + 1, sampled, 1.0)  # all failed so far: stop before any filter or update
+        check_failures(stage, step + 1, sampled, 1.0)  # all failed so far: stop before any filter or update
         for g in range(need):
             group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
             rewards = [t.reward for t in group]
@@ -126,7 +138,7 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
                 stats["dropped_zero_variance_groups"] += len(set(rewards)) == 1
                 continue
             groups.append(group)
-    warning = check_failures(cfg.stage, step + 1, sampled, rl.max_failed_share)
+    warning = check_failures(stage, step + 1, sampled, rl.max_failed_share)
     if warning:
         say(warning)
     stats["failed_rollouts"] = float(sum(t.error is not None for t in sampled))
@@ -137,8 +149,8 @@ def collect_groups(cfg: TrainConfig, engine: RolloutEngine, suite: Any, next_tas
         what = "have reward variance" if keep is has_variance else "pass its group filter"
         zero = int(stats["dropped_zero_variance_groups"])
         also = "" if dropped == zero else f", {dropped} in all"
-        raise ValueError(f"{cfg.stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
+        raise ValueError(f"{stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
                          f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
                          "on); raise rl.dapo_max_rounds"
                          + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
-    return groups, stats
+    return StepRollouts(groups, stats, cursor)

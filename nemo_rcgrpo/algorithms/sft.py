@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from tqdm import tqdm
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
+from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.data.rl_tasks import find_pointers
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -37,35 +36,6 @@ from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, loa
 from nemo_rcgrpo.utils.dist import DistInfo, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
-
-
-def _needed(cfg: TrainConfig) -> Path | None:
-    """What the run reads: the stage-1 data file, or an RL stage's task pointers (``rl_<split>``; its stage-1
-    lines are only compared with, `data/consistency.py`); None when it is missing."""
-    if cfg.is_rl:
-        return find_pointers(cfg.data.dir, cfg.rl.split)
-    path = Path(cfg.data.dir) / cfg.data_file
-    return path if path.exists() else None
-
-
-def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
-    name = f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file
-    path = _needed(cfg) or Path(cfg.data.dir) / name
-    if _needed(cfg) is None and cfg.data.prepare_if_missing and dist.is_main:
-        if Path(cfg.data.dir).exists():
-            raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
-                                    f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
-        # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
-        cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
-               f"seed={cfg.seed}", f"task_source={cfg.env.task_source}", "tokenizer=null"]
-        if cfg.plugins:  # a plugin's task source (or failure types) is registered by its module
-            cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
-        subprocess.run(cmd, check=True)
-    barrier(dist)
-    path = _needed(cfg) or path
-    if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
-    return path
 
 
 def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int):

@@ -160,7 +160,6 @@ class RolloutEngine:
         self.max_total_tokens = max_total_tokens
         self.reward_goal = reward_goal or RewardGoal()
         self.parse = renderer.spec.parse
-        self.timings: dict[str, float] = {}
 
     def opening(self, task: Task, reward_token: bool | None):
         """(env, opening messages with the rollout's reward goal, tools offered) of a new rollout of ``task``."""
@@ -189,7 +188,12 @@ class RolloutEngine:
 
     def rollout(self, specs: Sequence[RolloutSpec], seed: int | None = None) -> list[Trajectory]:
         """Run every rollout to its end; all live rollouts advance together, one generator call per round."""
-        self.timings = {"generation": 0.0, "env": 0.0, "reward": 0.0}
+        return self.rollout_timed(specs, seed)[0]
+
+    def rollout_timed(self, specs: Sequence[RolloutSpec],
+                      seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """``rollout``, and the seconds it spent in the generator, the environments and the rewards."""
+        timings = {"generation": 0.0, "env": 0.0, "reward": 0.0}
         live = [self._start(i, s) for i, s in enumerate(specs)]
         done: list[_Live] = []
         round_index = 0
@@ -209,19 +213,19 @@ class RolloutEngine:
                                     seed=None if seed is None else seed + 7919 * round_index)
             t0 = time.perf_counter()
             completions = self.generator.generate([s.seq.ids for s in live], params)
-            self.timings["generation"] += time.perf_counter() - t0
+            timings["generation"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             for s, c in zip(live, completions):
                 try:
                     self._advance(s, c)
                 except Exception as e:  # this rollout's failure, not the batch's
                     self._fail(s, e)
-            self.timings["env"] += time.perf_counter() - t0
+            timings["env"] += time.perf_counter() - t0
             round_index += 1
         t0 = time.perf_counter()
         out = [self._finish(s) for s in sorted(done, key=lambda s: s.order)]
-        self.timings["reward"] = time.perf_counter() - t0
-        return out
+        timings["reward"] = time.perf_counter() - t0
+        return out, timings
 
     def _advance(self, s: _Live, completion) -> None:
         room = self.max_total_tokens - len(s.seq.ids)

@@ -71,7 +71,9 @@ def main() -> int:
                  "rl.sampling.max_new_tokens=512", "logging.progress=false", "logging.tensorboard=false"]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
-    groups, stats = trainer.collect(random.Random(0))
+    rollouts = trainer.collect(random.Random(0))
+    groups, stats = rollouts.groups, rollouts.stats
+    rewards, adv = trainer.advantages(groups)
     initial = copy.deepcopy(trainer.policy.state_dict())
     tokens = sum(t.generated_tokens for g in groups for t in g)
     results: dict[str, list[dict[str, float]]] = {"recompute": [], "auto": []}
@@ -80,7 +82,7 @@ def main() -> int:
         for mode in order if rep % 2 == 0 else order[::-1]:
             trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
             trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
-            metrics, _ = trainer.train_step(groups, dict(stats))
+            metrics = trainer.train_step(groups, rewards, adv, dict(stats))
             if rep:
                 results[mode].append(metrics)
     med = {mode: {k: statistics.median(m[k] for m in runs) for k in ("logprob_seconds", "train_seconds", "loss",

@@ -83,8 +83,8 @@ def main() -> int:
         out, secs = _timed(lambda: gen.generate(prompts, fixed))
         rows_fixed[name] = (sum(len(c.token_ids) for c in out), secs, all(len(c.token_ids) == args.new_tokens for c in out))
         e = engine(gen)
-        trajs, secs = _timed(lambda: e.rollout(specs, seed=1))
-        rows_step[name] = (sum(t.generated_tokens for t in trajs), e.timings["generation"], secs)
+        (trajs, timings), secs = _timed(lambda: e.rollout_timed(specs, seed=1))
+        rows_step[name] = (sum(t.generated_tokens for t in trajs), timings["generation"], secs)
 
     measure("hf", hf)  # before the server starts: its processes would share the cores
     workdir = Path(tempfile.mkdtemp(prefix="vllm_bench_"))

@@ -148,11 +148,15 @@ def test_stages_are_registered_entries_checked_where_they_are_made():
         ("sft", "stage1", False), ("rctp", "stage1", True), ("grpo", "rl", False), ("rcgrpo", "rl", True)]
     assert stage_of("rctp").data_file == "rctp.jsonl" and stage_of("dapo_filter").keep_group is has_variance
     assert has_variance([0.0, 1.0]) and not has_variance([1.0, 1.0, 1.0])
-    for bad, message in ((dict(loop="ppo"), r"Stage\(loop\)='ppo': no loop of that name"), (dict(loop="stage1"), "names its data_file"),
+    for bad, message in ((dict(loop=""), "name a registered loop"), (dict(loop="stage1"), "names its data_file"),
                          (dict(loop="stage1", data_file="x.jsonl", keep_group=has_variance), "no keep_group"),
                          (dict(loop="rl", data_file="x.jsonl"), "RL task pointers")):
         with pytest.raises(ValueError, match=message):
             Stage(**bad)
+    register("stage", "test_ppo_loop")(Stage("ppo"))  # a loop nobody registered: refused where the config is
+    with pytest.raises(ConfigError, match=r"stage test_ppo_loop's loop='ppo': no loop of that name; registered: "
+                                          r"\['stage1', 'rl'\]"):
+        _cfg("stage=test_ppo_loop")
     register("stage", "test_not_a_stage")(lambda: None)
     with pytest.raises(ValueError, match="not a Stage"):
         stage_of("test_not_a_stage")

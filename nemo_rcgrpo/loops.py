@@ -1,0 +1,24 @@
+"""The training loops, registered by name (kind ``loop``): a stage (`stages.py`) names the one that trains it and
+``rcgrpo train`` runs it. Each entry imports its loop when it runs, so that a config is validated without them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_rcgrpo.registry import register
+
+
+@register("loop", "stage1")
+def stage1_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
+    """Supervised training on prepared rows (SFT, RCTP-FT): `algorithms/sft.py`."""
+    from nemo_rcgrpo.algorithms.sft import run_stage1
+
+    return run_stage1(cfg, recipe=recipe)
+
+
+@register("loop", "rl")
+def rl_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
+    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `algorithms/rcgrpo.py`."""
+    from nemo_rcgrpo.algorithms.rcgrpo import run_rl
+
+    return run_rl(cfg, recipe=recipe)
