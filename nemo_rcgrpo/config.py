@@ -21,7 +21,7 @@ from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
 from nemo_rcgrpo.registry import load_plugins, lookup
-from nemo_rcgrpo.stages import Stage, group_filter, stage_of
+from nemo_rcgrpo.stages import Loop, Stage, group_filter, loop_of, stage_of
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, did_you_mean, plain, reject_unknown
 
 
@@ -129,7 +129,7 @@ class TrainConfig:
 
     @property
     def is_rl(self) -> bool:
-        return self.stage_spec.loop == "rl"
+        return loop_of(self.stage_spec).rl
 
     @property
     def data_file(self) -> str:
@@ -146,7 +146,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         lookup("stage", self.stage, setting="stage")
-        lookup("loop", self.stage_spec.loop, setting=f"stage {self.stage}'s loop")
+        lookup("loop", self.stage_spec.loop, of=Loop, setting=f"stage {self.stage}'s loop")
         self.policy_setup().validate()  # model, chat, reward tokens, generation
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_rcgrpo.registry import register
+from nemo_rcgrpo.stages import Loop
 
 
-@register("loop", "stage1")
 def stage1_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
     """Supervised training on prepared rows (SFT, RCTP-FT): `algorithms/sft.py`."""
     from nemo_rcgrpo.algorithms.sft import run_stage1
@@ -16,9 +16,12 @@ def stage1_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
     return run_stage1(cfg, recipe=recipe)
 
 
-@register("loop", "rl")
 def rl_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
     """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `algorithms/rcgrpo.py`."""
     from nemo_rcgrpo.algorithms.rcgrpo import run_rl
 
     return run_rl(cfg, recipe=recipe)
+
+
+register("loop", "stage1")(Loop(stage1_loop, rl=False))
+register("loop", "rl")(Loop(rl_loop, rl=True))

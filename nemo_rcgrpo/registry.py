@@ -29,8 +29,8 @@ from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
     "stage": ("stage", "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
                        "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
-    "loop": ("a Stage's loop", "fn(train config, recipe name) -> result dict: the loop that trains a stage ('stage1': "
-                               "algorithms/sft.py, 'rl': algorithms/rcgrpo.py)"),
+    "loop": ("a Stage's loop", "Loop(run: fn(train config, recipe name) -> result dict, rl: trains from rollouts): "
+                               "nemo_rcgrpo.stages ('stage1': algorithms/sft.py, 'rl': algorithms/rcgrpo.py)"),
     "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
                                                           "nemo_rcgrpo.data.stage1_datasets"),
     "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),
@@ -125,7 +125,7 @@ def lookup(kind: str, name: str, of: type | None = None, setting: str | None = N
     one, and that a plugin's names need its module in ``plugins``. ``setting``: the setting that named it, where
     the kind's own (``KINDS``) is not the one (config validation, a stage's keep_group, prepare-data's)."""
     entries = table(kind)
-    if name not in entries:
+    if not isinstance(name, str) or name not in entries:  # a list or a mapping given for a name is refused too
         raise ConfigError(f"{setting or KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
                           f"{did_you_mean(name, list(entries))} (a plugin's {kind} needs plugins=[its module])")
     entry = entries[name]

@@ -37,6 +37,20 @@ from nemo_rcgrpo.registry import lookup, register
 
 
 @dataclass(frozen=True)
+class Loop:
+    """A training loop (kind ``loop``, registered in `nemo_rcgrpo/loops.py`): ``run(train config, recipe name) ->
+    result dict``; ``rl``: it trains from rollouts of the RL task pointers (``rl.*`` validated, ``rl_<split>`` data),
+    else from a stage-1 data file."""
+    run: Callable[..., dict]
+    rl: bool
+
+
+def loop_of(stage: "Stage") -> Loop:
+    """The registered loop a stage names."""
+    return lookup("loop", stage.loop, of=Loop)
+
+
+@dataclass(frozen=True)
 class Stage:
     loop: str
     conditioned: bool = False

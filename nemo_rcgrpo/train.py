@@ -52,9 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.time()
         with run_log(cfg.run_dir):
             try:
-                from nemo_rcgrpo.registry import lookup
+                from nemo_rcgrpo.stages import loop_of
 
-                result = lookup("loop", cfg.stage_spec.loop)(cfg, recipe=invocation.name)  # the stage's loop
+                result = loop_of(cfg.stage_spec).run(cfg, recipe=invocation.name)  # the stage's registered loop
             except Exception as e:  # into the run's log with its traceback; the console gets the line below
                 if _wrote_config(cfg.run_dir, started):  # never into a folder this invocation was refused
                     log.debug("the run stopped: %s", e, exc_info=e)

@@ -99,6 +99,8 @@ class RLTrainer:
         self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
         # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
         shares = self.generator is not None and self.generator.shares_policy_weights
+        if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
+            self.policy.module.to(self.policy.device)
         self.shares_weights = bool(all_reduce_sum(float(shares), dist))
         # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)

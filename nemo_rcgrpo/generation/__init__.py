@@ -17,12 +17,8 @@ if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and 
 
 @register("generator", "hf")
 def _hf(cfg: PolicySetup, model: Any, tokenizer: Any):
-    import torch
-
     from nemo_rcgrpo.generation.hf_local import HFGenerator
 
-    if torch.cuda.is_available():  # it decodes on this rank's GPU (megatron keeps rank 0's HF copy on the CPU)
-        model.to(torch.device("cuda", torch.cuda.current_device()))
     return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size,
                        share_prefixes=cfg.generation.share_prefixes)
 
@@ -51,7 +47,8 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
 
     generator = lookup("generator", setup.generation.backend)(setup, model, tokenizer)
     if not isinstance(generator, Generator):  # the loops call these without probing for them
-        missing = [m for m in ("generate", "update_weights", "close", "version") if not hasattr(generator, m)]
+        missing = [m for m in ("generate", "update_weights", "close", "version", "shares_policy_weights")
+                   if not hasattr(generator, m)]
         raise TypeError(f"generation.backend={setup.generation.backend}: the factory returned a "
                         f"{type(generator).__name__} without {missing} (the Generator Protocol, generation/base.py)")
     return generator

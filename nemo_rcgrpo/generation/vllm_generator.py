@@ -47,10 +47,12 @@ class VLLMGenerator:
         """'collective' (auto; also 'nccl', which insists on NCCL) or 'folder'."""
         return "folder" if self.vcfg.weight_sync == "folder" else "collective"
 
-    def start(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None, version: int = 0) -> None:
-        """Attach to ``url``, or serve ``weights`` (default: the model's own) from ``weight_dir/v<version>``."""
+    def start(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None, version: int | None = None) -> None:
+        """Attach to ``url``, or serve ``weights`` (default: the model's own) from ``weight_dir/v<version>``
+        (default: the version it served last, 0 at first)."""
         if self.client is not None:
             return
+        version = self._version if version is None else version
         v = self.vcfg
         folder = None
         if v.url:

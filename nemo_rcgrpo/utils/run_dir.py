@@ -61,10 +61,10 @@ RL_ONLY = ("chat.rejected_message",)
 
 def _rl_stage(stage: Any) -> bool:
     """Whether the saved run's ``stage`` runs the RL loop (unknown stages count as RL: the strict reading)."""
-    from nemo_rcgrpo.stages import stage_of
+    from nemo_rcgrpo.stages import loop_of, stage_of
 
     try:
-        return stage_of(str(stage)).loop == "rl"
+        return loop_of(stage_of(str(stage))).rl
     except Exception:  # noqa: BLE001 - a stage no longer registered
         return True
 

@@ -289,7 +289,7 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
     assert all(callable(getattr(VLLMGenerator, m, None)) for m in ("generate", "update_weights", "close"))
 
     class NoClose:
-        version = 0
+        version, shares_policy_weights = 0, False
 
         def generate(self, prompts, params):
             return []

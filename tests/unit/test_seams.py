@@ -18,8 +18,10 @@ RULES = [
     ("an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
      r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']", set()),
     ("a raw registry table (registry.lookup / names / table)", r"\b_TABLES\b", {"registry.py"}),
-    ("a dispatch on the eval policy's name (kind eval_policy)", r"\bcfg\.policy\s*(==|!=)", set()),
-    ("a dispatch on a stage's loop name (kind loop)", r"\bstage_spec\.loop\s*(==|!=)", {"config.py"}),
+    # evaluation/config.py validates each shipped policy's own section (checkpoint.path, endpoint.*) by its name
+    ("a dispatch on the eval policy's name (kind eval_policy)", r"\b(cfg|self)\.policy\s*(==|!=)", {"config.py"}),
+    # stages.py: a Stage's shape rules for the two shipped loops (a stage-1 stage names its data file)
+    ("a dispatch on a stage's loop name (kind loop: ask Loop.rl)", r"\.loop\s*(==|!=)\s*[\"']rl", {"stages.py"}),
 ]
 
 
@@ -43,7 +45,7 @@ def test_the_package_has_none(what, pattern, allowed):
     ('if self.sync is not None and hasattr(self.sync, "close"):', 1),
     ('GENERATORS = _TABLES["generator"]', 2),
     ('if cfg.policy == "oracle":', 3),
-    ('if cfg.stage_spec.loop == "rl":', 4),
+    ('return stage_of(str(stage)).loop == "rl"', 4),
 ])
 def test_each_rule_catches_what_it_is_for(tmp_path, line, rule):
     """The branches and probes this package had, planted in a module: each rule finds its own."""
@@ -148,3 +150,66 @@ def test_a_weight_sync_owns_the_version_set_once_a_push_finished(tmp_path):
     assert isinstance(collective, WeightSync) and collective.version == 3
     collective.push(folder, 4)  # a folder goes the folder way; the version is the collective sync's too
     assert collective.version == 4 and sync.version == 4
+
+
+def test_a_vllm_generators_version_is_its_syncs_and_survives_close(tmp_path):
+    from types import SimpleNamespace
+
+    from nemo_rcgrpo.config_schema import VLLMConfig
+    from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
+
+    gen = VLLMGenerator(VLLMConfig(), model=None, tokenizer=None, weight_dir=tmp_path, dtype="float32")
+    assert gen.version == 0 and not gen.shares_policy_weights  # before a server: nothing served yet
+    closed = []
+    gen.sync = SimpleNamespace(version=7, close=lambda: closed.append(True))
+    assert gen.version == 7  # the sync's, not a copy the generator keeps
+    gen.close()
+    assert closed == [True] and gen.sync is None and gen.version == 7
+
+
+def test_a_plugin_generator_without_a_declared_capability_is_refused_naming_it():
+    import dataclasses
+
+    from nemo_rcgrpo import registry
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.generation import make_generator
+    from nemo_rcgrpo.utils.config import compose
+
+    class OldStyle:  # the four members of the Protocol before it asked what a generator shares
+        version = 0
+
+        def generate(self, prompts, params):
+            return []
+
+        def update_weights(self, weights, version):
+            self.version = version
+
+        def close(self):
+            pass
+
+    registry.register("generator", "test_old_style")(lambda setup, model, tokenizer: OldStyle())
+    try:
+        setup = TrainConfig.from_dict(compose("smoke_stage1", [])).policy_setup()
+        setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_old_style"))
+        with pytest.raises(TypeError, match=r"without \['shares_policy_weights'\]"):
+            make_generator(setup, None, None)
+    finally:
+        registry.table("generator").pop("test_old_style", None)
+
+
+def test_a_plugin_loop_says_whether_it_trains_from_rollouts():
+    from nemo_rcgrpo import registry
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.stages import Loop, Stage
+    from nemo_rcgrpo.utils.config import ConfigError, compose
+
+    registry.register("loop", "test_rl_like")(Loop(lambda cfg, recipe=None: {}, rl=True))
+    registry.register("stage", "test_rl_like")(Stage("test_rl_like"))
+    try:
+        assert TrainConfig.from_dict(compose("smoke_rl", ["stage=test_rl_like"])).is_rl
+        assert not TrainConfig.from_dict(compose("smoke_stage1", [])).is_rl
+        with pytest.raises(ConfigError, match=r"chat.format=\['hermes'\]: no chat_format of that name"):
+            registry.lookup("chat_format", ["hermes"], setting="chat.format")  # a list for a name: one line
+    finally:
+        registry.table("stage").pop("test_rl_like", None)
+        registry.table("loop").pop("test_rl_like", None)

@@ -20,21 +20,32 @@ def _post(url, path, body):
         return json.loads(response.read())
 
 
-def check_served(url: str, tok, fmt: str) -> None:
-    """A server at ``url`` (…/v1) of an export trained with ``fmt`` and compact tools renders a conversation into
-    the training ids and stops at the format's stop token."""
-    messages = RewardGoal().apply([{"role": "system", "content": "You list files."},
-                                   {"role": "user", "content": "What is in the docs folder?"}], True)
-    # the server's chat prompt is the project's rendering, id for id (reward token included)
-    served = _post(url.removesuffix("/v1"), "/tokenize", {"model": "policy", "messages": messages, "tools": TOOLS,
+MESSAGES = RewardGoal().apply([{"role": "system", "content": "You list files."},
+                               {"role": "user", "content": "What is in the docs folder?"}], True)
+
+
+def check_rendering(url: str, tok, fmt: str) -> None:
+    """The server's chat prompt is the project's rendering (compact tools), id for id, reward token included."""
+    served = _post(url.removesuffix("/v1"), "/tokenize", {"model": "policy", "messages": MESSAGES, "tools": TOOLS,
                                                          "add_generation_prompt": True})["tokens"]
     renderer = ChatRenderer(tok, fmt, tool_description="compact")
-    assert served == renderer.render(messages, TOOLS, add_generation_prompt=True).ids
+    assert served == renderer.render(MESSAGES, TOOLS, add_generation_prompt=True).ids
+
+
+def forced_stop(url: str, tok, fmt: str) -> tuple[str, int]:
+    """(finish_reason, completion tokens) of a reply forced to write the format's stop token first (8 at most)."""
     stop = tok.convert_tokens_to_ids(format_spec(fmt).stop_tokens[0])
-    body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.0, "max_tokens": 8}
-    # forced to write the stop token first: the served message ends there (the export's stop ids)
-    reply = _post(url, "/chat/completions", {**body, "logit_bias": {str(stop): 100}})
-    assert reply["choices"][0]["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == 1
+    body = {"model": "policy", "messages": MESSAGES, "tools": TOOLS, "temperature": 0.0, "max_tokens": 8,
+            "logit_bias": {str(stop): 100}}
+    reply = _post(url, "/chat/completions", body)
+    return reply["choices"][0]["finish_reason"], reply["usage"]["completion_tokens"]
+
+
+def check_served(url: str, tok, fmt: str) -> None:
+    """A server at ``url`` (…/v1) of an export trained with ``fmt`` and compact tools renders a conversation into
+    the training ids and stops at the format's stop token (the export's stop ids)."""
+    check_rendering(url, tok, fmt)
+    assert forced_stop(url, tok, fmt) == ("stop", 1)
 
 
 REJECTED = "<tool_call>oops"  # hermes: a call block whose body is not JSON; vLLM's parser hands it back as content

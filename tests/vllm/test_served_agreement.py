@@ -154,7 +154,7 @@ def test_an_export_without_its_stop_ids_breaks_the_agreement(one_folder_plugin, 
     import shutil
 
     from nemo_rcgrpo.models.hf import load_tokenizer
-    from tests.vllm.served import check_served
+    from tests.vllm.served import check_rendering, forced_stop
 
     data, export = exports("llama3_json")
     planted = tmp_path / "planted"
@@ -169,8 +169,8 @@ def test_an_export_without_its_stop_ids_breaks_the_agreement(one_folder_plugin, 
     server = _serve(planted, tmp_path, "llama3_json")
     try:
         url = server.start(timeout=600) + "/v1"
-        with pytest.raises(AssertionError):
-            check_served(url, tok, "llama3_json")
+        check_rendering(url, tok, "llama3_json")  # the prompt is still the trained one: only the stop is planted
+        assert forced_stop(url, tok, "llama3_json") == ("length", 8)  # <|eot_id|> written 8 times, never a stop
         assert eval_main([*COMMON, *task_set, *_endpoint(url, planted, tmp_path / "endpoint")]) == 0
     finally:
         server.stop()
