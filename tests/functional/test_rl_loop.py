@@ -403,3 +403,39 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
             registry.table("env").pop(name, None)
         registry._loaded.discard("misbehaving_env_example")
         sys.modules.pop("misbehaving_env_example", None)
+
+
+GOLDEN = REPO / "tests" / "data" / "golden" / "rl_steps.json"
+VARIANT = ("trainer.max_steps=2", "rl.ppo_epochs=2", "rl.mini_batches=2", "rl.loss.aggregation=sequence",
+           "rl.loss.tis_cap=2.0", "rl.loss.kl_estimator=k1")
+
+
+def _recorded(run_dir) -> dict:
+    """A run's metrics (timings left out) and the sha256 of each rollout dump."""
+    import hashlib
+
+    timed = ("_seconds", "tokens_per_s")
+    metrics = [{k: v for k, v in m.items() if not k.endswith(timed) and k not in ("time", "wall_time")}
+               for m in read_metrics(run_dir)]
+    dumps = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((Path(run_dir) / "rollouts").iterdir())}
+    return {"metrics": metrics, "dumps": dumps}
+
+
+def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
+    """The CPU RL step as recorded in tests/data/golden/rl_steps.json: the default run (one fused update per step)
+    and a variant with old logprobs recomputed, two epochs x two mini-batches, sequence aggregation, truncated IS
+    and k1. A restructuring of the step keeps every metric (to float rounding) and every rollout dump byte for byte.
+    RCGRPO_WRITE_GOLDEN=1 records it anew (only where the step is meant to change)."""
+    assert main(_args(data_dir, tmp_path / "v", *VARIANT)) == 0
+    got = {"default": _recorded(uninterrupted), "variant": _recorded(tmp_path / "v")}
+    if os.environ.get("RCGRPO_WRITE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(GOLDEN.read_text())
+    for run in ("default", "variant"):
+        assert got[run]["dumps"] == want[run]["dumps"], run
+        assert len(got[run]["metrics"]) == len(want[run]["metrics"])
+        for step, (g, w) in enumerate(zip(got[run]["metrics"], want[run]["metrics"]), 1):
+            assert g.keys() == w.keys(), (run, step, set(g) ^ set(w))
+            for k in w:
+                assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-9), (run, step, k)
