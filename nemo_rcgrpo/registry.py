@@ -42,7 +42,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
                                            "(per-token loss [B, T], clipped [B, T] bool)"),
     "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
     "loss_aggregation": ("rl.loss.aggregation",
-                         "fn(per_token [B, T], mask [B, T], num_valid_tokens, batch) -> scalar loss"),
+                         "fn(per_token [B, T], mask [B, T], num_valid_tokens, num_sequences) -> scalar loss"),
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
     "policy_backend": ("policy.backend", "factory(train config, HF model, dist, total_steps) -> Policy: "
                                          "nemo_rcgrpo.models.interfaces"),

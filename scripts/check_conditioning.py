@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from env_replay import cpu_name, emit  # noqa: E402
+from _common import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.sft_data import collate, Example
@@ -69,8 +69,8 @@ def summed_logprob(model, renderer, messages, tools, pad_id) -> float:
     tok = renderer.render(messages, tools)
     batch = collate([Example(tok.ids, tok.mask, "")], pad_id)
     with torch.no_grad():
-        lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
-    return float((lp * batch["loss_mask"]).sum())
+        lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    return float((lp * batch.loss_mask).sum())
 
 
 def margins(model_path: str, data: Path, pairs: int, tool_description: str, max_length: int,

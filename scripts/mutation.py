@@ -108,7 +108,7 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
         "the placeholder value is replaced: the registered reward reads only the components and details",
     ("advantages", "std_scale", "std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :(2)])", 1):
         "the branch runs only for g <= 1, where r[:, :2] and r[:, :1] have the same shape [N, g] (values unused)",
-    ("losses", "grpo_loss", 'adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze((1))', 1):
+    ("losses", "GRPOLoss.__call__", "adv = batch.advantages.to(token_logprobs.dtype).unsqueeze((1))", 1):
         "advantages are [B]: on a 1-D tensor unsqueeze(1) and unsqueeze(-1) are the same [B, 1]",
     ("kl", "kl_k3", "d = (ref_logprobs - logprobs).clamp(-(21.0), 20.0)", 1):
         "for d in [-21, -20) k3 = e^d - d - 1 > 19, above the K3_MAX = 10 clamp either way (value 10, gradient 0)",

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
 
@@ -153,3 +154,17 @@ def hand_advantages(rewards, eps=1e-6):
     mean = sum(rewards) / g
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (g - 1))
     return [(r - mean) / (std + eps) for r in rewards]
+
+
+def rl_batch(loss_mask, advantages, ref_logprobs, old_logprobs=None, sampler_logprobs=None, input_ids=None,
+             attention_mask=None, first=0):
+    """An RLMicroBatch for a loss test: tokens 0 and attention 1 unless given, sampler logprobs 0 unless given."""
+    from nemo_rcgrpo.data.batch import RLMicroBatch
+
+    mask = torch.as_tensor(loss_mask)
+    return RLMicroBatch(torch.zeros(mask.shape, dtype=torch.long) if input_ids is None else input_ids,
+                        torch.ones(mask.shape, dtype=torch.long) if attention_mask is None else attention_mask, mask,
+                        advantages=torch.as_tensor(advantages), ref_logprobs=torch.as_tensor(ref_logprobs),
+                        sampler_logprobs=(torch.zeros(mask.shape) if sampler_logprobs is None
+                                          else torch.as_tensor(sampler_logprobs)),
+                        old_logprobs=None if old_logprobs is None else torch.as_tensor(old_logprobs), first=first)

@@ -1,4 +1,5 @@
-"""Pure loss functions. Each takes per-token values and returns (loss, detached metrics).
+"""Pure loss functions. Each takes per-token values and a typed micro-batch (`data/batch.py`) and returns
+(loss, a typed record of summable statistics).
 
 The normaliser is the number of valid (mask=1) tokens of the whole optimizer
 step across micro-batches and ranks, so splitting a batch into micro-batches
@@ -7,22 +8,29 @@ step across micro-batches and ranks, so splitting a batch into micro-batches
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from nemo_rcgrpo.data.batch import LossStats, MicroBatch, RLMicroBatch
 from nemo_rcgrpo.registry import lookup, register
 
 
 @register("loss_aggregation", "token")
-def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, batch: dict) -> torch.Tensor:
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float,
+               num_sequences: float | None) -> torch.Tensor:
     """sum_t mask * loss_t / num_valid_tokens (the update's token count)."""
     return (per_token * mask).sum() / max(num_valid_tokens, 1.0)
 
 
 @register("loss_aggregation", "sequence")
-def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, batch: dict) -> torch.Tensor:
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float,
+                  num_sequences: float | None) -> torch.Tensor:
     """sum_b [sum_t mask * loss_t / len_b] / num_sequences (the update's sequence count)."""
+    if not num_sequences:
+        raise ValueError("loss aggregation 'sequence' needs the update's sequence count (GRPOLoss.num_sequences)")
     lengths = mask.sum(dim=1).clamp(min=1.0)  # [B]
-    return ((per_token * mask).sum(dim=1) / lengths).sum() / float(batch["num_sequences"])
+    return ((per_token * mask).sum(dim=1) / lengths).sum() / float(num_sequences)
 
 
 @register("policy_loss", "clipped")
@@ -44,32 +52,53 @@ def unclipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high
     return -ratio * adv, torch.zeros_like(ratio, dtype=torch.bool)  # [B, T], nothing clipped
 
 
-def sft_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float):
+@dataclass(frozen=True)
+class NLLStats(LossStats):
+    """``sft_loss``'s record: the summed negative log-likelihood and the trained tokens."""
+
+    nll_sum: float = 0.0
+    tokens: float = 0.0
+
+
+def sft_loss(token_logprobs: torch.Tensor, batch: MicroBatch, num_valid_tokens: float) -> tuple[torch.Tensor, NLLStats]:
     """Negative log-likelihood of the assistant tokens (stage 1: SFT and RCTP-FT).
 
-    token_logprobs: [B, T] log p(token_t | tokens_<t); batch["loss_mask"]: [B, T] in {0, 1}.
+    token_logprobs: [B, T] log p(token_t | tokens_<t); batch.loss_mask: [B, T] in {0, 1}.
     RCTP-FT is the same objective on reward-conditioned data: the reward token
     sits in the (masked) user message, so this is log p(trajectory | goal).
     """
-    mask = batch["loss_mask"].to(token_logprobs.dtype)  # [B, T]
+    mask = batch.loss_mask.to(token_logprobs.dtype)  # [B, T]
     nll_sum = -(token_logprobs * mask).sum()  # scalar
     loss = nll_sum / max(num_valid_tokens, 1.0)
-    return loss, {"nll_sum": nll_sum.detach().item(), "tokens": mask.sum().item()}
+    return loss, NLLStats(loss=loss.item(), nll_sum=nll_sum.item(), tokens=mask.sum().item())
 
 
-def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_valid_tokens: float, *,
-              clip_low: float = 0.2, clip_high: float = 0.2, kl_beta: float = 0.1, kl_estimator: str = "k3",
-              aggregation: str = "token", tis_cap: float | None = None, policy_loss: str = "clipped"):
-    """PPO-clipped policy loss with a KL penalty to the reference (GRPO / RC-GRPO).
+@dataclass(frozen=True)
+class PolicyLossStats(LossStats):
+    """``GRPOLoss``'s record (sums over the micro-batch's generated tokens; ``tokens`` counts them). The sampler
+    sums compare the trainer's old logprobs with the generator's (NeMo-RL's token_mult_prob_error)."""
 
-    batch: loss_mask [B, T] (1 on generated tokens), ref_logprobs [B, T],
-    advantages [B] (one per rollout, broadcast over its tokens), old_logprobs [B, T]
-    (the trainer's logprobs before the first update of the batch; absent when the
-    batch gets one update: the ratio is then taken against the detached current
-    logprobs, which are the old ones, so ratio = 1 with the on-policy gradient);
-    for aggregation="sequence" also num_sequences (the update's count, a scalar);
-    optionally sampler_logprobs [B, T] (the generator's), for the train/inference
-    gap metrics and truncated importance sampling.
+    pg_loss_sum: float = 0.0
+    kl_sum: float = 0.0
+    clipped_tokens: float = 0.0
+    ratio_sum: float = 0.0
+    tokens: float = 0.0
+    sampler_abs_diff_sum: float = 0.0
+    sampler_mult_err_sum: float = 0.0
+
+
+RATIOS = ("old", "current")
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """PPO-clipped policy loss with a KL penalty to the reference (GRPO / RC-GRPO), its variant fixed by its
+    settings (``rl.loss``; ``ratio`` and ``num_sequences`` from the loop), never by what a batch holds.
+
+    ``ratio``: "old" takes the ratio against ``batch.old_logprobs`` (recomputed before the first update: several
+    updates per batch, or a backend that does not fuse that pass); "current" against the detached logprobs of
+    this very pass, which are the old ones when the batch gets one update (ratio = 1 with the on-policy
+    gradient). ``num_sequences``: the update's sequence count (aggregation "sequence").
 
         ratio_t = exp(logp_t - old_t)
         pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)   (policy_loss: clipped)
@@ -78,32 +107,51 @@ def grpo_loss(token_logprobs: torch.Tensor, batch: dict[str, torch.Tensor], num_
         token:    sum_t mask * loss_t / num_valid_tokens          (the update's token count)
         sequence: sum_b [sum_t mask * loss_t / len_b] / num_sequences
     """
-    mask = batch["loss_mask"].to(token_logprobs.dtype)  # [B, T]
-    adv = batch["advantages"].to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
-    old_logprobs = batch.get("old_logprobs")
-    old = token_logprobs.detach() if old_logprobs is None else old_logprobs.to(token_logprobs.dtype)  # [B, T]
-    log_ratio = (token_logprobs - old) * mask  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
-    pg, is_clipped = lookup("policy_loss", policy_loss)(ratio, adv, clip_low, clip_high)  # [B, T], [B, T]
-    sampler = batch.get("sampler_logprobs")
-    gap = None if sampler is None else (old - sampler.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
-    if tis_cap is not None:
-        if gap is None:
-            raise ValueError("tis_cap needs the generator's sampler_logprobs in the batch")
-        pg = pg * torch.exp(gap).clamp(max=tis_cap)  # [B, T]
-    kl = lookup("kl_estimator", kl_estimator)(token_logprobs, batch["ref_logprobs"]) * mask  # [B, T]
-    per_token = pg + kl_beta * kl  # [B, T]
-    loss = lookup("loss_aggregation", aggregation)(per_token, mask, num_valid_tokens, batch)
-    with torch.no_grad():
-        n = mask.sum()
-        metrics = {
-            "pg_loss_sum": float((pg * mask).sum()),
-            "kl_sum": float((kl * mask).sum()),
-            "clipped_tokens": float((is_clipped.to(mask.dtype) * mask).sum()),
-            "ratio_sum": float((ratio * mask).sum()),
-            "tokens": float(n),
-        }
-        if gap is not None:  # as NeMo-RL's token_mult_prob_error: mean exp(|trainer - generator logprob|)
-            metrics["sampler_abs_diff_sum"] = float((gap.abs() * mask).sum())
-            metrics["sampler_mult_err_sum"] = float((torch.exp(gap.abs()) * mask).sum())
-    return loss, metrics
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_beta: float = 0.1
+    kl_estimator: str = "k3"
+    aggregation: str = "token"
+    tis_cap: float | None = None
+    policy_loss: str = "clipped"
+    ratio: str = "old"
+    num_sequences: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ratio not in RATIOS:
+            raise ValueError(f"GRPOLoss.ratio={self.ratio!r}: one of {RATIOS}")
+
+    @classmethod
+    def from_config(cls, loss_cfg, ratio: str) -> "GRPOLoss":
+        """From the ``rl.loss`` section, with the loop's choice of ratio."""
+        return cls(clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, kl_beta=loss_cfg.kl_beta,
+                   kl_estimator=loss_cfg.kl_estimator, aggregation=loss_cfg.aggregation, tis_cap=loss_cfg.tis_cap,
+                   policy_loss=loss_cfg.policy_loss, ratio=ratio)
+
+    def __call__(self, token_logprobs: torch.Tensor, batch: RLMicroBatch,
+                 num_valid_tokens: float) -> tuple[torch.Tensor, PolicyLossStats]:
+        """token_logprobs: [B, T] with gradient. Returns the scalar loss and its statistics."""
+        if (batch.old_logprobs is None) != (self.ratio == "current"):
+            raise ValueError(f"GRPOLoss(ratio={self.ratio!r}) got a batch "
+                             f"{'without' if batch.old_logprobs is None else 'with'} old_logprobs")
+        mask = batch.loss_mask.to(token_logprobs.dtype)  # [B, T]
+        adv = batch.advantages.to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
+        old = (token_logprobs.detach() if batch.old_logprobs is None
+               else batch.old_logprobs.to(token_logprobs.dtype))  # [B, T]
+        ratio = torch.exp((token_logprobs - old) * mask)  # [B, T]
+        pg, is_clipped = lookup("policy_loss", self.policy_loss)(ratio, adv, self.clip_low, self.clip_high)  # [B, T]
+        gap = (old - batch.sampler_logprobs.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
+        if self.tis_cap is not None:
+            pg = pg * torch.exp(gap).clamp(max=self.tis_cap)  # [B, T]
+        kl = lookup("kl_estimator", self.kl_estimator)(token_logprobs, batch.ref_logprobs) * mask  # [B, T]
+        per_token = pg + self.kl_beta * kl  # [B, T]
+        loss = lookup("loss_aggregation", self.aggregation)(per_token, mask, num_valid_tokens, self.num_sequences)
+        with torch.no_grad():
+            stats = PolicyLossStats(
+                loss=float(loss), pg_loss_sum=float((pg * mask).sum()), kl_sum=float((kl * mask).sum()),
+                clipped_tokens=float((is_clipped.to(mask.dtype) * mask).sum()), ratio_sum=float((ratio * mask).sum()),
+                tokens=float(mask.sum()), sampler_abs_diff_sum=float((gap.abs() * mask).sum()),
+                # as NeMo-RL's token_mult_prob_error: mean exp(|trainer - generator logprob|)
+                sampler_mult_err_sum=float((torch.exp(gap.abs()) * mask).sum()))
+        return loss, stats

@@ -25,6 +25,7 @@ export) x the stage name.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -38,8 +39,10 @@ import torch
 from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
-from nemo_rcgrpo.algorithms.losses import grpo_loss
-from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, micro_batches, step_metrics, write_rollouts
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
+                                             write_rollouts)
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups, stratified_sample
 from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -59,11 +62,6 @@ from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, loa
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
 from nemo_rcgrpo.utils.logging import MetricsLogger
 from nemo_rcgrpo.utils.provenance import training_record
-
-
-# per-update sums of the loss's metrics (`grpo_loss`), added over micro-batches, updates and replicas
-SUMMED_METRICS = ("loss_local", "pg_loss_sum", "kl_sum", "clipped_tokens", "ratio_sum", "tokens",
-                  "sampler_abs_diff_sum", "sampler_mult_err_sum")
 
 
 class RLTrainer:
@@ -154,14 +152,15 @@ class RLTrainer:
         rl = self.cfg.rl
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        batches = micro_batches(trajs, adv.reshape(-1), self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
+        tokens = token_batches(trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
         # and the entropies come from that pass too (torch backend): no separate old-logprob pass
         fused = self.updates == 1 and rl.old_logprobs == "auto" and self.policy.fuses_old_logprobs
-        entropy = self._score(batches, old_logprobs=not fused)  # [N * G] entropy sums (zeros when fused)
+        batches, entropy = self._score(tokens, trajs, adv.reshape(-1), recompute_old=not fused)
         logprob_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        out, fused_entropy = self._update(batches, with_entropy=fused)
+        loss = GRPOLoss.from_config(rl.loss, ratio="current" if fused else "old")
+        out, fused_entropy = self._update(tokens, batches, loss, with_entropy=fused)
         if fused:
             entropy = fused_entropy
         entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
@@ -169,7 +168,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         sync_generator(self.policy, self.generator, self.shares_weights, self.step + 1)
         sync_seconds = time.perf_counter() - t0
-        num_valid = float(sum(int(b["loss_mask"].sum()) for b in batches))
+        num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens))
         metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds)
@@ -180,55 +179,48 @@ class RLTrainer:
         rest)."""
         return [i for i in indices if i % self.data_dist.world_size == self.data_dist.rank]
 
-    def _score(self, batches: list[dict[str, torch.Tensor]], old_logprobs: bool) -> torch.Tensor:
-        """Reference logprobs (and, unless fused into the update, old logprobs and entropies) of this replica's
-        micro-batches, before any update; returns the [N * G] entropy sums (zeros where not computed here)."""
-        entropy = torch.zeros(sum(len(b["input_ids"]) for b in batches), dtype=torch.float64)
-        for i in self._mine(range(len(batches))):
-            b = batches[i]
-            b["ref_logprobs"] = self.reference(b)
-            if old_logprobs:
+    def _score(self, tokens: list[MicroBatch], trajs: list, flat_adv: torch.Tensor,
+               recompute_old: bool) -> tuple[dict[int, RLMicroBatch], torch.Tensor]:
+        """This replica's complete micro-batches (by index among ``tokens``), scored before any update: reference
+        logprobs and, where the loss takes its ratio against them, old logprobs and entropies; with the [N * G]
+        entropy sums (zeros where not computed here)."""
+        entropy = torch.zeros(len(trajs), dtype=torch.float64)
+        firsts = list(itertools.accumulate((b.rows for b in tokens), initial=0))  # each batch's first rollout
+        batches = {}
+        for i in self._mine(range(len(tokens))):
+            b, first, old = tokens[i], firsts[i], None
+            if recompute_old:
                 old, ent = self.policy.logprobs(b, with_entropy=True)
-                b["old_logprobs"] = old
-                first = int(b["first"])
-                entropy[first:first + len(old)] = (ent * b["loss_mask"].float()).sum(1)
-        return entropy
+                entropy[first:first + b.rows] = (ent * b.loss_mask.float()).sum(1)
+            batches[i] = rl_micro_batch(b, trajs, first, flat_adv, self.reference(b), old)
+        return batches, entropy
 
-    def _update(self, batches: list[dict[str, torch.Tensor]], with_entropy: bool):
+    def _update(self, tokens: list[MicroBatch], batches: dict[int, RLMicroBatch], loss: GRPOLoss,
+                with_entropy: bool) -> tuple[UpdateTotals, torch.Tensor]:
         """``rl.ppo_epochs`` passes over ``rl.mini_batches`` consecutive slices of the micro-batches, one optimizer step
-        each (normalised by the slice's global token and sequence counts). Metrics: summed counts over the updates,
-        loss and grad norm averaged over them."""
+        each (normalised by the slice's global token and sequence counts, from every replica's ``tokens``; this
+        replica trains on its ``batches``). Returns the updates' totals and the fused pass's entropy sums."""
         rl = self.cfg.rl
-        n = len(batches)
+        n = len(tokens)
         slices = min(rl.mini_batches, n)  # dapo_filter may train on fewer groups than a full step: no empty slice
         bounds = [round(k * n / slices) for k in range(slices + 1)]
-        loss_fn = lambda lp, b, tokens: grpo_loss(  # noqa: E731
-            lp, b, tokens, clip_low=rl.loss.clip_low, clip_high=rl.loss.clip_high, kl_beta=rl.loss.kl_beta,
-            kl_estimator=rl.loss.kl_estimator, aggregation=rl.loss.aggregation, tis_cap=rl.loss.tis_cap,
-            policy_loss=rl.loss.policy_loss)
-        totals: dict[str, float] = {}
-        entropy = torch.zeros(sum(len(b["input_ids"]) for b in batches), dtype=torch.float64)
+        stats, grad_norm, lr = PolicyLossStats(), 0.0, 0.0
+        entropy = torch.zeros(sum(b.rows for b in tokens), dtype=torch.float64)
         for _epoch in range(rl.ppo_epochs):
             for lo, hi in zip(bounds, bounds[1:]):
-                tokens = float(sum(int(b["loss_mask"].sum()) for b in batches[lo:hi]))
-                for b in batches[lo:hi]:
-                    b["num_sequences"] = torch.tensor(float(sum(len(x["input_ids"]) for x in batches[lo:hi])))
-                mine = self._mine(range(lo, hi))
+                num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens[lo:hi]))
+                sequences = float(sum(b.rows for b in tokens[lo:hi]))
+                mine = [batches[i] for i in self._mine(range(lo, hi))]
                 kwargs = {"with_entropy": True} if with_entropy else {}
-                out = self.policy.train_step([batches[i] for i in mine], loss_fn, tokens, **kwargs)
-                for i, sums in zip(mine, out.pop("entropy_sums", [])):
-                    first = int(batches[i]["first"])
-                    entropy[first:first + len(sums)] = sums
-                # a fixed set of sums, reduced on every replica alike (one without micro-batches in this slice
-                # returns fewer keys, and every replica must join the same collectives)
-                for k in SUMMED_METRICS:
-                    totals[k] = totals.get(k, 0.0) + self.dp_sum(out.get(k, 0.0))
-                for k in ("grad_norm", "lr"):
-                    totals[k] = totals.get(k, 0.0) + out[k]
-        updates = float(rl.ppo_epochs * slices)
-        totals.update(loss_local=totals["loss_local"] / updates, grad_norm=totals["grad_norm"] / updates,
-                      lr=totals["lr"] / updates, updates=updates)
-        return totals, entropy
+                result = self.policy.train_step(mine, dataclasses.replace(loss, num_sequences=sequences), num_valid,
+                                                **kwargs)
+                for b, sums in zip(mine, result.entropy_sums or []):
+                    entropy[b.first:b.first + len(sums)] = sums
+                # one collective per update, on every replica alike (one without micro-batches adds zeros)
+                stats = stats + PolicyLossStats.total(result.stats, self.dp_sum)
+                grad_norm, lr = grad_norm + result.grad_norm, lr + result.lr
+        updates = rl.ppo_epochs * slices
+        return UpdateTotals(stats, updates, grad_norm / updates, lr / updates), entropy
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``

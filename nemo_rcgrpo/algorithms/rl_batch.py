@@ -10,44 +10,49 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
 from nemo_rcgrpo.algorithms.advantages import zero_variance_fraction
+from nemo_rcgrpo.algorithms.losses import PolicyLossStats
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.rollout.multi_turn import Trajectory
 
 RolloutGroup = list[Trajectory]  # the G rollouts of one task (one group); advantages are taken within it
 
 
-class TrainBatch(TypedDict, total=False):
-    """One micro-batch of an RL step. Built by `micro_batches`; the loop adds the rest before the update."""
-
-    input_ids: torch.Tensor  # [B, T] long: prompt, generated tokens and observations, right-padded
-    attention_mask: torch.Tensor  # [B, T] long: 1 on real tokens
-    loss_mask: torch.Tensor  # [B, T] long: 1 on generated tokens (what the loss trains)
-    advantages: torch.Tensor  # [B] float: one per rollout, broadcast over its tokens
-    sampler_logprobs: torch.Tensor  # [B, T] float: the generator's logprobs of the generated tokens (0 elsewhere)
-    first: torch.Tensor  # scalar long: the index of row 0 among the step's rollouts
-    ref_logprobs: torch.Tensor  # [B, T] float: the frozen reference's (added by the loop)
-    old_logprobs: torch.Tensor  # [B, T] float: before the first update, where recomputed (added by the loop)
-    num_sequences: torch.Tensor  # scalar float: rows in the update's slice (added per update)
+def token_batches(trajs: Sequence[Trajectory], pad_id: int, micro: int) -> list[MicroBatch]:
+    """The rollouts' tokens as right-padded micro-batches of ``micro`` rollouts, in trajectory order (batch i holds
+    rollouts i * micro ...): what the reference and the policy score before the update."""
+    return [collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs[s:s + micro]], pad_id)
+            for s in range(0, len(trajs), micro)]
 
 
-def micro_batches(trajs: Sequence[Trajectory], flat_adv: torch.Tensor, pad_id: int, micro: int) -> list[TrainBatch]:
-    """Right-padded micro-batches of ``micro`` rollouts in trajectory order, with their advantages (``flat_adv``:
-    [len(trajs)]) and sampler logprobs."""
-    batches: list[TrainBatch] = []
-    for s in range(0, len(trajs), micro):
-        part = trajs[s:s + micro]
-        b = collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in part], pad_id)
-        sampler = torch.zeros(b["input_ids"].shape, dtype=torch.float32)  # [B, T]
-        for row, t in enumerate(part):
-            sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
-        b.update(advantages=flat_adv[s:s + micro].float(), sampler_logprobs=sampler, first=torch.tensor(s))
-        batches.append(b)
-    return batches
+def rl_micro_batch(tokens: MicroBatch, trajs: Sequence[Trajectory], first: int, flat_adv: torch.Tensor,
+                   ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor | None) -> RLMicroBatch:
+    """The complete micro-batch of rollouts ``trajs[first : first + tokens.rows]``: their tokens, advantages
+    (``flat_adv``: [len(trajs)]), the generator's logprobs, the reference's and (None where the loss takes its
+    ratio against its own pass) the policy's old logprobs, [B, T] each."""
+    part = trajs[first:first + tokens.rows]
+    sampler = torch.zeros(tuple(tokens.input_ids.shape), dtype=torch.float32)  # [B, T]
+    for row, t in enumerate(part):
+        sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
+    return RLMicroBatch(tokens.input_ids, tokens.attention_mask, tokens.loss_mask,
+                        advantages=flat_adv[first:first + tokens.rows].float(), ref_logprobs=ref_logprobs,
+                        sampler_logprobs=sampler, old_logprobs=old_logprobs, first=first)
+
+
+@dataclass(frozen=True)
+class UpdateTotals:
+    """The updates of one RL step (``rl.ppo_epochs`` x mini-batches optimizer steps), summed."""
+
+    stats: PolicyLossStats  # over micro-batches, replicas and updates (stats.loss: the updates' losses added)
+    updates: int
+    grad_norm: float  # the mean over the updates
+    lr: float  # the mean over the updates
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:
@@ -60,24 +65,25 @@ def pearson(xs: list[float], ys: list[float]) -> float | None:
 
 
 def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor,
-                 entropy_sums: Sequence[float], out: dict[str, float], num_valid: float) -> dict[str, float]:
+                 entropy_sums: Sequence[float], out: UpdateTotals, num_valid: float) -> dict[str, float]:
     """The step's metrics from its groups, rewards [N, G], advantages [N, G], per-rollout entropy sums, the
-    updates' summed loss metrics ``out`` and the number of generated tokens."""
+    updates' totals and the number of generated tokens."""
+    stats = out.stats
     trajs = [t for g in groups for t in g]
     r = [t.reward for t in trajs]
     entropies = [e / max(1, t.generated_tokens) for e, t in zip(entropy_sums, trajs)]  # per-trajectory means
     m: dict[str, float] = {
-        "loss": out["loss_local"], "grad_norm": out["grad_norm"], "lr": out["lr"],
+        "loss": stats.loss / max(out.updates, 1), "grad_norm": out.grad_norm, "lr": out.lr,
         "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
         "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
         # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
         # per-trajectory means (short trajectories weigh more)
         "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
-        # per token over every update (out["tokens"]: the generated tokens of all updates, each epoch once)
-        "kl": out["kl_sum"] / max(out["tokens"], 1.0),
-        "clip_fraction": out["clipped_tokens"] / max(out["tokens"], 1.0),
-        "updates": out["updates"],
+        # per token over every update (stats.tokens: the generated tokens of all updates, each epoch once)
+        "kl": stats.kl_sum / max(stats.tokens, 1.0),
+        "clip_fraction": stats.clipped_tokens / max(stats.tokens, 1.0),
+        "updates": float(out.updates),
         "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
         "turns": statistics.fmean(t.num_turns for t in trajs),
         "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
@@ -86,9 +92,9 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
         "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
         "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
     }
-    if out["sampler_mult_err_sum"] > 0:  # the generator's logprobs against the trainer's, before the update
-        m["sampler_logprob_abs_diff"] = out["sampler_abs_diff_sum"] / max(out["tokens"], 1.0)
-        m["token_mult_prob_error"] = out["sampler_mult_err_sum"] / max(out["tokens"], 1.0)
+    if stats.sampler_mult_err_sum > 0:  # the generator's logprobs against the trainer's, before the update
+        m["sampler_logprob_abs_diff"] = stats.sampler_abs_diff_sum / max(stats.tokens, 1.0)
+        m["token_mult_prob_error"] = stats.sampler_mult_err_sum / max(stats.tokens, 1.0)
     # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
     # among the rollouts of each reward token
     corr = pearson(entropies, r)

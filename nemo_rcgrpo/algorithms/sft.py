@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from nemo_rcgrpo.algorithms.losses import sft_loss
+from nemo_rcgrpo.algorithms.losses import NLLStats, sft_loss
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.prepare_data import ensure_data
@@ -129,12 +129,12 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id)
             num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
             started = time.perf_counter()
-            metrics = policy.train_step(mine, sft_loss, num_valid)
+            result = policy.train_step(mine, sft_loss, num_valid)
             elapsed = time.perf_counter() - started
-            step_tokens = dp_sum(float(sum(int(mb["attention_mask"].sum()) for mb in mine)))
-            nll = dp_sum(metrics["nll_sum"])
+            step_tokens = dp_sum(float(sum(int(mb.attention_mask.sum()) for mb in mine)))
+            nll = NLLStats.total(result.stats, dp_sum).nll_sum
             tokens_seen += int(step_tokens)
-            last = {"loss": nll / num_valid, "lr": metrics["lr"], "grad_norm": metrics["grad_norm"],
+            last = {"loss": nll / num_valid, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
                     "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen}
             signum = stop.requested(dist)  # a signal arrived: this step is the last of the invocation

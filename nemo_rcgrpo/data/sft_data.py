@@ -9,6 +9,8 @@ from typing import Any, Sequence
 
 import torch
 
+from nemo_rcgrpo.data.batch import MicroBatch
+
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 
 
@@ -67,8 +69,8 @@ def epoch_batches(lengths: list[int], global_batch_size: int, seed: int, epoch: 
     return batches
 
 
-def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded [B, T] tensors: input_ids, attention_mask, loss_mask (shifted targets handled by the policy)."""
+def collate(examples: list[Example], pad_id: int) -> MicroBatch:
+    """The examples as one right-padded micro-batch (shifted targets are the policy's)."""
     width = max(len(e) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(examples), width), dtype=torch.long)
@@ -77,4 +79,4 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         ids[row, : len(e)] = torch.tensor(e.ids)
         attn[row, : len(e)] = 1
         mask[row, : len(e)] = torch.tensor(e.mask)
-    return {"input_ids": ids, "attention_mask": attn, "loss_mask": mask}
+    return MicroBatch(ids, attn, mask)

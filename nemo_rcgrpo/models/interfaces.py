@@ -4,23 +4,37 @@ Stage 1 (`algorithms/sft.py`) and stage 2 (`algorithms/rcgrpo.py`) drive a polic
 by way of `models/factory.py`. What a loop needs to know of a backend it asks the backend (its declared
 capabilities: ``module``, ``device``, ``fuses_old_logprobs``, ``distributed_rl``), never its name. Backends are
 registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
-``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a dict of [B, T] CPU tensors:
-``input_ids``, ``attention_mask``, ``loss_mask`` (1 on the trained tokens), plus what the loss reads
-(``advantages`` [B], ``ref_logprobs`` [B, T], ...); a backend moves it to its device.
+``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a frozen ``MicroBatch`` of [B, T] CPU
+tensors (`data/batch.py`; an RL step's is an ``RLMicroBatch``, with what the policy loss reads); a backend moves
+it to its device and hands it, as it got it, to the loss.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import torch
 
+from nemo_rcgrpo.data.batch import LossStats, MicroBatch
 from nemo_rcgrpo.utils.dist import DistInfo
 
-Batch = dict[str, torch.Tensor]
-# (token logprobs [B, T], batch, global number of valid tokens) -> (scalar loss, float metrics)
-LossFn = Callable[[torch.Tensor, Batch, float], "tuple[torch.Tensor, dict[str, float]]"]
+# (token logprobs [B, T] with gradient, the micro-batch, the update's number of valid tokens over every
+# micro-batch and rank) -> (scalar loss, its statistics): `algorithms/losses.py` (sft_loss, GRPOLoss)
+LossFn = Callable[[torch.Tensor, MicroBatch, float], "tuple[torch.Tensor, LossStats]"]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step of a policy reports."""
+
+    stats: list[LossStats]  # the loss's record of each of this replica's micro-batches, in order
+    grad_norm: float  # before clipping
+    lr: float  # the learning rate of this step
+    entropy_sums: list[torch.Tensor] | None = None  # with_entropy: per micro-batch the [B] token-entropy sums
+
+
 WeightMeta = list[tuple[str, tuple[int, ...], torch.dtype]]  # (HF name, shape, dtype) in export order
 
 
@@ -38,13 +52,14 @@ class Policy(Protocol):
     # checkpoints hold a backend folder written by save_sharded from every rank (Megatron's dist_checkpointing)
     sharded_checkpoints: bool
 
-    def logprobs(self, batch: Batch, with_entropy: bool = False) -> Any:
+    def logprobs(self, batch: MicroBatch, with_entropy: bool = False) -> Any:
         """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""
 
-    def train_step(self, micro_batches: list[Batch], loss_fn: LossFn, num_valid_tokens: float,
-                   with_entropy: bool = False) -> dict[str, Any]:
-        """One optimizer step over this rank's micro-batches: loss_local, grad_norm, lr and the loss's metrics
-        summed (with ``with_entropy`` also entropy_sums: per micro-batch the [B] entropy sums)."""
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float,
+                   with_entropy: bool = False) -> StepResult:
+        """One optimizer step over this rank's micro-batches (none: it still joins the step's collectives): the
+        loss's record of each, the gradient norm, the learning rate (with ``with_entropy`` also the entropy sums of
+        the training pass)."""
 
     def data_parallel(self) -> tuple[DistInfo, Callable[[Any], Any]]:
         """The data-parallel view batches are split by, and a sum over the data-parallel replicas."""
@@ -52,7 +67,7 @@ class Policy(Protocol):
     def sync_hf_model(self) -> torch.nn.Module | None:
         """The HF model holding the current weights on rank 0 (a collective where weights are sharded)."""
 
-    def frozen_reference(self) -> Callable[[Batch], torch.Tensor]:
+    def frozen_reference(self) -> Callable[[MicroBatch], torch.Tensor]:
         """Reference logprobs [B, T] (on CPU) of a frozen copy of the current weights."""
 
     def export_meta(self) -> WeightMeta | None:

@@ -1,7 +1,7 @@
 """Torch policy backend: one process, or torchrun DDP (gloo on CPU, NCCL on GPU).
 
 Interface shared with the Megatron backend: ``token_logprobs(batch)``,
-``train_step(micro_batches, loss_fn, num_valid_tokens) -> metrics``,
+``train_step(micro_batches, loss_fn, num_valid_tokens) -> StepResult``,
 ``export_weights()`` (HF names, full tensors), ``state_dict()/load_state_dict()``.
 
 A model in bf16 / fp16 trains with fp32 master weights, as Megatron does: the
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nemo_rcgrpo.config_schema import TrainerConfig
-from nemo_rcgrpo.models.interfaces import LossFn
+from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.models.interfaces import LossFn, StepResult
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
@@ -186,25 +187,22 @@ class TorchPolicy:
         self.grad_clip = trainer.grad_clip
         self.base_lr = trainer.lr
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.dist.device) for k, v in batch.items()}
-
     @torch.no_grad()
-    def logprobs(self, batch: dict[str, torch.Tensor], with_entropy: bool = False):
+    def logprobs(self, batch: MicroBatch, with_entropy: bool = False):
         """[B, T] logprobs at the masked positions (and entropies with ``with_entropy``), no gradient."""
         was_training = self.module.training
         self.module.eval()
         try:
-            b = self._to_device(batch)
+            b = batch.to(self.dist.device)
             if with_entropy:
-                lp, ent = logprobs_and_entropy(self.module, b["input_ids"], b["attention_mask"], b["loss_mask"])
+                lp, ent = logprobs_and_entropy(self.module, b.input_ids, b.attention_mask, b.loss_mask)
                 return lp.cpu(), ent.cpu()
-            return token_logprobs(self.module, b["input_ids"], b["attention_mask"], b["loss_mask"]).cpu()
+            return token_logprobs(self.module, b.input_ids, b.attention_mask, b.loss_mask).cpu()
         finally:
             self.module.train(was_training)
 
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
-                   num_valid_tokens: float, with_entropy: bool = False) -> dict[str, float]:
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
+                   num_valid_tokens: float, with_entropy: bool = False) -> StepResult:
         """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last).
 
         ``with_entropy``: also return "entropy_sums", per micro-batch the [B] sums of the token entropies over
@@ -213,26 +211,23 @@ class TorchPolicy:
         self.optimizer.zero_grad(set_to_none=True)
         if self.mixed:
             self.module.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
+        stats = []
         entropy_sums: list[torch.Tensor] = []
-        loss_sum = 0.0
         for i, mb in enumerate(micro_batches):
             last = i == len(micro_batches) - 1
             sync = contextlib.nullcontext() if (last or not isinstance(self.model, DDP)) else self.model.no_sync()
             with sync:
-                b = self._to_device(mb)
+                b = mb.to(self.dist.device)
                 ent: list[torch.Tensor] | None = [] if with_entropy else None
-                lp = token_logprobs(self.model, b["input_ids"], b["attention_mask"], b.get("loss_mask"), ent)
+                lp = token_logprobs(self.model, b.input_ids, b.attention_mask, b.loss_mask, ent)
                 if ent is not None:
-                    entropy_sums.append((ent[0] * b["loss_mask"]).sum(1).double().cpu())
-                loss, metrics = loss_fn(lp, b, num_valid_tokens)
+                    entropy_sums.append((ent[0] * b.loss_mask).sum(1).double().cpu())
+                loss, record = loss_fn(lp, b, num_valid_tokens)
                 # DDP averages gradients over ranks; the loss is already normalised globally
                 (loss * self.dist.world_size).backward()
             if self.mixed and not isinstance(self.model, DDP):
                 self._gradients_to_master()  # fp32 accumulation over micro-batches
-            loss_sum += loss.item()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+            stats.append(record)
         if self.mixed:
             self._gradients_to_master()  # under DDP: once, after the last micro-batch's reduction
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip if self.grad_clip > 0 else float("inf"))
@@ -241,10 +236,7 @@ class TorchPolicy:
         self.scheduler.step()
         if self.mixed:
             self._master_to_model()
-        out = {"loss_local": loss_sum, "grad_norm": float(grad_norm), "lr": lr, **totals}
-        if with_entropy:
-            out["entropy_sums"] = entropy_sums
-        return out
+        return StepResult(stats, float(grad_norm), lr, entropy_sums if with_entropy else None)
 
     @torch.no_grad()
     def _gradients_to_master(self) -> None:
@@ -304,7 +296,7 @@ class TorchPolicy:
         return self.module
 
     @torch.no_grad()
-    def frozen_reference(self) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    def frozen_reference(self) -> Callable[[MicroBatch], torch.Tensor]:
         """Logprobs of a frozen copy of the current weights, on the policy's device and in its dtype (batches
         come from CPU and go back)."""
         import copy
@@ -313,9 +305,9 @@ class TorchPolicy:
         device = next(reference.parameters()).device
 
         @torch.no_grad()
-        def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            ids, attn, mask = (batch[k].to(device) for k in ("input_ids", "attention_mask", "loss_mask"))
-            return token_logprobs(reference, ids, attn, mask).cpu()
+        def logprobs(batch: MicroBatch) -> torch.Tensor:
+            b = batch.to(device)
+            return token_logprobs(reference, b.input_ids, b.attention_mask, b.loss_mask).cpu()
 
         return logprobs
 

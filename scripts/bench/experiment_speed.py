@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from _common import cpu_name, emit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 START, END = "<!-- bench:experiment_speed:start -->", "<!-- bench:experiment_speed:end -->"
@@ -64,8 +64,8 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
         for side in sides:
             torch_policy.GATHERED_MODEL_TYPES = gathered if side == "rows" else frozenset()
             t0 = time.perf_counter()
-            lp = torch_policy.token_logprobs(model, b["input_ids"], b["attention_mask"], b["loss_mask"])
-            loss = -(lp * b["loss_mask"]).sum() / b["loss_mask"].sum()
+            lp = torch_policy.token_logprobs(model, b.input_ids, b.attention_mask, b.loss_mask)
+            loss = -(lp * b.loss_mask).sum() / b.loss_mask.sum()
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -73,8 +73,8 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
                 out[side].append(time.perf_counter() - t0)
         if i:
             out["tokens"].append(float(b["input_ids"].numel()))
-            out["trained"].append(float(b["loss_mask"][:, 1:].sum()))
-            out["union_positions"].append(float(b["loss_mask"][:, 1:].any(0).sum() * len(idx)))
+            out["trained"].append(float(b.loss_mask[:, 1:].sum()))
+            out["union_positions"].append(float(b.loss_mask[:, 1:].any(0).sum() * len(idx)))
     torch_policy.GATHERED_MODEL_TYPES = gathered
     return out
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from _common import cpu_name, emit  # noqa: E402
 from baselines.legacy_hf_generator import LegacyHFGenerator  # noqa: E402
 
 from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
@@ -146,9 +146,11 @@ def full_steps(args, run_dir: str) -> list[str]:
             trainer.task_cursor = 0  # the same tasks, tokens and sampling seeds on both sides
             shared = trainer.generator.prefilled["shared"]
             t0 = time.perf_counter()
-            groups, stats = trainer.collect(random.Random(0))
+            rollouts = trainer.collect(random.Random(0))
             rollout_s = time.perf_counter() - t0
-            metrics, _ = trainer.train_step(groups, dict(stats))
+            groups = rollouts.groups
+            rewards, adv = trainer.advantages(groups)
+            metrics = trainer.train_step(groups, rewards, adv, dict(rollouts.stats))
             total = time.perf_counter() - t0
             runs[side].append({"total": total, "rollouts": rollout_s, "generation": metrics["generation_seconds"],
                                "logprob": metrics["logprob_seconds"], "update": metrics["train_seconds"],

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # env_replay beside it; the checkout's package if not installed
-from env_replay import cpu_name, emit  # noqa: E402
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # _common beside it; the checkout's package if not installed
+from _common import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config_schema import TrainerConfig
@@ -80,14 +80,14 @@ def main() -> int:
     def bare_step(mbs):
         bare_opt.zero_grad(set_to_none=True)
         for mb in mbs:
-            mb = {k: v.to(device) for k, v in mb.items()}
-            labels = mb["input_ids"].masked_fill(mb["loss_mask"] == 0, -100)
-            out = bare_model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], labels=labels)
+            mb = mb.to(device)
+            labels = mb.input_ids.masked_fill(mb.loss_mask == 0, -100)
+            out = bare_model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, labels=labels)
             (out.loss / len(mbs)).backward()
         bare_opt.step()
 
     def backend_step(mbs):
-        valid = float(sum(int(mb["loss_mask"].sum()) for mb in mbs))
+        valid = float(sum(int(mb.loss_mask.sum()) for mb in mbs))
         policy.train_step(mbs, sft_loss, valid)
 
     times = {"bare": 0.0, "backend": 0.0}

@@ -25,7 +25,7 @@ from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.train import main
 from nemo_rcgrpo.utils.logging import read_metrics
 
-from ..conftest import hand_advantages
+from ..conftest import hand_advantages, rl_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,8 +108,8 @@ def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
 
 def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     """The trainer's first step against the same rollouts as one hand-built batch: hand advantages, one forward
-    and backward through grpo_loss, gradient clipping and one AdamW step. Same loss, gradient norm and weights."""
-    from nemo_rcgrpo.algorithms.losses import grpo_loss
+    and backward through GRPOLoss, gradient clipping and one AdamW step. Same loss, gradient norm and weights."""
+    from nemo_rcgrpo.algorithms.losses import GRPOLoss
     from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.data.sft_data import Example, collate
@@ -133,12 +133,12 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     assert any(a != 0 for a in hand_adv)
     batch = collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        old = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
-    batch.update(advantages=torch.tensor(hand_adv), old_logprobs=old, ref_logprobs=old,
-                 num_sequences=torch.tensor(float(len(trajs))))
-    n = float(batch["loss_mask"].sum())
-    lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
-    loss, _ = grpo_loss(lp, batch, n, kl_beta=0.3)
+        old = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    batch = rl_batch(batch.loss_mask, torch.tensor(hand_adv), old, old_logprobs=old, input_ids=batch.input_ids,
+                     attention_mask=batch.attention_mask)
+    n = float(batch.loss_mask.sum())
+    lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+    loss, _ = GRPOLoss(kl_beta=0.3, num_sequences=float(len(trajs)))(lp, batch, n)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
     grads = {k: p.grad.clone() for k, p in model.named_parameters()}

@@ -33,17 +33,19 @@ def test_torch_policy_on_cuda_takes_cpu_batches_and_trains_bf16_with_fp32_master
     compute on the GPU and hand CPU tensors back; a bf16 model's masters are fp32 on the GPU."""
     from nemo_rcgrpo.config_schema import TrainerConfig
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
+    from nemo_rcgrpo.algorithms.losses import sft_loss
+    from nemo_rcgrpo.data.batch import MicroBatch
     from nemo_rcgrpo.utils.dist import DistInfo
 
     model = load_model("tiny-llama", "bfloat16")
     policy = TorchPolicy(model, TrainerConfig(lr=1e-5, schedule="constant"), DistInfo(device=torch.device("cuda", 0)), 4)
     reference = policy.frozen_reference()
     ids = torch.randint(0, 1000, (2, 12))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    batch = MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids))
     ref, cur = reference(batch), policy.logprobs(batch)
     assert ref.device.type == "cpu" and cur.device.type == "cpu" and torch.equal(ref, cur)
     before = [m.detach().clone() for m in policy.master_weights()]
-    policy.train_step([batch], lambda lp, b, n: (-(lp * b["loss_mask"]).sum() / n, {}), 24.0)
+    policy.train_step([batch], sft_loss, 24.0)
     after = policy.master_weights()
     assert all(m.device.type == "cuda" and m.dtype == torch.float32 for m in after)
     moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded
@@ -41,7 +42,7 @@ def make_policy(name: str, tp: int, distributed_optimizer: bool, dist, pp: int =
     return MegatronPolicy(hf, cfg, dist, total_steps=4)
 
 
-def make_batches(policy: MegatronPolicy, vocab: int) -> tuple[list[dict], float]:
+def make_batches(policy: MegatronPolicy, vocab: int) -> tuple[list[RLMicroBatch], float]:
     """Two GRPO micro-batches of 2 sequences (old = reference logprobs: the step starts on-policy)."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (4, 24), generator=g)
@@ -51,19 +52,23 @@ def make_batches(policy: MegatronPolicy, vocab: int) -> tuple[list[dict], float]
     batches = []
     for s, adv in ((0, [1.0, -0.5]), (2, [0.25, -1.0])):
         rows = slice(s, s + 2)
-        b = {"input_ids": ids[rows], "attention_mask": torch.ones_like(ids[rows]), "loss_mask": loss_mask[rows]}
-        old = policy.logprobs(b)
-        b.update(old_logprobs=old, ref_logprobs=old.clone(), advantages=torch.tensor(adv),
-                 num_sequences=torch.tensor(4.0))
-        batches.append(b)
+        t = MicroBatch(ids[rows], torch.ones_like(ids[rows]), loss_mask[rows])
+        old = policy.logprobs(t)
+        batches.append(RLMicroBatch(t.input_ids, t.attention_mask, t.loss_mask, advantages=torch.tensor(adv),
+                                    ref_logprobs=old.clone(), sampler_logprobs=torch.zeros(old.shape),
+                                    old_logprobs=old, first=s))
     return batches, float(loss_mask.sum())
 
 
-def loss_fn(lp, b, n):
-    return grpo_loss(lp, b, n, kl_beta=0.1)
+loss_fn = GRPOLoss(kl_beta=0.1, num_sequences=4.0)
 
 
-def logprobs(policy: MegatronPolicy, batches: list[dict]) -> list[torch.Tensor]:
+def step_loss(result) -> float:
+    """This replica's share of a step's loss (its micro-batches' records added)."""
+    return PolicyLossStats.total(result.stats).loss
+
+
+def logprobs(policy: MegatronPolicy, batches: list[RLMicroBatch]) -> list[torch.Tensor]:
     return [policy.logprobs(b) for b in batches]
 
 
@@ -103,8 +108,8 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     result = {"model": name, "distributed_optimizer": distributed_optimizer, "tp": world,
               "checkpoint_bytes": dir_size(ckpt), "save_s": save_s, "load_s": load_s,
               "fresh_logprob_diff": initial_diff, "reloaded_logprob_diff": reloaded,
-              "resumed_step_loss_diff": abs(resumed["loss_local"] - steps[0]["loss_local"]),
-              "resumed_grad_norm_diff": abs(resumed["grad_norm"] - steps[0]["grad_norm"]),
+              "resumed_step_loss_diff": abs(step_loss(resumed) - step_loss(steps[0])),
+              "resumed_grad_norm_diff": abs(resumed.grad_norm - steps[0].grad_norm),
               "resumed_logprob_diff": max_diff(logprobs(fresh, batches), after[1])}
     del fresh
 
@@ -121,8 +126,8 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     info, reduce_sum = tp1.data_parallel()
     out = tp1.train_step([batches[info.rank]], loss_fn, n)
     result.update(tp1_dp=info.world_size,
-                  tp1_step_loss_diff=abs(reduce_sum(out["loss_local"]) - steps[0]["loss_local"]),
-                  tp1_grad_norm_diff=abs(out["grad_norm"] - steps[0]["grad_norm"]),
+                  tp1_step_loss_diff=abs(reduce_sum(step_loss(out)) - step_loss(steps[0])),
+                  tp1_grad_norm_diff=abs(out.grad_norm - steps[0].grad_norm),
                   tp1_resumed_logprob_diff=max_diff(logprobs(tp1, batches), after[1]))
     if distributed_optimizer:  # (c) this state, sharded over DP = 2, goes back to TP = 2
         save_sharded(tp1.ddp, tp1.optimizer, tmp / f"{ckpt.name}-tp1", {"optimizer_step": tp1.optimizer_step})
@@ -134,19 +139,19 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     pp2.optimizer_step = load_sharded(pp2.ddp, pp2.optimizer, ckpt)["optimizer_step"]
     result["pp2_logprob_diff"] = max_diff(logprobs(pp2, batches), after[0])
     out = pp2.train_step(batches, loss_fn, n)
-    result.update(pp2_step_loss_diff=abs(out["loss_local"] - steps[0]["loss_local"]),
+    result.update(pp2_step_loss_diff=abs(step_loss(out) - step_loss(steps[0])),
                   pp2_resumed_logprob_diff=max_diff(logprobs(pp2, batches), after[1]))
     return result
 
 
-def back_to_tp2(name: str, ckpt: Path, batches: list[dict], n: float, step: dict, after: list, dist) -> dict:
+def back_to_tp2(name: str, ckpt: Path, batches: list[RLMicroBatch], n: float, step, after: list, dist) -> dict:
     """A checkpoint of the distributed optimizer sharded over DP = 2 loads at TP = 2, DP = 1 and takes the
     original's next step."""
     back = make_policy(name, dist.world_size, True, dist)
     back.optimizer_step = load_sharded(back.ddp, back.optimizer, ckpt)["optimizer_step"]
     result = {"back_logprob_diff": max_diff(logprobs(back, batches), after[0])}
     out = back.train_step(batches, loss_fn, n)
-    result.update(back_step_loss_diff=abs(out["loss_local"] - step["loss_local"]),
+    result.update(back_step_loss_diff=abs(step_loss(out) - step_loss(step)),
                   back_resumed_logprob_diff=max_diff(logprobs(back, batches), after[1]))
     return result
 

@@ -13,6 +13,7 @@ from transformers import LlamaConfig
 from nemo_rcgrpo.config_schema import MegatronConfig
 from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel
 from nemo_rcgrpo.models.megatron.flags import Platform, decide
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.megatron.policy import pad_micro_batches
 
 
@@ -36,7 +37,8 @@ def main() -> None:
     with torch.no_grad():
         ddp.eval()
         plain = ddp(ids, pos(ids), None)
-        padded_ids = pad_micro_batches([{"input_ids": ids}], same_shape=False, multiple=16)[0]["input_ids"]
+        ones = torch.ones_like(ids)
+        padded_ids = pad_micro_batches([MicroBatch(ids, ones, ones)], same_shape=False, multiple=16)[0].input_ids
         padded = ddp(padded_ids, pos(padded_ids), None)
         ddp.train()
     before = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}

@@ -6,7 +6,7 @@
 
 Both backends start from the same HF weights (reward tokens added, so the
 vocabulary is padded), compute old / reference logprobs, take one step of the
-same pure ``grpo_loss`` on the same micro-batches, and then: rank 0's HF copy
+same pure ``GRPOLoss`` on the same micro-batches, and then: rank 0's HF copy
 receives ``export_weights()`` (the generator's weight sync) and is compared with
 the torch policy's weights; logprobs of both backends are compared before and
 after the step; a sharded checkpoint is loaded into a fresh policy.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
@@ -112,21 +113,23 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     loss_mask = torch.zeros_like(ids)
     loss_mask[:, 12:] = 1
     loss_mask[1, 20:] = 0
-    batches = []
+    batches, ents = [], []
     for s in (0, 2):
-        b = {"input_ids": ids[s:s + 2], "attention_mask": torch.ones_like(ids[s:s + 2]), "loss_mask": loss_mask[s:s + 2]}
-        old, ent = policy.logprobs(b, with_entropy=True)
-        b.update(old_logprobs=old, ref_logprobs=reference(b), advantages=torch.tensor([1.0, -0.5]) if s == 0 else
-                 torch.tensor([0.25, -1.0]), num_sequences=torch.tensor(4.0))
-        b["entropy"] = ent
-        batches.append(b)
-    policy_one = policy.logprobs({k: v[:1] for k, v in batches[0].items() if k == "input_ids"}, with_entropy=True)
+        t = MicroBatch(ids[s:s + 2], torch.ones_like(ids[s:s + 2]), loss_mask[s:s + 2])
+        old, ent = policy.logprobs(t, with_entropy=True)
+        batches.append(RLMicroBatch(t.input_ids, t.attention_mask, t.loss_mask,
+                                    advantages=torch.tensor([1.0, -0.5] if s == 0 else [0.25, -1.0]),
+                                    ref_logprobs=reference(t), sampler_logprobs=torch.zeros(t.input_ids.shape),
+                                    old_logprobs=old, first=s))
+        ents.append(ent)
+    one = MicroBatch(ids[:1], torch.ones_like(ids[:1]), loss_mask[:1])
+    policy_one = policy.logprobs(one, with_entropy=True)
     n = float(loss_mask.sum())
-    loss_fn = lambda lp, b, k: grpo_loss(lp, b, k, kl_beta=0.1)  # noqa: E731
+    loss_fn = GRPOLoss(kl_beta=0.1, num_sequences=4.0)
     replica, dp_sum = policy.data_parallel()
     mine = batches[replica.rank::replica.world_size]
     out = policy.train_step(mine, loss_fn, n)
-    out = {**out, "loss_local": dp_sum(out["loss_local"]), "kl_sum": dp_sum(out["kl_sum"])}
+    stats = PolicyLossStats.total(out.stats, dp_sum)
     policy.sync_hf_model()  # the generator's weight sync: rank 0's HF copy receives export_weights()
     streamed = stream_counts(policy, dist)
     after = [policy.logprobs(b) for b in batches]
@@ -135,25 +138,25 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
         tpol = TorchPolicy(torch_model, cfg.trainer, DistInfo(), total_steps=4)
         t_old = [tpol.logprobs(b, with_entropy=True) for b in batches]
         # one row: the logits slice is contiguous (megatron's cross entropy works in place on it)
-        one = {k: v[:1] if v.dim() else v for k, v in batches[0].items()}
         result["one_row_entropy_diff"] = float(((policy_one[1] - tpol.logprobs(one, with_entropy=True)[1])
-                                                * one["loss_mask"]).abs().max())
+                                                * one.loss_mask).abs().max())
         t_out = tpol.train_step(batches, loss_fn, n)
+        t_stats = PolicyLossStats.total(t_out.stats)
         t_after = [tpol.logprobs(b) for b in batches]
         synced = policy.module.state_dict()
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
         result.update({
             "model": name, "tp": tp, "pp": pp, "dp": replica.world_size, "stream": streamed,
-            "old_logprob_diff": max(float(((b["old_logprobs"] - o[0]) * b["loss_mask"]).abs().max())
+            "old_logprob_diff": max(float(((b.old_logprobs - o[0]) * b.loss_mask).abs().max())
                                     for b, o in zip(batches, t_old)),
-            "entropy_diff": max(float(((b["entropy"] - o[1]) * b["loss_mask"]).abs().max()) for b, o in zip(batches, t_old)),
-            "loss": out["loss_local"], "torch_loss": t_out["loss_local"],
-            "grad_norm": out["grad_norm"], "torch_grad_norm": t_out["grad_norm"],
-            "kl_sum": out["kl_sum"], "torch_kl_sum": t_out["kl_sum"],
+            "entropy_diff": max(float(((e - o[1]) * b.loss_mask).abs().max()) for b, e, o in zip(batches, ents, t_old)),
+            "loss": stats.loss, "torch_loss": t_stats.loss,
+            "grad_norm": out.grad_norm, "torch_grad_norm": t_out.grad_norm,
+            "kl_sum": stats.kl_sum, "torch_kl_sum": t_stats.kl_sum,
             "weights_vs_torch": moved,
             "weights_changed": max(float((synced[k][: start[k].shape[0]] - start[k]).abs().max()) for k in start),
-            "new_logprob_diff": max(float(((a - t) * b["loss_mask"]).abs().max())
+            "new_logprob_diff": max(float(((a - t) * b.loss_mask).abs().max())
                                     for a, t, b in zip(after, t_after, batches)),
         })
     # checkpoint round trip: a fresh policy loaded from the sharded checkpoint gives the same logprobs
@@ -175,11 +178,12 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     # the next step from the reloaded optimizer state equals the next step of the original
     o1 = policy.train_step(mine, loss_fn, n)
     o2 = fresh.train_step(mine, loss_fn, n)
-    result.update(reloaded_logprob_diff=reloaded, resumed_step_loss_diff=abs(o1["loss_local"] - o2["loss_local"]),
+    result.update(reloaded_logprob_diff=reloaded,
+                  resumed_step_loss_diff=abs(PolicyLossStats.total(o1.stats).loss - PolicyLossStats.total(o2.stats).loss),
                   resumed_logprob_diff=max(float((policy.logprobs(b) - fresh.logprobs(b)).abs().max()) for b in batches))
     # a step in which only replica 0 has a micro-batch (RL groups can be dropped): the others still take part
     lonely = policy.train_step(mine[:1] if replica.rank == 0 else [], loss_fn, n)
-    result["lonely_step_grad_norm"] = lonely["grad_norm"]
+    result["lonely_step_grad_norm"] = lonely.grad_norm
     return result
 
 

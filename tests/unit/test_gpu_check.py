@@ -72,7 +72,7 @@ def test_a_wheel_pin_that_was_not_tested_here(gpu_check, tmp_path):
 def test_only_the_machines_packages_import_under_the_blocker(gpu_check):
     gm = gpu_check.gpu_machine
     owners = {"torch": {"torch"}, "yaml": {"pyyaml"}, "wandb": {"wandb"}, "google": {"protobuf", "googleapis-x"},
-              "nemo_rcgrpo": {"nemo-rcgrpo"}, "env_replay": set()}
+              "nemo_rcgrpo": {"nemo-rcgrpo"}, "_common": set()}
     assert gm.blocked_modules({"torch", "protobuf", "nemo-rcgrpo"}, owners) == {"yaml", "wandb"}
     # in a real process: pyyaml is on the machine, wandb is not
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import gpu_machine; gpu_machine.install_blocker()\n"

@@ -1,4 +1,4 @@
-"""grpo_loss through every KL estimator and both aggregations, against values worked out by hand.
+"""GRPOLoss through every KL estimator and both aggregations, against values worked out by hand.
 
 One batch of 3 sequences of different lengths (3, 2 and 4 tokens), advantages of both signs,
 ratios away from 1 (some clipped), and a reference that differs from the policy by d = ref - logp
@@ -10,8 +10,10 @@ import math
 import pytest
 import torch
 
-from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss
 from nemo_rcgrpo.registry import names
+
+from ..conftest import rl_batch
 
 L = math.log(2)
 CLIP_LOW, CLIP_HIGH, BETA = 0.2, 0.3, 0.1
@@ -24,7 +26,7 @@ ADV = [2.0, -1.0, 0.5]
 LENGTHS = [3, 2, 4]  # sum 9 tokens
 
 
-def _batch(num_sequences=3):
+def _batch():
     logp = torch.tensor([[-0.5, -1.2, -0.8, -0.3], [-2.0, -0.1, -0.7, -1.1], [-0.4, -0.9, -1.6, -0.2]],
                         dtype=torch.float64)
     old, ref, mask = logp.clone(), logp.clone(), torch.zeros(3, 4, dtype=torch.long)
@@ -36,9 +38,7 @@ def _batch(num_sequences=3):
                 old[b, t] = logp[b, t] - math.log(RATIOS[b][t])
                 ref[b, t] = logp[b, t] + DS[b][t]
                 mask[b, t] = 1
-    batch = {"loss_mask": mask, "old_logprobs": old, "ref_logprobs": ref,
-             "advantages": torch.tensor(ADV, dtype=torch.float64), "num_sequences": num_sequences}
-    return logp, batch
+    return logp, rl_batch(mask, torch.tensor(ADV, dtype=torch.float64), ref, old_logprobs=old)
 
 
 def _kl(est, d):
@@ -109,28 +109,29 @@ HAND_LOSS = {
 @pytest.mark.parametrize("est, aggregation", sorted(HAND_LOSS))
 def test_loss_and_metrics_by_hand(est, aggregation):
     logp, batch = _batch()
-    loss, m = grpo_loss(logp, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA,
-                        kl_estimator=est, aggregation=aggregation)
+    loss, stats = GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est,
+                           aggregation=aggregation, num_sequences=3)(logp, batch, 9.0)
+    m = stats.as_dict()
     want_loss, want_m = _by_hand(est, aggregation)
     assert want_loss == pytest.approx(HAND_LOSS[est, aggregation], rel=1e-12)  # the loops agree with the comments
     assert loss.item() == pytest.approx(want_loss, rel=1e-9), f"{est}/{aggregation} loss"
-    assert set(m) == set(want_m)
+    assert m["loss"] == pytest.approx(want_loss, rel=1e-9)
     for key, value in want_m.items():
         assert m[key] == pytest.approx(value, rel=1e-9, abs=1e-12), f"{est}/{aggregation} {key}"
 
 
 def test_the_estimators_give_different_losses():
     logp, batch = _batch()
-    losses = {est: grpo_loss(logp, batch, 9.0, kl_beta=BETA, kl_estimator=est)[0].item() for est in names("kl_estimator")}
+    losses = {est: GRPOLoss(kl_beta=BETA, kl_estimator=est)(logp, batch, 9.0)[0].item() for est in names("kl_estimator")}
     assert len({round(v, 9) for v in losses.values()}) == 3, losses
 
 
 def test_normalisers_are_the_global_counts():
-    logp, batch = _batch(num_sequences=6)  # this micro-batch is half of a 6-sequence step on 18 tokens
-    tok, _ = grpo_loss(logp, batch, 18.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k2")
+    logp, batch = _batch()  # this micro-batch is half of a 6-sequence step on 18 tokens
+    loss = GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k2", num_sequences=6)
+    tok, _ = loss(logp, batch, 18.0)
     assert tok.item() == pytest.approx(HAND_LOSS["k2", "token"] * 9 / 18)
-    seq, _ = grpo_loss(logp, batch, 18.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k2",
-                       aggregation="sequence")
+    seq, _ = GRPOLoss(**{**vars(loss), "aggregation": "sequence"})(logp, batch, 18.0)
     assert seq.item() == pytest.approx(HAND_LOSS["k2", "sequence"] * 3 / 6)
 
 
@@ -154,7 +155,7 @@ def _hand_grad(est, aggregation):
 def test_gradient_by_hand_k3_token():
     logp, batch = _batch()
     x = logp.clone().requires_grad_(True)
-    grpo_loss(x, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k3")[0].backward()
+    GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator="k3")(x, batch, 9.0)[0].backward()
     # seq 0: r=1.5 clipped: 0 + 0.1 (1 - 2) = -0.1;  r=0.5: -2 * 0.5 + 0.1 (1 - 0.5) = -0.95;
     #        r=1.1: -2.2 + 0.05 = -2.15;  padding 0                         (all / 9 tokens)
     # seq 1: padding 0; r=0.5 clipped: -0.1; r=1.5: 1.5 - 0.1 = 1.4; padding 0
@@ -169,26 +170,28 @@ def test_gradient_by_hand_k3_token():
 def test_gradient_by_hand_other_cases(est, aggregation):
     logp, batch = _batch()
     x = logp.clone().requires_grad_(True)
-    grpo_loss(x, batch, 9.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est,
-              aggregation=aggregation)[0].backward()
+    GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation=aggregation,
+             num_sequences=3)(x, batch, 9.0)[0].backward()
     # e.g. k1/sequence, seq 1 (2 tokens of 3 sequences): r=1.5 -> (1.5 + 0.1) / (2 * 3) = 0.2667
     assert torch.allclose(x.grad, _hand_grad(est, aggregation), atol=1e-10), x.grad
 
 
 @pytest.mark.parametrize("est", ["k1", "k3"])
 def test_sequence_aggregation_is_microbatch_invariant(est):
-    logp, batch = _batch(num_sequences=3)
-    kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation="sequence")
+    logp, batch = _batch()
+    loss = GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation="sequence",
+                    num_sequences=3)
     x = logp.clone().requires_grad_(True)
-    whole, _ = grpo_loss(x, batch, 9.0, **kw)
+    whole, _ = loss(x, batch, 9.0)
     whole.backward()
     y = logp.clone().requires_grad_(True)
     total = 0.0
     # halves of 1 and 2 sequences (3 and 6 tokens); num_sequences stays the global 3, and the
     # token count passed is each half's own (it must not matter for "sequence")
     for rows, n_tok in ((slice(0, 1), 3.0), (slice(1, 3), 6.0)):
-        sub = {k: (v if k == "num_sequences" else v[rows]) for k, v in batch.items()}
-        part, _ = grpo_loss(y[rows], sub, n_tok, **kw)
+        sub = rl_batch(batch.loss_mask[rows], batch.advantages[rows], batch.ref_logprobs[rows],
+                       old_logprobs=batch.old_logprobs[rows])
+        part, _ = loss(y[rows], sub, n_tok)
         part.backward()
         total += part.item()
     assert total == pytest.approx(whole.item(), rel=1e-12) == pytest.approx(HAND_LOSS[est, "sequence"])
@@ -198,9 +201,11 @@ def test_sequence_aggregation_is_microbatch_invariant(est):
 def test_unknown_aggregation_and_estimator():
     logp, batch = _batch()
     with pytest.raises(ValueError, match="aggregation='mean'"):
-        grpo_loss(logp, batch, 9.0, aggregation="mean")
+        GRPOLoss(aggregation="mean")(logp, batch, 9.0)
     with pytest.raises(ValueError, match="kl_estimator='k4': no kl_estimator of that name; registered: \\['k1', 'k2', 'k3'"):
-        grpo_loss(logp, batch, 9.0, kl_estimator="k4")
+        GRPOLoss(kl_estimator="k4")(logp, batch, 9.0)
+    with pytest.raises(ValueError, match="'sequence' needs the update's sequence count"):
+        GRPOLoss(aggregation="sequence")(logp, batch, 9.0)
 
 
 def test_policy_losses_by_hand():
@@ -225,11 +230,46 @@ def test_grpo_loss_uses_the_named_policy_loss():
     """With old logprobs making ratio [1.5] on a positive advantage, clipped pays -1.2 per token and unclipped -1.5
     (kl_beta 0: the policy term alone); the clipped-token count follows the loss."""
     lp = torch.log(torch.tensor([[0.3, 0.3]]))
-    batch = {"loss_mask": torch.tensor([[1, 1]]), "advantages": torch.tensor([1.0]),
-             "old_logprobs": torch.log(torch.tensor([[0.2, 0.2]])), "ref_logprobs": lp.clone()}
-    loss, m = grpo_loss(lp, batch, 2.0, kl_beta=0.0)
-    assert loss.item() == pytest.approx(-1.2) and m["clipped_tokens"] == 2.0
-    loss, m = grpo_loss(lp, batch, 2.0, kl_beta=0.0, policy_loss="unclipped")
-    assert loss.item() == pytest.approx(-1.5) and m["clipped_tokens"] == 0.0
+    batch = rl_batch([[1, 1]], [1.0], lp.clone(), old_logprobs=torch.log(torch.tensor([[0.2, 0.2]])))
+    loss, m = GRPOLoss(kl_beta=0.0)(lp, batch, 2.0)
+    assert loss.item() == pytest.approx(-1.2) and m.clipped_tokens == 2.0
+    loss, m = GRPOLoss(kl_beta=0.0, policy_loss="unclipped")(lp, batch, 2.0)
+    assert loss.item() == pytest.approx(-1.5) and m.clipped_tokens == 0.0
     with pytest.raises(ValueError, match="registered: \\['clipped', 'unclipped'"):
-        grpo_loss(lp, batch, 2.0, policy_loss="nope")
+        GRPOLoss(policy_loss="nope")(lp, batch, 2.0)
+
+
+def test_the_ratio_is_chosen_by_the_setting_not_by_the_batch():
+    """ratio="old" takes it against batch.old_logprobs; "current" against the detached logprobs of the pass (ratio 1,
+    so clipped pays -A per token); each refuses the other's batch, so that a loop that forgot (or kept) the old
+    logprobs stops instead of training on another formula."""
+    lp = torch.log(torch.tensor([[0.3, 0.3]]))
+    with_old = rl_batch([[1, 1]], [1.0], lp.clone(), old_logprobs=torch.log(torch.tensor([[0.2, 0.2]])))
+    without = rl_batch([[1, 1]], [1.0], lp.clone())
+    loss, m = GRPOLoss(kl_beta=0.0, ratio="current")(lp, without, 2.0)
+    assert loss.item() == pytest.approx(-1.0) and m.ratio_sum == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="ratio='old'.*without old_logprobs"):
+        GRPOLoss(ratio="old")(lp, without, 2.0)
+    with pytest.raises(ValueError, match="ratio='current'.*with old_logprobs"):
+        GRPOLoss(ratio="current")(lp, with_old, 2.0)
+    with pytest.raises(ValueError, match="ratio='both'"):
+        GRPOLoss(ratio="both")
+
+
+def test_loss_stats_add_and_total():
+    """LossStats records add field by field, and total sums a replica's records and then reduces them once."""
+    from nemo_rcgrpo.algorithms.losses import NLLStats, PolicyLossStats
+
+    a, b = PolicyLossStats(loss=1.0, kl_sum=2.0, tokens=3.0), PolicyLossStats(loss=0.5, kl_sum=-1.0, tokens=4.0)
+    assert a + b == PolicyLossStats(loss=1.5, kl_sum=1.0, tokens=7.0)
+    calls = []
+
+    def reduce(vector):
+        calls.append(vector.clone())
+        return vector * 2  # two replicas with the same records
+
+    assert PolicyLossStats.total([a, b], reduce) == PolicyLossStats(loss=3.0, kl_sum=2.0, tokens=14.0)
+    assert len(calls) == 1 and calls[0].dtype == torch.float64
+    assert PolicyLossStats.total([], reduce) == PolicyLossStats()  # a replica without micro-batches adds zeros
+    with pytest.raises(TypeError, match="PolicyLossStats.total got a NLLStats"):
+        PolicyLossStats.total([NLLStats(loss=1.0)])

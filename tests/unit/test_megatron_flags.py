@@ -107,22 +107,24 @@ def test_micro_batches_padded_for_pipelines_and_fp8():
 
     from nemo_rcgrpo.models.megatron.policy import pad_micro_batches
 
+    from nemo_rcgrpo.data.batch import RLMicroBatch
+
     def batch(rows, length):
         ids = torch.arange(1, rows * length + 1).view(rows, length)
-        return {"input_ids": ids, "loss_mask": torch.ones_like(ids), "advantages": torch.ones(rows),
-                "first": torch.tensor(0)}
+        return RLMicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids), advantages=torch.ones(rows),
+                            ref_logprobs=torch.zeros(rows, length), sampler_logprobs=torch.zeros(rows, length), first=3)
 
     a, b = batch(2, 5), batch(3, 17)
     # FP8 at PP=1: each micro-batch's length to a multiple of 16, rows untouched
     pa, pb = pad_micro_batches([a, b], same_shape=False, multiple=16)
-    assert pa["input_ids"].shape == (2, 16) and pb["input_ids"].shape == (3, 32)
-    assert torch.equal(pa["input_ids"][:, :5], a["input_ids"]) and int(pa["input_ids"][:, 5:].abs().sum()) == 0
-    assert int(pa["loss_mask"].sum()) == 10 and pa["advantages"].shape == (2,) and pa["first"].dim() == 0
+    assert pa.input_ids.shape == (2, 16) and pb.input_ids.shape == (3, 32)
+    assert torch.equal(pa.input_ids[:, :5], a.input_ids) and int(pa.input_ids[:, 5:].abs().sum()) == 0
+    assert int(pa.loss_mask.sum()) == 10 and pa.advantages.shape == (2,) and pa.first == 3
     # pipeline stages: one shape for all, and with FP8 that shape's length a multiple of 16
     qa, qb = pad_micro_batches([a, b], same_shape=True, multiple=16)
-    assert qa["input_ids"].shape == qb["input_ids"].shape == (3, 32)
-    assert qa["advantages"].shape == (3,) and float(qa["advantages"][2]) == 0.0 and int(qa["loss_mask"].sum()) == 10
-    assert pad_micro_batches([a, b])[0]["input_ids"].shape == (3, 17)
+    assert qa.input_ids.shape == qb.input_ids.shape == (3, 32) and qa.ref_logprobs.shape == (3, 32)
+    assert qa.advantages.shape == (3,) and float(qa.advantages[2]) == 0.0 and int(qa.loss_mask.sum()) == 10
+    assert pad_micro_batches([a, b])[0].input_ids.shape == (3, 17)
 
 
 def test_detect_on_this_machine():

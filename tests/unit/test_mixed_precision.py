@@ -8,14 +8,12 @@ import copy
 
 import torch
 
+from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config_schema import TrainerConfig
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.hf import load_model
 from nemo_rcgrpo.models.torch_policy import TorchPolicy
 from nemo_rcgrpo.utils.dist import DistInfo
-
-
-def _nll(lp, batch, n):
-    return -(lp * batch["loss_mask"]).sum() / n, {}
 
 
 def _batches(seed: int, count: int = 2):
@@ -23,7 +21,7 @@ def _batches(seed: int, count: int = 2):
     out = []
     for _ in range(count):
         ids = torch.randint(0, 1000, (2, 12), generator=g)
-        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)})
+        out.append(MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids)))
     return out
 
 
@@ -38,7 +36,7 @@ def test_bf16_training_moves_fp32_masters_including_the_norm_weights():
     before = [m.detach().clone() for m in policy.master_weights()]
     assert all(m.dtype == torch.float32 for m in before)
     assert all(p.dtype == torch.bfloat16 for p in policy.module.parameters())
-    policy.train_step(_batches(0), _nll, 24.0)
+    policy.train_step(_batches(0), sft_loss, 24.0)
     after = policy.master_weights()
     moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
     assert moved > 0.95, moved
@@ -53,15 +51,15 @@ def test_bf16_training_moves_fp32_masters_including_the_norm_weights():
 
 def test_bf16_checkpoint_keeps_the_masters_and_resumes_exactly():
     a = _policy(1e-4)
-    a.train_step(_batches(0), _nll, 24.0)
+    a.train_step(_batches(0), sft_loss, 24.0)
     state = copy.deepcopy(a.state_dict())  # as through torch.save: no tensors shared with the running policy
     assert len(state["optimizer"]["master_weights"]) == len(a.master_weights())
     b = _policy(1e-4)
     b.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
     for x, y in zip(a.master_weights(), b.master_weights()):
         assert torch.equal(x, y)  # not the bf16-rounded weights
-    a.train_step(_batches(1), _nll, 24.0)
-    b.train_step(_batches(1), _nll, 24.0)
+    a.train_step(_batches(1), sft_loss, 24.0)
+    b.train_step(_batches(1), sft_loss, 24.0)
     for x, y in zip(a.master_weights(), b.master_weights()):
         assert torch.equal(x, y)
 

@@ -13,7 +13,8 @@ import torch
 
 from nemo_rcgrpo.algorithms import reward_tokens
 from nemo_rcgrpo.algorithms.advantages import group_advantages
-from nemo_rcgrpo.algorithms.losses import grpo_loss, sft_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, NLLStats, sft_loss
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.algorithms.reward_tokens import stratified_count
 from nemo_rcgrpo.registry import lookup
 from nemo_rcgrpo.envs.bfcl.calls import (MAX_CALL_CHARS, MAX_NAME_CHARS, MAX_NESTING, CallRejected, parse_call_string,
@@ -23,6 +24,8 @@ from nemo_rcgrpo.envs.bfcl.executor import (MAX_INT_EXPONENT, MAX_PRECISION, MAX
 from nemo_rcgrpo.envs.bfcl.reward import GoldAction, GoldReplay, OfficialChecker, action_matches
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
 from nemo_rcgrpo.types import OfficialVerdict, ToolCall, ToolCallError
+
+from ..conftest import rl_batch
 
 
 class ZeroRandom(random.Random):
@@ -71,34 +74,33 @@ def test_groups_of_one_get_zero_advantage():
 def test_sft_loss_by_hand():
     # kills every sft_loss mutant (no other test calls it): sign, `*` -> `/`, `/` -> `*`, max -> min, return None
     logp = torch.tensor([[-1.0, -2.0, -3.0]])
-    loss, metrics = sft_loss(logp, {"loss_mask": torch.tensor([[0, 1, 1]])}, num_valid_tokens=2)
+    ones = torch.ones(1, 3, dtype=torch.long)
+    loss, metrics = sft_loss(logp, MicroBatch(ones, ones, torch.tensor([[0, 1, 1]])), num_valid_tokens=2)
     # NLL of the two trained tokens: 2 + 3 = 5, over 2 tokens: 2.5
-    assert loss.item() == pytest.approx(2.5) and metrics == {"nll_sum": 5.0, "tokens": 2.0}
+    assert loss.item() == pytest.approx(2.5) and metrics == NLLStats(loss=2.5, nll_sum=5.0, tokens=2.0)
     # kills: max(num_valid_tokens, 1.0) -> max(.., 2.0); one token: 3 / 1 (not 3 / 2)
-    loss, _ = sft_loss(logp, {"loss_mask": torch.tensor([[0, 0, 1]])}, num_valid_tokens=1)
+    loss, _ = sft_loss(logp, MicroBatch(ones, ones, torch.tensor([[0, 0, 1]])), num_valid_tokens=1)
     assert loss.item() == pytest.approx(3.0)
 
 
 def _one_token_batch(adv=1.0):
     # logp = old = ref: ratio 1, KL 0, so per-token loss = -min(1 * A, 1 * A) = -A
     z = torch.tensor([[-0.5]])
-    return z.clone(), {"loss_mask": torch.ones(1, 1), "old_logprobs": z.clone(), "ref_logprobs": z.clone(),
-                       "advantages": torch.tensor([adv]), "num_sequences": 1}
+    return z.clone(), rl_batch(torch.ones(1, 1), [adv], z.clone(), old_logprobs=z.clone())
 
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_grpo_loss_of_a_single_token(aggregation):
     # kills: max(num_valid_tokens, 1.0) -> 2.0 (token); lengths.clamp(min=1.0) -> 2.0 (sequence)
     logp, batch = _one_token_batch(adv=1.0)
-    loss, _ = grpo_loss(logp, batch, num_valid_tokens=1, aggregation=aggregation)
+    loss, _ = GRPOLoss(aggregation=aggregation, num_sequences=1)(logp, batch, 1)
     assert loss.item() == pytest.approx(-1.0)  # -1 / 1 token (or / 1 sequence of length 1), not -1 / 2
 
 
 def _clip_batch(ratios, advs):
     logp = torch.tensor([[math.log(r)] for r in ratios])
     z = torch.zeros_like(logp)
-    return logp, {"loss_mask": torch.ones_like(logp), "old_logprobs": z, "ref_logprobs": logp.clone(),
-                  "advantages": torch.tensor(advs, dtype=torch.float32), "num_sequences": len(ratios)}
+    return logp, rl_batch(torch.ones_like(logp), torch.tensor(advs, dtype=torch.float32), logp.clone(), old_logprobs=z)
 
 
 def test_clipped_token_count():
@@ -108,16 +110,16 @@ def test_clipped_token_count():
     advs = [-1.0, 1.0, 1.0, -1.0, 0.0, 0.0, -1.0]
     #       yes   yes   no    no    no    no    no (1.1 is inside [0.8, 1.2])
     logp, batch = _clip_batch(ratios, advs)
-    _, m = grpo_loss(logp, batch, num_valid_tokens=7, clip_low=0.2, clip_high=0.2)
-    assert m["clipped_tokens"] == 2.0
+    _, m = GRPOLoss(clip_low=0.2, clip_high=0.2)(logp, batch, 7)
+    assert m.clipped_tokens == 2.0
 
 
 def test_ratio_on_the_clip_bound_is_not_clipped():
     # kills: `ratio < 1.0 - clip_low` -> `<=`, `ratio > 1.0 + clip_high` -> `>=`
     # clip_low = clip_high = 0 and logp = old: ratio = exp(0) = 1.0 exactly, on both bounds; the clamp changes nothing
     logp, batch = _clip_batch([1.0, 1.0], [-1.0, 1.0])
-    _, m = grpo_loss(logp, batch, num_valid_tokens=2, clip_low=0.0, clip_high=0.0)
-    assert m["clipped_tokens"] == 0.0
+    _, m = GRPOLoss(clip_low=0.0, clip_high=0.0)(logp, batch, 2)
+    assert m.clipped_tokens == 0.0
 
 
 # --------------------------------------------------------------------------- reward tokens

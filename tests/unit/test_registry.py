@@ -10,6 +10,7 @@ import torch
 from nemo_rcgrpo import register
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.registry import KINDS, describe, load_plugins, lookup, names, table
 from nemo_rcgrpo.utils.config import ConfigError, compose
 
@@ -198,7 +199,7 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     assert view == dist and dp_sum(2.0) == 2.0
     assert policy.sync_hf_model() is model
     ids = torch.randint(0, 100, (2, 6))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    batch = MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids))
     assert torch.allclose(policy.frozen_reference()(batch), policy.logprobs(batch))
     with pytest.raises(ConfigError, match=r"policy.backend='nope': no policy_backend of that name; registered: \['torch', 'megatron', 'mine'\]"):
         TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))

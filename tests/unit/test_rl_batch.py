@@ -1,12 +1,15 @@
 """algorithms/rl_batch.py: the training batches of an RL step, its metrics and its rollout dump, on hand-made
 trajectories with hand-computed answers."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from nemo_rcgrpo.algorithms.rl_batch import micro_batches, pearson, step_metrics, write_rollouts
+from nemo_rcgrpo.algorithms.losses import PolicyLossStats
+from nemo_rcgrpo.algorithms.rl_batch import (UpdateTotals, pearson, rl_micro_batch, step_metrics, token_batches,
+                                             write_rollouts)
 from nemo_rcgrpo.rollout.multi_turn import Trajectory
 
 
@@ -16,17 +19,44 @@ def _traj(ids, mask, reward, token, group=0, lp=None):
                       num_turns=1)
 
 
-def test_micro_batches_carry_their_rows_advantages_and_sampler_logprobs():
+def test_micro_batches_carry_their_rows_advantages_and_logprobs():
     trajs = [_traj([1, 2, 3], [0, 0, 1], 1.0, "high", lp=[0, 0, -0.5]),
              _traj([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 0.0, "low", lp=[0, 0, -1, -2, -3]),
              _traj([1, 2], [0, 1], 0.0, None)]
     adv = torch.tensor([0.5, -0.25, 2.0])
-    b1, b2 = micro_batches(trajs, adv, pad_id=0, micro=2)
-    assert b1["input_ids"].tolist() == [[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]]
-    assert b1["loss_mask"].tolist() == [[0, 0, 1, 0, 0], [0, 0, 1, 1, 1]]
-    assert b1["advantages"].tolist() == [0.5, -0.25] and b2["advantages"].tolist() == [2.0]
-    assert b1["sampler_logprobs"][1].tolist() == [0, 0, -1, -2, -3] and b1["sampler_logprobs"][0, 3:].sum() == 0
-    assert (int(b1["first"]), int(b2["first"])) == (0, 2)
+    t1, t2 = token_batches(trajs, pad_id=0, micro=2)
+    assert t1.input_ids.tolist() == [[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]] and t2.input_ids.tolist() == [[1, 2]]
+    assert t1.loss_mask.tolist() == [[0, 0, 1, 0, 0], [0, 0, 1, 1, 1]]
+    assert t1.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    ref, old = torch.full((2, 5), -0.1), torch.full((2, 5), -0.2)
+    b1 = rl_micro_batch(t1, trajs, 0, adv, ref, old)
+    b2 = rl_micro_batch(t2, trajs, 2, adv, torch.zeros(1, 2), None)
+    assert b1.advantages.tolist() == [0.5, -0.25] and b2.advantages.tolist() == [2.0]
+    assert b1.sampler_logprobs[1].tolist() == [0, 0, -1, -2, -3] and b1.sampler_logprobs[0, 3:].sum() == 0
+    assert (b1.first, b2.first) == (0, 2) and b1.ref_logprobs is ref and b1.old_logprobs is old
+    assert b2.old_logprobs is None and torch.equal(b1.input_ids, t1.input_ids)
+    # built complete or not at all: a field of the wrong shape is refused where the batch is made
+    with pytest.raises(ValueError, match=r"RLMicroBatch.ref_logprobs has shape \(1, 2\), expected \(2, 5\)"):
+        rl_micro_batch(t1, trajs, 0, adv, torch.zeros(1, 2), None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b1.old_logprobs = None
+
+
+def test_a_micro_batch_moves_and_pads_whole():
+    """MicroBatch.to moves every tensor; padded zero-pads [B, T] fields in both dimensions and [B] ones in rows."""
+    from nemo_rcgrpo.data.batch import MicroBatch
+
+    t = MicroBatch(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long), torch.tensor([[0, 1, 1]]))
+    b = rl_micro_batch(t, [_traj([5, 6, 7], [0, 1, 1], 1.0, None, lp=[0, -1, -2])], 0, torch.tensor([1.5]),
+                       torch.full((1, 3), -0.5), None)
+    p = b.padded(2, 4)
+    assert p.input_ids.tolist() == [[5, 6, 7, 0], [0, 0, 0, 0]] and p.advantages.tolist() == [1.5, 0.0]
+    assert p.sampler_logprobs.tolist() == [[0, -1, -2, 0], [0, 0, 0, 0]] and p.old_logprobs is None and p.first == 0
+    assert int(p.loss_mask.sum()) == 2  # padding trains nothing
+    assert b.to("cpu").tensors().keys() == b.tensors().keys() == {
+        "input_ids", "attention_mask", "loss_mask", "advantages", "ref_logprobs", "sampler_logprobs"}
+    with pytest.raises(ValueError, match="cannot pad a 1 x 3 batch to 1 x 2"):
+        b.padded(1, 2)
 
 
 def test_step_metrics_by_hand():
@@ -34,8 +64,8 @@ def test_step_metrics_by_hand():
     g1 = [_traj([1, 2, 3], [0, 0, 1], 0.0, "high", 1), _traj([1, 2, 3], [0, 0, 1], 0.0, "low", 1)]
     rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
     adv = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
-    out = {"loss_local": 0.3, "grad_norm": 1.5, "lr": 1e-6, "kl_sum": 0.6, "clipped_tokens": 3.0, "tokens": 6.0,
-           "updates": 1.0, "sampler_mult_err_sum": 0.0, "sampler_abs_diff_sum": 0.0}
+    out = UpdateTotals(PolicyLossStats(loss=0.3, kl_sum=0.6, clipped_tokens=3.0, tokens=6.0), updates=1,
+                       grad_norm=1.5, lr=1e-6)
     m = step_metrics([g0, g1], rewards, adv, [0.4, 1.2, 0.3, 0.3], out, num_valid=6.0)
     assert m["reward_mean"] == 0.25 and m["zero_variance_fraction"] == 0.5
     assert m["reward_mean_high"] == 0.5 and m["reward_mean_low"] == 0.0
@@ -77,8 +107,8 @@ def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
     t[1] = dataclasses.replace(t[1], calls=[[{"name": "cd"}]])
     t[2] = dataclasses.replace(t[2], category="put", truncated="context budget")
     t[3] = dataclasses.replace(t[3], category="put", calls=[[], [{"name": "rm"}]], tool_errors=1)
-    out = {"loss_local": 0.0, "grad_norm": 0.0, "lr": 1e-6, "kl_sum": 0.0, "clipped_tokens": 0.0, "tokens": 8.0,
-           "updates": 1.0, "sampler_mult_err_sum": 4.4, "sampler_abs_diff_sum": 0.8}
+    out = UpdateTotals(PolicyLossStats(tokens=8.0, sampler_mult_err_sum=4.4, sampler_abs_diff_sum=0.8), updates=1,
+                       grad_norm=0.0, lr=1e-6)
     m = step_metrics([t[:2], t[2:]], torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), [0.1] * 4, out, 8.0)
     assert m["tool_error_rate"] == 0.5 and m["truncated_share"] == 0.25
     assert (m["success_base"], m["success_put"]) == (0.5, 0.0)

@@ -1,5 +1,6 @@
 """Reward-token sampling, group advantages, KL estimators and the clipped loss, against hand-computed values."""
 
+import dataclasses
 import math
 import random
 
@@ -8,9 +9,11 @@ import torch
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages, zero_variance_fraction
 from nemo_rcgrpo.algorithms.kl import kl_k1, kl_k2, kl_k3
-from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss
 from nemo_rcgrpo.algorithms.reward_tokens import stratified_count
 from nemo_rcgrpo.registry import lookup
+
+from ..conftest import rl_batch
 
 
 def test_iid_frequencies():
@@ -68,27 +71,26 @@ def test_kl_estimators_by_hand():
 def _batch(logp_shift, adv):
     old = torch.tensor([[0.0, -1.0, -1.0]])
     logp = old + torch.tensor([[0.0, math.log(1.5), math.log(0.5)]]) * logp_shift
-    return logp, {"loss_mask": torch.tensor([[0, 1, 1]]), "old_logprobs": old, "ref_logprobs": logp.clone(),
-                  "advantages": torch.tensor([adv])}
+    return logp, rl_batch([[0, 1, 1]], [adv], logp.clone(), old_logprobs=old)
 
 
 def test_clipped_loss_by_hand():
     logp, batch = _batch(1.0, 2.0)  # ratios 1.5 and 0.5, A = 2
-    loss, m = grpo_loss(logp, batch, 2.0, kl_beta=0.0)
+    loss, m = GRPOLoss(kl_beta=0.0)(logp, batch, 2.0)
     # min(3.0, 1.2*2) = 2.4 ; min(1.0, 0.8*2) = 1.0  ->  -(2.4 + 1.0) / 2
-    assert loss.item() == pytest.approx(-1.7) and m["clipped_tokens"] == 1.0
+    assert loss.item() == pytest.approx(-1.7) and m.clipped_tokens == 1.0
     logp, batch = _batch(1.0, -1.0)
-    loss, m = grpo_loss(logp, batch, 2.0, kl_beta=0.0)
+    loss, m = GRPOLoss(kl_beta=0.0)(logp, batch, 2.0)
     # min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8  ->  (1.5 + 0.8) / 2
-    assert loss.item() == pytest.approx(1.15) and m["clipped_tokens"] == 1.0
-    loss, _ = grpo_loss(logp, batch, 2.0, kl_beta=0.0, clip_low=0.6, clip_high=0.2)  # 0.5 -> 0.4 floor: unclipped
+    assert loss.item() == pytest.approx(1.15) and m.clipped_tokens == 1.0
+    loss, _ = GRPOLoss(kl_beta=0.0, clip_low=0.6, clip_high=0.2)(logp, batch, 2.0)  # 0.5 -> 0.4 floor: unclipped
     assert loss.item() == pytest.approx((1.5 + 0.5) / 2)
     # KL term: ref differs by ln 2 on both tokens, k3 = 0.5 + ln2 - 1 each, beta 0.1
-    batch["ref_logprobs"] = logp - math.log(2)
-    loss_kl, m = grpo_loss(logp, batch, 2.0, kl_beta=0.1)
+    batch = dataclasses.replace(batch, ref_logprobs=logp - math.log(2))
+    loss_kl, m = GRPOLoss(kl_beta=0.1)(logp, batch, 2.0)
     # d = ref - logp = -ln 2: k3 = exp(-ln 2) + ln 2 - 1 = 0.1931 per token, averaged over the 2 tokens
     assert loss_kl.item() == pytest.approx(1.15 + 0.1 * (0.5 + math.log(2) - 1))
-    seq, _ = grpo_loss(logp, {**batch, "num_sequences": 1}, 999.0, kl_beta=0.0, aggregation="sequence")
+    seq, _ = GRPOLoss(kl_beta=0.0, aggregation="sequence", num_sequences=1)(logp, batch, 999.0)
     assert seq.item() == pytest.approx(1.15)  # one sequence of 2 tokens: mean over its tokens
 
 
@@ -115,18 +117,18 @@ def test_vectorised_loss_equals_slow_loop_and_is_microbatch_invariant(seed):
     mask = (torch.rand(B, T, generator=g) > 0.3).long()
     mask[:, 0] = 0
     n = float(mask.sum())
-    batch = {"loss_mask": mask, "old_logprobs": old, "ref_logprobs": ref, "advantages": adv}
-    loss, _ = grpo_loss(logp, batch, n, clip_low=0.2, clip_high=0.28, kl_beta=0.1)
+    batch = rl_batch(mask, adv, ref, old_logprobs=old)
+    loss, _ = GRPOLoss(clip_low=0.2, clip_high=0.28, kl_beta=0.1)(logp, batch, n)
     slow = _slow_loss(logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), n, 0.2, 0.28, 0.1)
     assert loss.item() == pytest.approx(slow, rel=1e-5, abs=1e-6)
     # two micro-batches with the global token count: same loss and same gradient
     x = logp.clone().requires_grad_(True)
-    grpo_loss(x, batch, n, clip_high=0.28)[0].backward()
+    GRPOLoss(clip_high=0.28)(x, batch, n)[0].backward()
     y = logp.clone().requires_grad_(True)
     total = 0.0
     for part in (slice(0, 2), slice(2, B)):
-        sub = {k: v[part] for k, v in batch.items()}
-        l, _ = grpo_loss(y[part], sub, n, clip_high=0.28)
+        sub = rl_batch(mask[part], adv[part], ref[part], old_logprobs=old[part])
+        l, _ = GRPOLoss(clip_high=0.28)(y[part], sub, n)
         l.backward()
         total += l.item()
     assert total == pytest.approx(loss.item(), rel=1e-5) and torch.allclose(x.grad, y.grad, atol=1e-7)

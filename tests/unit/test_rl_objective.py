@@ -7,25 +7,29 @@ import types
 import pytest
 import torch
 
-from nemo_rcgrpo.algorithms.losses import grpo_loss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
 from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.models.interfaces import StepResult
 from nemo_rcgrpo.utils.dist import DistInfo
 
+from ..conftest import rl_batch
 
-def _batch():
-    # two sequences: 3 and 2 generated tokens (mask), advantages +1 and -0.5
-    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
-    return {"loss_mask": mask, "advantages": torch.tensor([1.0, -0.5]),
-            "ref_logprobs": torch.full((2, 4), -1.0), "num_sequences": torch.tensor(2.0)}
+MASK = [[0, 1, 1, 1], [0, 1, 1, 0]]  # two sequences: 3 and 2 generated tokens, advantages +1 and -0.5
+
+
+def _batch(old_logprobs=None, sampler_logprobs=None):
+    return rl_batch(MASK, [1.0, -0.5], torch.full((2, 4), -1.0), old_logprobs=old_logprobs,
+                    sampler_logprobs=sampler_logprobs)
 
 
 def test_without_old_logprobs_the_ratio_is_one_with_the_on_policy_gradient():
     lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]], requires_grad=True)
-    fused, _ = grpo_loss(lp, _batch(), 5.0, kl_beta=0.0)
+    fused, _ = GRPOLoss(kl_beta=0.0, ratio="current")(lp, _batch(), 5.0)
     fused.backward()
     grad_fused = lp.grad.clone()
     lp.grad = None
-    explicit, _ = grpo_loss(lp, {**_batch(), "old_logprobs": lp.detach().clone()}, 5.0, kl_beta=0.0)
+    explicit, _ = GRPOLoss(kl_beta=0.0)(lp, _batch(old_logprobs=lp.detach().clone()), 5.0)
     explicit.backward()
     # ratio 1: loss = -(1 * 3 + (-0.5) * 2) / 5 = -0.4; d loss / d lp_t = -A_b / 5 on masked tokens
     assert fused.item() == pytest.approx(-0.4) and explicit.item() == pytest.approx(-0.4)
@@ -36,18 +40,16 @@ def test_without_old_logprobs_the_ratio_is_one_with_the_on_policy_gradient():
 def test_sampler_gap_metrics_and_truncated_importance_sampling():
     lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]])
     sampler = torch.tensor([[0.0, -0.5, -1.5, -1.0], [0.0, -0.3, -0.2, 5.0]])  # the last column is not generated
-    batch = {**_batch(), "old_logprobs": lp, "sampler_logprobs": sampler}
-    _, m = grpo_loss(lp, batch, 5.0, kl_beta=0.0)
+    batch = _batch(old_logprobs=lp, sampler_logprobs=sampler)
+    _, m = GRPOLoss(kl_beta=0.0)(lp, batch, 5.0)
     # trainer - sampler on the 5 masked tokens: 0, 0.5, -1.0 | 0, -0.5
-    assert m["sampler_abs_diff_sum"] == pytest.approx(2.0)
-    assert m["sampler_mult_err_sum"] == pytest.approx(2 * 1 + 2 * math.exp(0.5) + math.exp(1.0))
-    loss, _ = grpo_loss(lp, batch, 5.0, kl_beta=0.0, tis_cap=1.2)
+    assert m.sampler_abs_diff_sum == pytest.approx(2.0)
+    assert m.sampler_mult_err_sum == pytest.approx(2 * 1 + 2 * math.exp(0.5) + math.exp(1.0))
+    loss, _ = GRPOLoss(kl_beta=0.0, tis_cap=1.2)(lp, batch, 5.0)
     # weights min(exp(gap), 1.2): 1, 1.2 (e^0.5 = 1.65 capped), e^-1 | 1, e^-0.5; pg = -A * w at ratio 1
     w = [1.0, 1.2, math.exp(-1.0), 1.0, math.exp(-0.5)]
     expected = -(1.0 * (w[0] + w[1] + w[2]) - 0.5 * (w[3] + w[4])) / 5
     assert loss.item() == pytest.approx(expected)
-    with pytest.raises(ValueError, match="tis_cap needs the generator's sampler_logprobs"):
-        grpo_loss(lp, {**_batch(), "old_logprobs": lp}, 5.0, tis_cap=2.0)
 
 
 class _RecordingPolicy:
@@ -57,19 +59,19 @@ class _RecordingPolicy:
         self.calls = []
 
     def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
-        self.calls.append(([int(b["first"]) for b in micro_batches], num_valid_tokens,
-                           [float(b["num_sequences"]) for b in micro_batches]))
-        out = {"loss_local": float(len(self.calls)), "grad_norm": 1.0, "lr": 0.5}
-        if micro_batches:  # as the Megatron policy: a replica without micro-batches returns no loss metrics
-            out.update(kl_sum=0.5, clipped_tokens=1.0, tokens=float(sum(int(b["loss_mask"].sum()) for b in micro_batches)))
-        return out
+        self.calls.append(([b.first for b in micro_batches], num_valid_tokens, loss_fn.num_sequences, loss_fn.ratio))
+        # one record per micro-batch, as a backend returns them (a replica without micro-batches returns none)
+        stats = [PolicyLossStats(loss=float(len(self.calls)) / len(micro_batches), kl_sum=0.5, clipped_tokens=1.0,
+                                 tokens=float(b.loss_mask.sum())) for b in micro_batches]
+        return StepResult(stats, grad_norm=1.0, lr=0.5)
 
 
 @pytest.mark.parametrize("epochs, minis, replicas", [(1, 1, 1), (2, 3, 1), (1, 2, 2), (1, 5, 2)])
 def test_updates_of_a_batch(epochs, minis, replicas):
     # 5 micro-batches of 2 sequences; micro-batch i has i + 1 trained tokens per sequence
-    batches = [{"input_ids": torch.zeros(2, 6), "loss_mask": torch.tensor([[1] * (i + 1) + [0] * (5 - i)] * 2),
-                "first": torch.tensor(2 * i)} for i in range(5)]
+    masks = [[[1] * (i + 1) + [0] * (5 - i)] * 2 for i in range(5)]
+    tokens = [MicroBatch(torch.zeros(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long), torch.tensor(m))
+              for m in masks]
     results = []
     for rank in range(replicas):
         trainer = RLTrainer.__new__(RLTrainer)
@@ -81,20 +83,28 @@ def test_updates_of_a_batch(epochs, minis, replicas):
         trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
         reduced = []
         trainer.dp_sum = lambda v, reduced=reduced: reduced.append(v) or v  # records every collective
-        out, _ = trainer._update([dict(b) for b in batches], with_entropy=False)
+        mine = {i: rl_batch(masks[i], [0.0, 0.0], torch.zeros(2, 6), old_logprobs=torch.zeros(2, 6), first=2 * i)
+                for i in range(5) if i % replicas == rank}
+        out, _ = trainer._update(tokens, mine, GRPOLoss(), with_entropy=False)
         results.append((trainer.policy.calls, out, len(reduced)))
     bounds = [round(k * 5 / minis) for k in range(minis + 1)]  # slices of consecutive micro-batches
-    assert len({r[2] for r in results}) == 1  # every replica joins the same number of reductions
+    assert {r[2] for r in results} == {epochs * minis}  # every replica joins one reduction per update, the same
     for rank, (calls, out, _) in enumerate(results):
-        assert len(calls) == epochs * minis and out["updates"] == epochs * minis
-        for u, (firsts, tokens, seqs) in enumerate(calls):
+        assert len(calls) == epochs * minis and out.updates == epochs * minis
+        for u, (firsts, num_valid, seqs, ratio) in enumerate(calls):
             lo, hi = bounds[u % minis], bounds[u % minis + 1]
             mine = [i for i in range(lo, hi) if i % replicas == rank]
             assert firsts == [2 * i for i in mine]
-            assert tokens == sum(2 * (i + 1) for i in range(lo, hi))  # the whole slice's tokens, every replica's
-            assert seqs == [2.0 * (hi - lo)] * len(mine)
-        n = epochs * minis
-        assert out["loss_local"] == pytest.approx(sum(range(1, n + 1)) / n)  # the mean over the updates
+            assert num_valid == sum(2 * (i + 1) for i in range(lo, hi))  # the whole slice's tokens, every replica's
+            assert seqs == 2.0 * (hi - lo) and ratio == "old"  # the slice's sequences, bound into the loss
+        # this replica's records, summed over its micro-batches and the updates (dp_sum here adds no replica):
+        # the loss of update u (u + 1 here) where it had micro-batches, 0.5 KL per micro-batch, its tokens
+        local = [[i for i in range(bounds[u % minis], bounds[u % minis + 1]) if i % replicas == rank]
+                 for u in range(epochs * minis)]
+        assert out.stats.loss == pytest.approx(sum(u + 1 for u, m in enumerate(local) if m))
+        assert out.stats.kl_sum == pytest.approx(0.5 * sum(len(m) for m in local))
+        assert out.stats.tokens == sum(2 * (i + 1) for m in local for i in m)
+        assert out.grad_norm == 1.0 and out.lr == 0.5  # the means over the updates
     if (epochs, minis) == (2, 3):  # 5 micro-batches in 3 slices: [0, 2), [2, 3), [3, 5)
         assert [c[0] for c in results[0][0][:3]] == [[0, 2], [4], [6, 8]]
 
@@ -174,6 +184,6 @@ def test_position_head_without_a_mask_and_a_micro_batch_with_nothing_trained():
         nothing = torch.zeros_like(ids)
         lp = torch_policy.token_logprobs(runner, ids, attn, nothing)
         assert lp.shape == ids.shape and (lp == 0).all()
-        loss, m = sft_loss(lp, {"loss_mask": nothing}, 0.0)
-        assert loss.item() == 0.0 and m["tokens"] == 0.0
+        loss, m = sft_loss(lp, MicroBatch(ids, attn, nothing), 0.0)
+        assert loss.item() == 0.0 and m.tokens == 0.0
         loss.backward()  # no position in the graph: nothing to propagate, and no error

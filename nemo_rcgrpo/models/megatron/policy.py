@@ -43,38 +43,22 @@ from nemo_rcgrpo.models.megatron.convert import ConversionError, ModelShape, che
 from nemo_rcgrpo.models.megatron.export import EXPORT_BUCKET_BYTES, WeightExporter
 from nemo_rcgrpo.models.megatron.flags import padded_length
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
+from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.models.interfaces import LossFn, StepResult
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint step_N/
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor], float], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-def pad_micro_batches(batches: list[dict[str, torch.Tensor]], same_shape: bool = True,
-                      multiple: int = 1) -> list[dict[str, torch.Tensor]]:
-    """Micro-batches padded at the right: to one [B, T] shape with ``same_shape`` (pipeline stages exchange
-    fixed-shape activations), and each length to a multiple of ``multiple`` (FP8 GEMMs, sequence parallel).
-
-    Added rows and positions are zeros: no loss-mask tokens, so they add nothing to losses or gradients, and
-    attention is causal, so positions added at the right change nothing before them.
-    Tensors whose first two dimensions are the batch's [B, T] are padded in both, [B, ...] tensors in rows.
-    """
-    rows = max(b["input_ids"].shape[0] for b in batches)
-    length = padded_length(max(b["input_ids"].shape[1] for b in batches), multiple)
-    out = []
-    for b in batches:
-        r, t = b["input_ids"].shape
-        want_r, want_t = (rows, length) if same_shape else (r, padded_length(t, multiple))
-        padded = {}
-        for k, v in b.items():
-            if v.dim() >= 1 and v.shape[0] == r:
-                pad = [0, 0] * (v.dim() - 1) + [0, want_r - r]  # F.pad lists the last dimension first
-                if v.dim() >= 2 and v.shape[1] == t:
-                    pad[2 * (v.dim() - 2) + 1] = want_t - t
-                v = torch.nn.functional.pad(v, pad)
-            padded[k] = v
-        out.append(padded)
-    return out
+def pad_micro_batches(batches: list[MicroBatch], same_shape: bool = True, multiple: int = 1) -> list[MicroBatch]:
+    """Micro-batches padded at the right (`MicroBatch.padded`): to one [B, T] shape with ``same_shape`` (pipeline
+    stages exchange fixed-shape activations), and each length to a multiple of ``multiple`` (FP8 GEMMs, sequence
+    parallel)."""
+    rows = max(b.rows for b in batches)
+    length = padded_length(max(b.length for b in batches), multiple)
+    return [b.padded(rows, length) if same_shape else b.padded(b.rows, padded_length(b.length, multiple))
+            for b in batches]
 
 
 class MegatronPolicy:
@@ -140,8 +124,7 @@ class MegatronPolicy:
         return info, lambda value: all_reduce_sum(value, info, group=self.dp_group)
 
     # ------------------------------------------------------------------ forward
-    def _schedule(self, model, batches: list[dict[str, torch.Tensor]],
-                  on_logits: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor],
+    def _schedule(self, model, batches: list[MicroBatch], on_logits: Callable[[torch.Tensor, MicroBatch], torch.Tensor],
                   forward_only: bool) -> None:
         """Run micro-batches through megatron's schedule (1F1B across pipeline stages; a plain loop at PP=1).
 
@@ -151,14 +134,14 @@ class MegatronPolicy:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        batches = [{k: v.to(self.device) for k, v in b.items()} for b in batches]
+        batches = [b.to(self.device) for b in batches]
         if self.parallel.pp > 1 or self.flags.token_multiple > 1:  # fixed-shape stage exchange; FP8 / SP lengths
             batches = pad_micro_batches(batches, same_shape=self.parallel.pp > 1, multiple=self.flags.token_multiple)
         n = len(batches)
 
         def forward_step(data_iterator, module):
             b = next(data_iterator)
-            ids = b["input_ids"]
+            ids = b.input_ids
             pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
             output = module(ids, pos, None)  # causal; right padding never affects earlier positions
 
@@ -168,7 +151,7 @@ class MegatronPolicy:
 
             return output, loss_func
 
-        ids = batches[0]["input_ids"]
+        ids = batches[0].input_ids
         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
                                     num_microbatches=n, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
                                     forward_only=forward_only)
@@ -182,16 +165,16 @@ class MegatronPolicy:
         return box[0]
 
     @torch.no_grad()
-    def _evaluate(self, model, batch: dict[str, torch.Tensor], with_entropy: bool):
+    def _evaluate(self, model, batch: MicroBatch, with_entropy: bool):
         """[B, T] logprobs (and entropies) of ``model``, vocab-parallel, on every rank; position 0 is 0."""
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-        ids = batch["input_ids"]
+        ids = batch.input_ids
         found: list[torch.Tensor] = []
 
-        def on_logits(logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        def on_logits(logits: torch.Tensor, b: MicroBatch) -> torch.Tensor:
             rows, length = ids.shape  # pipeline padding may add rows and positions; they are dropped here
-            logits, targets = logits[:rows, : length - 1], b["input_ids"][:rows, 1:length]
+            logits, targets = logits[:rows, : length - 1], b.input_ids[:rows, 1:length]
             ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1] \
                 if with_entropy else None
             # the training path's function, so that old logprobs equal the first update's (ratio 1, KL 0; exactly
@@ -214,13 +197,12 @@ class MegatronPolicy:
         values = torch.cat([torch.zeros_like(values[..., :1]), values], dim=-1).cpu()
         return (values[0], values[1]) if with_entropy else values[0]
 
-    def logprobs(self, batch: dict[str, torch.Tensor], with_entropy: bool = False):
+    def logprobs(self, batch: MicroBatch, with_entropy: bool = False):
         """[B, T] logprobs (and entropies with ``with_entropy``) of the current weights, no gradient."""
         return self._evaluate(self.model, batch, with_entropy)
 
     # ------------------------------------------------------------------ training
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn,
-                   num_valid_tokens: float) -> dict[str, float]:
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float) -> StepResult:
         """One optimizer step over this replica's micro-batches; the loss is normalised globally by the caller."""
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
@@ -231,16 +213,14 @@ class MegatronPolicy:
         lr = self.base_lr * self.lr_at(self.optimizer_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        totals: dict[str, float] = {"loss_local": 0.0}
+        stats = []
 
-        def on_logits(logits: torch.Tensor, b: dict[str, torch.Tensor]) -> torch.Tensor:
-            ids = b["input_ids"]
+        def on_logits(logits: torch.Tensor, b: MicroBatch) -> torch.Tensor:
+            ids = b.input_ids
             lp = -vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:].contiguous())  # [B, T-1]
             lp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
-            loss, metrics = loss_fn(lp, b, num_valid_tokens)
-            totals["loss_local"] += loss.item()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+            loss, record = loss_fn(lp, b, num_valid_tokens)
+            stats.append(record)
             # megatron DDP averages gradients over DP replicas; the loss is already normalised over all of them
             return loss * self.parallel.dp
 
@@ -254,14 +234,14 @@ class MegatronPolicy:
         if not ok:
             raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
         self.optimizer_step += 1
-        return {**self._from_last_stage(totals), "grad_norm": float(grad_norm or 0.0), "lr": lr}
+        return StepResult(self._from_last_stage(stats), float(grad_norm or 0.0), lr)
 
     @property
     def module(self) -> torch.nn.Module | None:
         """Rank 0's HF model (the in-process generator's model; current after ``sync_hf_model``), None elsewhere."""
         return self.hf_model
 
-    def frozen_reference(self) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    def frozen_reference(self) -> Callable[[MicroBatch], torch.Tensor]:
         """Logprobs of a frozen copy of the current weights: a second GPTModel sharded like the policy."""
         reference, _, _ = build_gpt(self.hf_config, self.mcfg, params_dtype=self.params_dtype, flags=self.flags)
         with torch.no_grad():
@@ -271,7 +251,7 @@ class MegatronPolicy:
                     target[name].copy_(value)
         reference.eval().requires_grad_(False)
 
-        def logprobs(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        def logprobs(batch: MicroBatch) -> torch.Tensor:
             return self._evaluate(reference, batch, with_entropy=False)
 
         return logprobs
