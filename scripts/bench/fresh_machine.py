@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import REPO, cpu_name, emit  # noqa: E402
+from _common import REPO, cpu_name, emit  # noqa: E402
 
 START, END = "<!-- bench:fresh_machine:start -->", "<!-- bench:fresh_machine:end -->"
 TARGETS = ("install", "test", "demo")

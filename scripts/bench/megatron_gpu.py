@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # env_replay beside it; the checkout's package if not installed
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # _common beside it; the checkout's package if not installed
 
 START, END = "<!-- bench:megatron_gpu:start -->", "<!-- bench:megatron_gpu:end -->"
 # dense bf16 TFLOP/s by device name, most specific first (NVIDIA data sheets; sparsity not counted)
@@ -269,7 +269,7 @@ def main() -> int:
         print(f"tiny check: {r['steps']} steps, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, "
               f"{r['tokens_per_s_per_gpu']:.0f} tokens/s, {r['flops_per_token_megatron']:.3e} FLOPs/token (Megatron)")
         return 0
-    from env_replay import emit
+    from _common import emit
 
     def pct(value, fmt: str = ".1%") -> str:
         return "n/a" if value is None else format(value, fmt)

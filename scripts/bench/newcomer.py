@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import REPO, cpu_name, emit  # noqa: E402
+from _common import REPO, cpu_name, emit  # noqa: E402
 from fresh_machine import clean_env, memory_gib  # noqa: E402
 
 START, END = "<!-- bench:newcomer:start -->", "<!-- bench:newcomer:end -->"

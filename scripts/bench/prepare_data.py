@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, emit  # noqa: E402
+from _common import cpu_name, emit  # noqa: E402
 
 START, END = "<!-- bench:prepare_data:start -->", "<!-- bench:prepare_data:end -->"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from env_replay import cpu_name, dist_version, emit  # noqa: E402
+from _common import cpu_name, dist_version, emit  # noqa: E402
 
 from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer

@@ -38,7 +38,7 @@ import torch.distributed as tdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from env_replay import cpu_name, dist_version, emit  # noqa: E402
+from _common import cpu_name, dist_version, emit  # noqa: E402
 
 START, END = "<!-- bench:weight_sync:start -->", "<!-- bench:weight_sync:end -->"
 LAYOUTS = [(2, 1, 2), (1, 2, 2), (2, 2, 4), (1, 2, 4)]  # (tp, pp, world); the last has 2 data-parallel replicas
