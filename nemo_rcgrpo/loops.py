@@ -10,15 +10,15 @@ from nemo_rcgrpo.stages import Loop
 
 
 def stage1_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
-    """Supervised training on prepared rows (SFT, RCTP-FT): `algorithms/sft.py`."""
-    from nemo_rcgrpo.algorithms.sft import run_stage1
+    """Supervised training on prepared rows (SFT, RCTP-FT): `recipes/stage1.py`."""
+    from nemo_rcgrpo.recipes.stage1 import run_stage1
 
     return run_stage1(cfg, recipe=recipe)
 
 
 def rl_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
-    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `algorithms/rcgrpo.py`."""
-    from nemo_rcgrpo.algorithms.rcgrpo import run_rl
+    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `recipes/rl.py`."""
+    from nemo_rcgrpo.recipes.rl import run_rl
 
     return run_rl(cfg, recipe=recipe)
 

@@ -30,7 +30,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "stage": ("stage", "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
                        "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
     "loop": ("a Stage's loop", "Loop(run: fn(train config, recipe name) -> result dict, rl: trains from rollouts): "
-                               "nemo_rcgrpo.stages ('stage1': algorithms/sft.py, 'rl': algorithms/rcgrpo.py)"),
+                               "nemo_rcgrpo.stages ('stage1': recipes/stage1.py, 'rl': recipes/rl.py)"),
     "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
                                                           "nemo_rcgrpo.data.stage1_datasets"),
     "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),

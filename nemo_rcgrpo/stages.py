@@ -3,8 +3,8 @@
 A stage says which loop trains it and how it differs from its siblings in that loop:
 
 - ``loop``: a registered loop (kind ``loop``, ``fn(train config, recipe name) -> result``, `nemo_rcgrpo/loops.py`):
-  ``"stage1"`` (supervised, `algorithms/sft.py`) or ``"rl"`` (rollouts and group advantages,
-  `algorithms/rcgrpo.py`); ``rcgrpo train`` runs the stage's loop;
+  ``"stage1"`` (supervised, `recipes/stage1.py`) or ``"rl"`` (rollouts and group advantages,
+  `recipes/rl.py`); ``rcgrpo train`` runs the stage's loop;
 - ``conditioned``: it trains on reward tokens (stage 1: the RCTP data; RL: each rollout's prompt gets a token
   drawn by ``rl.reward_token_sampling``). ``model.reward_tokens`` must not be ``none``, and the models it
   trains are recorded as reward-conditioned (``auto`` evaluation then conditions on the high token);

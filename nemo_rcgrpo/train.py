@@ -4,8 +4,8 @@ Also ``python nemo_rcgrpo/train.py ...`` (one process) and ``rcgrpo train ...``.
 The config (``conf/<name>.yaml``) is composed with Hydra, validated against
 `nemo_rcgrpo.config.TrainConfig` and dispatched on the loop of the registered
 ``stage`` (`nemo_rcgrpo/stages.py`): ``sft`` and ``rctp`` run the stage-1 loop
-(`algorithms/sft.py`); ``grpo``, ``rcgrpo`` and ``dapo_filter`` the stage-2 loop
-(`algorithms/rcgrpo.py`); so does a user's stage of either loop.
+(`recipes/stage1.py`); ``grpo``, ``rcgrpo`` and ``dapo_filter`` the stage-2 loop
+(`recipes/rl.py`); so does a user's stage of either loop.
 """
 
 from __future__ import annotations

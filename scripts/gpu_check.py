@@ -66,7 +66,7 @@ PY = sys.executable
 TRAIN = [PY, str(REPO / "nemo_rcgrpo" / "train.py")]
 NO_LOGS = ["logging.tensorboard=false", "logging.progress=false", "logging.wandb.enabled=false"]
 # what the steps import at their start (the lazy imports are found by the dry run's scan of the source)
-IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.algorithms.sft", "nemo_rcgrpo.algorithms.rcgrpo",
+IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.recipes.stage1", "nemo_rcgrpo.recipes.rl",
            "nemo_rcgrpo.prepare_data", "nemo_rcgrpo.models.megatron.policy", "nemo_rcgrpo.models.torch_policy",
            "nemo_rcgrpo.data.dataset", "nemo_rcgrpo.data.rl_tasks", "megatron.core", "bfcl_eval", "hydra",
            "omegaconf", "antlr4", "safetensors", "datasets", "megatron_gpu", "train_throughput")

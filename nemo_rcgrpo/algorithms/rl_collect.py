@@ -1,4 +1,4 @@
-"""The rollout groups of one RL step (steps 1-4 of `algorithms/rcgrpo.py`): the next training tasks of a seeded
+"""The rollout groups of one RL step (steps 1-4 of `recipes/rl.py`): the next training tasks of a seeded
 per-epoch shuffle, a reward token for each rollout of a conditioned stage, the rollouts, and the group filter's
 rounds (a stage's keep_group or ``rl.group_filter``: a refused group is never trained on and a new task is rolled
 out in its place, for up to ``rl.dapo_max_rounds`` more rounds).

@@ -1,6 +1,6 @@
 """The seam between the training loops and a policy backend, as a Protocol (shapes in the docstrings).
 
-Stage 1 (`algorithms/sft.py`) and stage 2 (`algorithms/rcgrpo.py`) drive a policy only through these methods,
+Stage 1 (`recipes/stage1.py`) and stage 2 (`recipes/rl.py`) drive a policy only through these methods,
 by way of `models/factory.py`. What a loop needs to know of a backend it asks the backend (its declared
 capabilities: ``module``, ``device``, ``fuses_old_logprobs``, ``distributed_rl``), never its name. Backends are
 registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
@@ -26,7 +26,7 @@ LossFn = Callable[[torch.Tensor, MicroBatch, float], "tuple[torch.Tensor, LossSt
 
 
 @dataclass(frozen=True)
-class StepResult:
+class TrainStepResult:
     """What one optimizer step of a policy reports."""
 
     stats: list[LossStats]  # the loss's record of each of this replica's micro-batches, in order
@@ -56,7 +56,7 @@ class Policy(Protocol):
         """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float,
-                   with_entropy: bool = False) -> StepResult:
+                   with_entropy: bool = False) -> TrainStepResult:
         """One optimizer step over this rank's micro-batches (none: it still joins the step's collectives): the
         loss's record of each, the gradient norm, the learning rate (with ``with_entropy`` also the entropy sums of
         the training pass)."""

@@ -1,7 +1,7 @@
 """What every command that runs a model sets up the same way: seeds, the tokenizer and model with the chat format's
 control tokens and the reward tokens, the chat renderer, the model's fingerprint and the HF export.
 
-Stage 1 (`algorithms/sft.py`), stage 2 (`algorithms/rcgrpo.py`), evaluation (`evaluation/run.py`) and the scripted
+Stage 1 (`recipes/stage1.py`), stage 2 (`recipes/rl.py`), evaluation (`evaluation/run.py`) and the scripted
 generator take them from here; each gets only the sections it reads (`config.PolicySetup`).
 """
 

@@ -1,7 +1,7 @@
 """Torch policy backend: one process, or torchrun DDP (gloo on CPU, NCCL on GPU).
 
 Interface shared with the Megatron backend: ``token_logprobs(batch)``,
-``train_step(micro_batches, loss_fn, num_valid_tokens) -> StepResult``,
+``train_step(micro_batches, loss_fn, num_valid_tokens) -> TrainStepResult``,
 ``export_weights()`` (HF names, full tensors), ``state_dict()/load_state_dict()``.
 
 A model in bf16 / fp16 trains with fp32 master weights, as Megatron does: the
@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.batch import MicroBatch
-from nemo_rcgrpo.models.interfaces import LossFn, StepResult
+from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
@@ -202,7 +202,7 @@ class TorchPolicy:
             self.module.train(was_training)
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
-                   num_valid_tokens: float, with_entropy: bool = False) -> StepResult:
+                   num_valid_tokens: float, with_entropy: bool = False) -> TrainStepResult:
         """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last).
 
         ``with_entropy``: also return "entropy_sums", per micro-batch the [B] sums of the token entropies over
@@ -236,7 +236,7 @@ class TorchPolicy:
         self.scheduler.step()
         if self.mixed:
             self._master_to_model()
-        return StepResult(stats, float(grad_norm), lr, entropy_sums if with_entropy else None)
+        return TrainStepResult(stats, float(grad_norm), lr, entropy_sums if with_entropy else None)
 
     @torch.no_grad()
     def _gradients_to_master(self) -> None:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_name, emit  # noqa: E402
 from baselines.legacy_hf_generator import LegacyHFGenerator  # noqa: E402
 
-from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.utils.config import compose
 from nemo_rcgrpo.utils.dist import init_distributed

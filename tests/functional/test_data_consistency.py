@@ -35,7 +35,7 @@ def test_reward_tokens_other_than_the_data_s_are_refused(data_dir, tmp_path, cap
 def test_the_data_s_reward_goal_is_used(tmp_path):
     """Data prepared with another goal template and position: the RL engine uses it (and the prefix check, which
     compares ids with the data's own rendering, passes)."""
-    from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
     from nemo_rcgrpo.utils.config import compose, split_argv

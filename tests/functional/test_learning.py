@@ -8,7 +8,7 @@ tasks (folders no training task starts from), measured with the same sampling be
 
 Measured on 2 cores (seeded), sampling from the whole distribution: held-out success 0.198 before, 0.448 after
 the 16 steps (training rollouts' mean reward 0.28 over steps 1-4, 0.34 over steps 13-16). With the advantages'
-sign flipped in the trainer (`algorithms/rcgrpo.py`, ``adv = -group_advantages(...)``) the same test fails:
+sign flipped in the trainer (`recipes/rl.py`, ``adv = -group_advantages(...)``) the same test fails:
 0.198 -> 0.0625, training reward 0.16 -> 0.03.
 """
 

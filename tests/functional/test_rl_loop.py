@@ -110,7 +110,7 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     """The trainer's first step against the same rollouts as one hand-built batch: hand advantages, one forward
     and backward through GRPOLoss, gradient clipping and one AdamW step. Same loss, gradient norm and weights."""
     from nemo_rcgrpo.algorithms.losses import GRPOLoss
-    from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.data.sft_data import Example, collate
     from nemo_rcgrpo.models.torch_policy import token_logprobs

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
-from nemo_rcgrpo.algorithms.rcgrpo import RLTrainer
+from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.data.batch import MicroBatch
-from nemo_rcgrpo.models.interfaces import StepResult
+from nemo_rcgrpo.models.interfaces import TrainStepResult
 from nemo_rcgrpo.utils.dist import DistInfo
 
 from ..conftest import rl_batch
@@ -63,7 +63,7 @@ class _RecordingPolicy:
         # one record per micro-batch, as a backend returns them (a replica without micro-batches returns none)
         stats = [PolicyLossStats(loss=float(len(self.calls)) / len(micro_batches), kl_sum=0.5, clipped_tokens=1.0,
                                  tokens=float(b.loss_mask.sum())) for b in micro_batches]
-        return StepResult(stats, grad_norm=1.0, lr=0.5)
+        return TrainStepResult(stats, grad_norm=1.0, lr=0.5)
 
 
 @pytest.mark.parametrize("epochs, minis, replicas", [(1, 1, 1), (2, 3, 1), (1, 2, 2), (1, 5, 2)])

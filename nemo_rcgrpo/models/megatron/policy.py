@@ -44,7 +44,7 @@ from nemo_rcgrpo.models.megatron.export import EXPORT_BUCKET_BYTES, WeightExport
 from nemo_rcgrpo.models.megatron.flags import padded_length
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.data.batch import MicroBatch
-from nemo_rcgrpo.models.interfaces import LossFn, StepResult
+from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
@@ -202,7 +202,7 @@ class MegatronPolicy:
         return self._evaluate(self.model, batch, with_entropy)
 
     # ------------------------------------------------------------------ training
-    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float) -> StepResult:
+    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float) -> TrainStepResult:
         """One optimizer step over this replica's micro-batches; the loss is normalised globally by the caller."""
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
@@ -234,7 +234,7 @@ class MegatronPolicy:
         if not ok:
             raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
         self.optimizer_step += 1
-        return StepResult(self._from_last_stage(stats), float(grad_norm or 0.0), lr)
+        return TrainStepResult(self._from_last_stage(stats), float(grad_norm or 0.0), lr)
 
     @property
     def module(self) -> torch.nn.Module | None:

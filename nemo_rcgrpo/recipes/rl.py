@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
@@ -45,7 +44,7 @@ from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micr
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups, stratified_sample
 from nemo_rcgrpo.prepare_data import ensure_data
-from nemo_rcgrpo.models.setup import export_hf, load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
+from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
 from nemo_rcgrpo.data.rl_tasks import task_ids as rl_task_ids
@@ -53,14 +52,12 @@ from nemo_rcgrpo.envs.sources import make_opener, make_suite
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
-from nemo_rcgrpo.models.factory import make_policy, save_policy_checkpoint, sync_generator
+from nemo_rcgrpo.models.factory import make_policy, sync_generator
+from nemo_rcgrpo.recipes.run_loop import RunLoop, resume
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
-from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
-from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
-from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
-from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown
-from nemo_rcgrpo.utils.logging import MetricsLogger
+from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import training_record
 
 
@@ -245,28 +242,13 @@ class RLTrainer:
         return out
 
     # ------------------------------------------------------------------ loop
-    def resume(self) -> None:
-        t = self.cfg.trainer
-        # every rank refuses another run's folder; then rank 0 keeps this invocation's config (config.N.yaml)
-        check_run_dir(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite,
-                      may_change=t.resume_may_change)
-        barrier(self.dist)
-        if self.dist.is_main:
-            save_run_config(self.run_dir, self.cfg.to_dict(), resume=t.resume, overwrite=self.cfg.overwrite)
-        barrier(self.dist)
-        ckpt = latest_checkpoint(self.run_dir) if t.resume else None
-        if self.dist.is_main:
-            self._banner(ckpt)
-        if ckpt is None:
-            return
-        state = load_checkpoint(ckpt)
-        ts = state["trainer_state"]
-        if ts.get("fingerprint") != self.fingerprint:
-            raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
-                                  f"use a new run_dir, or start over with trainer.resume=false overwrite=true")
-        self.policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
-        set_rng_state(state["rng"])
-        self.step, self.task_cursor = ts["step"], ts["task_cursor"]
+    def resume(self) -> Path | None:
+        """The run folder checked, and where resuming the newest checkpoint loaded (`recipes/run_loop.py`); the
+        step and task cursor continue from it."""
+        ckpt, ts = resume(self.cfg, self.dist, self.policy, self.fingerprint)
+        if ckpt is not None:
+            self.step, self.task_cursor = ts["step"], ts["task_cursor"]
+        return ckpt
 
     def _categories(self) -> list[str]:
         """The categories of the run's training tasks (BFCL's in BFCL's order, a plugin's by name)."""
@@ -303,21 +285,17 @@ class RLTrainer:
 
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.resume()
+        ckpt = self.resume()
+        main = self.dist.is_main
+        if main:
+            self._banner(ckpt)
         # a server starts on (an attached one receives) the current weights; a generator sharing them is told the version
         sync_generator(self.policy, self.generator, self.shares_weights, self.step)
-        main = self.dist.is_main
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        logger = MetricsLogger(self.run_dir, rank=self.dist.rank, tensorboard=cfg.logging.tensorboard,
-                               wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=self.step)
         total = cfg.trainer.max_steps
-        end = total if cfg.trainer.stop_after is None else min(total, self.step + cfg.trainer.stop_after)
-        bar = tqdm(total=total, initial=self.step, desc=cfg.stage, unit="step",
-                   disable=not (cfg.logging.progress and main), file=sys.stderr)
         metrics: dict[str, float] = {}
-        stop, stopped = StopFlag().install(), None
-        try:
-            while self.step < end:
+        with RunLoop(cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total,
+                     self.fingerprint) as loop:
+            for step in loop.steps():
                 started = time.perf_counter()
                 rng = random.Random(cfg.seed * 1_000_003 + self.step)
                 rollouts = self._share(self.collect(rng) if main else None)  # rank 0 rolls out, every rank trains
@@ -325,41 +303,22 @@ class RLTrainer:
                 rewards, adv = self.advantages(rollouts.groups)
                 groups = rollouts.groups
                 metrics = self.train_step(groups, rewards, adv, rollouts.stats)
-                self.step += 1
+                self.step = step
                 if main:
-                    write_rollouts(self.run_dir / "rollouts" / f"step_{self.step}.jsonl", self.step, groups, adv,
+                    write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups, adv,
                                    self.tokenizer.decode)
-                if cfg.rl.eval_every and self.step % cfg.rl.eval_every == 0 and self.eval_ids and main:
+                if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
                     t0 = time.perf_counter()
                     metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
                 metrics["step_seconds"] = time.perf_counter() - started
                 metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
-                logger.log(self.step, metrics)
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+                loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})
+                loop.bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
                 if main and not cfg.logging.progress:
-                    say(step_line(cfg.stage, self.step, total, metrics,
+                    say(step_line(cfg.stage, step, total, metrics,
                                   ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy",
                                    "step_seconds")))
-                signum = stop.requested(self.dist)  # a signal arrived: this step is the last of the invocation
-                if self.step % cfg.trainer.save_every == 0 or self.step == end or signum:
-                    save_policy_checkpoint(self.policy, self.dist, self.run_dir, self.step, keep_last=cfg.trainer.keep_last,
-                                           tokenizer=self.tokenizer, record=self.record,
-                                           trainer_state={"fingerprint": self.fingerprint, "model_path": cfg.model.path,
-                                                          "task_cursor": self.task_cursor, "stage": cfg.stage})
-                if signum and self.step < end:
-                    stopped = StopRequested(signum, self.step, latest_checkpoint(self.run_dir))
-                    break
-        finally:
-            stop.restore()
-        bar.close()
-        logger.close()
-        if stopped is not None:
-            raise stopped
-        if cfg.trainer.export_hf and self.step == total:
-            hf = self.policy.sync_hf_model()  # a collective with the megatron backend
-            if main:
-                export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=cfg.chat)
+        loop.finish()
         return {"steps": self.step, **metrics}
 
     def _share(self, rollouts: StepRollouts | None) -> StepRollouts:
@@ -377,7 +336,7 @@ def maybe_run_stage1(cfg: TrainConfig) -> None:
     """rl.stage1_recipe: train the initial model first when model.path does not exist yet."""
     if cfg.rl.stage1_recipe is None or Path(cfg.model.path).exists():
         return
-    from nemo_rcgrpo.algorithms.sft import run_stage1
+    from nemo_rcgrpo.recipes.stage1 import run_stage1
     from nemo_rcgrpo.utils.config import compose
 
     run_dir = Path(cfg.model.path).parent

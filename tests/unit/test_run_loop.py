@@ -1,0 +1,100 @@
+"""recipes/run_loop.py, what both training loops do around their steps, over a fake policy: checkpoints where due,
+a clean stop on a signal (the step finishes and is saved, the run raises StopRequested), resume from the newest
+checkpoint (refused for another model), and the HF export only when the last step was reached."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.recipes.run_loop import RunLoop, resume
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint
+from nemo_rcgrpo.utils.config import compose
+from nemo_rcgrpo.utils.dist import DistInfo
+from nemo_rcgrpo.utils.logging import read_metrics
+from nemo_rcgrpo.utils.signals import StopRequested
+
+
+class FakePolicy:
+    """A policy whose state is one tensor; records what the loop asks of it."""
+
+    sharded_checkpoints = False
+
+    def __init__(self):
+        self.weight = torch.zeros(2)
+        self.loaded = None
+        self.exported = 0
+
+    def state_dict(self):
+        return {"model": {"w": self.weight.clone()}, "optimizer": {"state": {}, "param_groups": []}, "scheduler": {}}
+
+    def load_state_dict(self, model, optimizer, scheduler):
+        self.loaded = model["w"]
+
+    def sync_hf_model(self):
+        self.exported += 1
+        return None
+
+
+def _cfg(tmp_path, *extra):
+    overrides = [f"run_dir={tmp_path / 'run'}", "trainer.save_every=2", "trainer.log_every=1", "logging.progress=false",
+                 "logging.tensorboard=false", "trainer.export_hf=true", *extra]
+    return TrainConfig.from_dict(compose("smoke_stage1", overrides))
+
+
+def _train(cfg, policy, start, total, stop_at=None, monkeypatch=None):
+    """Run the loop from ``start``; at ``stop_at`` a SIGUSR1 arrives inside the step. Returns the steps run."""
+    ran = []
+    with RunLoop(cfg, DistInfo(), policy, None, {"stage": "sft"}, start, total, "fp") as loop:
+        for step in loop.steps():
+            policy.weight += 1.0
+            if step == stop_at:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            ran.append(step)
+            loop.end_step(step, {"loss": float(step)}, log=True, trainer_state={"marker": step * 10})
+    if monkeypatch is not None:  # the HF export itself (a tokenizer and a model) is the export's own tests'
+        monkeypatch.setattr("nemo_rcgrpo.recipes.run_loop.export_hf", lambda *a, **k: None)
+    loop.finish()
+    return ran
+
+
+def test_checkpoints_where_due_and_the_export_at_the_last_step(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    policy = FakePolicy()
+    assert _train(cfg, policy, 0, 5, monkeypatch=monkeypatch) == [1, 2, 3, 4, 5]
+    run = tmp_path / "run"
+    # every save_every=2 steps and at the end (keep_last prunes older ones but the newest is step 5)
+    assert latest_checkpoint(run).name == "step_5"
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4, 5]
+    assert policy.exported == 1  # the HF model synced once, for the export
+
+
+def test_a_signal_finishes_the_step_saves_it_and_stops(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    policy = FakePolicy()
+    with pytest.raises(StopRequested) as stop:
+        _train(cfg, policy, 0, 6, stop_at=3, monkeypatch=monkeypatch)
+    assert stop.value.step == 3 and stop.value.signum == signal.SIGUSR1 and stop.value.exit_code == 138
+    assert latest_checkpoint(tmp_path / "run").name == "step_3"  # saved although 3 is not a multiple of 2
+    assert policy.exported == 0  # not the last step: no export
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handlers are put back
+
+    # the next invocation resumes from it: weights, step and the loop's own trainer state
+    cfg = _cfg(tmp_path, "trainer.resume=true")
+    fresh = FakePolicy()
+    ckpt, state = resume(cfg, DistInfo(), fresh, "fp")
+    assert ckpt.name == "step_3" and state["step"] == 3 and state["marker"] == 30 and state["stage"] == cfg.stage
+    assert torch.equal(fresh.loaded, torch.full((2,), 3.0))
+    assert _train(cfg, fresh, state["step"], 6, monkeypatch=monkeypatch) == [4, 5, 6]
+    assert fresh.exported == 1
+    with pytest.raises(CheckpointError, match="written for another model"):
+        resume(cfg, DistInfo(), FakePolicy(), "another fingerprint")
+
+
+def test_stop_after_ends_the_invocation_early_without_an_export(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path, "trainer.stop_after=2")
+    policy = FakePolicy()
+    assert _train(cfg, policy, 0, 5, monkeypatch=monkeypatch) == [1, 2]
+    assert latest_checkpoint(tmp_path / "run").name == "step_2" and policy.exported == 0
