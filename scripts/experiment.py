@@ -16,7 +16,7 @@ as a user would run them; this script only runs them, reads their outputs and wr
 
 Each stage is skipped when its output exists (a rerun continues; --fresh starts over). The tables are
 recomputed from the outputs (eval trajectories, rollout dumps, metrics.jsonl) by `report()` and `render()`
-(tests/unit/test_experiment_stats.py runs both on outputs of the same formats).
+(tests/unit/scripts/test_experiment_stats.py runs both on outputs of the same formats).
 
 Usage: python scripts/experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
                                     [--steps 30] [--e1-samples 4] [--e2-groups 60] [--jobs 2] [--fresh]

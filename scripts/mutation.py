@@ -50,7 +50,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS = "tests/unit/test_mutation_kills.py"  # tests written to kill survivors; run for every module
 
 # --------------------------------------------------------------------------- what is mutated
 
@@ -63,38 +62,38 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "advantages": Target("nemo_rcgrpo/algorithms/advantages.py", ("tests/unit/test_rl_math.py",)),
+    "advantages": Target("nemo_rcgrpo/algorithms/advantages.py", ("tests/unit/algorithms/test_advantages.py",)),
     "losses": Target("nemo_rcgrpo/algorithms/losses.py",
-                     ("tests/unit/test_grpo_loss.py", "tests/unit/test_rl_objective.py", "tests/unit/test_rl_math.py")),
-    "kl": Target("nemo_rcgrpo/algorithms/kl.py", ("tests/unit/test_rl_math.py", "tests/unit/test_grpo_loss.py")),
-    "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/test_rl_math.py",)),
+                     ("tests/unit/algorithms/test_losses.py",)),
+    "kl": Target("nemo_rcgrpo/algorithms/kl.py", ("tests/unit/algorithms/test_kl.py", "tests/unit/algorithms/test_losses.py")),
+    "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/algorithms/test_reward_tokens.py",)),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
-                     ("tests/unit/test_reward.py", "tests/unit/test_reward_classes.py")),
+                     ("tests/unit/envs/bfcl/test_reward.py", "tests/unit/envs/bfcl/test_reward_classes.py")),
     "calls": Target(
         "nemo_rcgrpo/envs/bfcl/calls.py",
-        ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
+        ("tests/unit/envs/bfcl/test_executor.py", "tests/unit/envs/bfcl/test_arg_strictness.py", "tests/unit/envs/bfcl/test_security.py"),
         scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call",
                "_check_plain_names", "_check_call_id"),
     ),
     "executor": Target(
         "nemo_rcgrpo/envs/bfcl/executor.py",
-        ("tests/unit/test_executor.py", "tests/unit/test_arg_strictness.py", "tests/unit/test_security.py"),
+        ("tests/unit/envs/bfcl/test_executor.py", "tests/unit/envs/bfcl/test_arg_strictness.py", "tests/unit/envs/bfcl/test_security.py"),
         scope=("_check_type", "_as_number", "_walk_fits", "_resource_guard", "_bind", "named_arguments",
                "Toolbox.__init__", "Toolbox.bind"),
     ),
     "tokenize": Target(
-        "nemo_rcgrpo/data/tokenize.py", ("tests/unit/test_chat_format.py",),
+        "nemo_rcgrpo/data/tokenize.py", ("tests/unit/data/test_chat_format.py",),
         scope=("ChatRenderer._encode_pieces", "ChatRenderer.render", "ChatRenderer.render_into",
                "ChatRenderer._template_into", "ChatRenderer._encode_template_text"),
     ),
     "stage1_datasets": Target(
         "nemo_rcgrpo/data/stage1_datasets.py",
-        ("tests/unit/test_stage1_datasets.py::test_contradictions_and_rows_without_an_outcome_are_one_line",
-         "tests/unit/test_stage1_datasets.py::test_prepare_datas_rows_pass_and_stripped_rows_get_the_same_text"),
+        ("tests/unit/data/test_stage1_datasets.py::test_contradictions_and_rows_without_an_outcome_are_one_line",
+         "tests/unit/data/test_stage1_datasets.py::test_prepare_datas_rows_pass_and_stripped_rows_get_the_same_text"),
         scope=("reward_conditioned", "_first_user"),
     ),
     "chat_format": Target(
-        "nemo_rcgrpo/data/chat_format.py", ("tests/unit/test_chat_format.py",),
+        "nemo_rcgrpo/data/chat_format.py", ("tests/unit/data/test_chat_format.py",),
         scope=("Piece", "_hermes_pieces", "_hermes_generation_prompt", "_llama3_header", "_llama3_pieces",
                "_llama3_generation_prompt"),
     ),
@@ -562,7 +561,7 @@ def main(argv=None) -> int:
         logs.mkdir()
         for mod, ms in all_mutants.items():
             target = TARGETS[mod]
-            tests = ((KILLS,) if (copy_root / KILLS).exists() else ()) + target.tests
+            tests = target.tests
             path = copy_root / target.path
             source = path.read_text()
             # baseline: the unmutated tests must pass; tests failing already (work in progress) are left out

@@ -2,7 +2,7 @@
 
 Two formats (``chat.format``), each rendering text byte-identical to the official
 chat template of its model family (kept as test data in ``tests/data/chat_templates``,
-checked by ``tests/unit/test_official_templates.py``):
+checked by ``tests/unit/data/test_official_templates.py``):
 - ``hermes``: Qwen2.5-7B-Instruct's template (ChatML): tools listed in the system
   prompt inside ``<tools>``; calls as ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
   consecutive tool results merged into one ``<|im_start|>user`` block of
@@ -252,7 +252,7 @@ class FormatSpec:
     """A chat format (kind ``chat_format``, chosen by ``chat.format``): how a conversation renders and how the
     server that will serve the trained model reads the model's tool calls back. Training rewards only calls that
     ``parse`` accepts, and ``parse`` accepts only what ``vllm serve --tool-call-parser {vllm_tool_parser}`` serves
-    the same way (tests/unit/test_parser_agreement.py)."""
+    the same way (tests/unit/data/test_parser_agreement.py)."""
     pieces: Callable[[Sequence[Message], int, Sequence[dict] | None, str], list[Piece]]
     generation_prompt: Callable[[], list[Piece]]
     special_tokens: tuple[str, ...]

@@ -6,7 +6,7 @@ among them, are in every vocabulary since loading).
 The template is the official one where the settings are the official ones (``tool_description=full``: Qwen2.5's
 for ``hermes``, Llama-3.1's for ``llama3_json``, shipped in ``data/templates``), and otherwise the official one
 with its tool line replaced by the compact form `chat_format.compact_tool` writes. Rendered with transformers'
-Jinja (the one vLLM uses) it is byte-identical to the project's rendering (tests/unit/test_served_template.py).
+Jinja (the one vLLM uses) it is byte-identical to the project's rendering (tests/unit/data/test_served_template.py).
 A plugin format brings its own template (``served_template`` refuses one it does not know).
 """
 

@@ -50,7 +50,7 @@ def ensure_format_tokens(tokenizer, fmt: str) -> list[str]:
 
 def _shipped_template(template: str, fmt: str) -> bool:
     """``template`` is one the project writes into its exports for ``fmt`` (`data/served_template.py`): its
-    rendering is the project's, byte for byte (tests/unit/test_served_template.py)."""
+    rendering is the project's, byte for byte (tests/unit/data/test_served_template.py)."""
     from nemo_rcgrpo.data.served_template import OFFICIAL, served_template
 
     return fmt in OFFICIAL and template in {served_template(fmt, d) for d in TOOL_DESCRIPTIONS}

@@ -18,7 +18,7 @@ message. What the rollout engine does with it is ``chat.rejected_message``'s (by
 client gets: the text as content, no call).
 A message without a call attempt (no ``<tool_call>``; no ``{`` in llama3_json) is plain content. Unknown tools
 are errors of their own call only (vLLM hands the call to the client, which refuses it). Duplicate keys and
-NaN / Infinity are rejected. `tests/unit/test_parser_agreement.py` checks the rules against vLLM's parser
+NaN / Infinity are rejected. `tests/unit/data/test_parser_agreement.py` checks the rules against vLLM's parser
 classes on a corpus of model outputs: no accepted call differs from vLLM's.
 """
 

@@ -40,3 +40,14 @@ def test_the_plugin_reference_page_is_generated_from_the_code():
     assert "    category: str  # what the per-category metrics are keyed on" in page
     assert "    def step(self, calls: Sequence[ToolCall | ToolCallError]) -> StepResult: ..." in page
     assert "](reference.md)" in (ROOT / "docs" / "extending.md").read_text()
+
+
+def test_the_unit_tests_mirror_the_package():
+    """tests/unit/<folder>/ is the tests of nemo_rcgrpo/<folder>/ (or of scripts/): a test module in a folder the
+    package does not have fails here."""
+    unit = ROOT / "tests" / "unit"
+    folders = {p.parent.relative_to(unit) for p in unit.rglob("test_*.py")}
+    assert len(folders) > 8
+    stray = [str(f) for f in folders
+             if str(f) != "." and not (ROOT / "nemo_rcgrpo" / f).is_dir() and f.parts[0] != "scripts"]
+    assert not stray, f"tests/unit folders without a package folder: {stray}"

@@ -217,7 +217,7 @@ def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates()
     from nemo_rcgrpo.generation.base import SamplingParams
     from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
     from nemo_rcgrpo.types import ToolCall
-    from tests.unit.test_mutation_kills import CharTokenizer
+    from tests.unit.data.test_chat_format import CharTokenizer
 
     parsed = []
 

@@ -7,7 +7,7 @@
 ``initialize_model_parallel`` and ``get_megatron_optimizer``, the layer spec,
 and the multiple that sequence lengths are padded to. Nothing here imports
 megatron or touches a device, so every GPU case is a CPU unit test
-(``tests/unit/test_megatron_flags.py``); ``Platform.detect()`` is the only
+(``tests/unit/models/megatron/test_flags.py``); ``Platform.detect()`` is the only
 place that looks at the machine.
 
 What each flag needs, read in megatron-core 0.16.1:

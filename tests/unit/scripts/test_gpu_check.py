@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ORDER = ["preflight", "setup", "b_megatron", "a_stage1", "e_torch_vs_bare", "d_resume", "c_rl_torch"]
 
 

@@ -15,7 +15,7 @@ from nemo_rcgrpo.utils.weight_stream import WeightStream, plan_buckets
 
 from tests.megatron.helpers import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _counted(n=3):
@@ -81,7 +81,7 @@ def test_no_rank_is_left_waiting_whatever_the_generator_does(tmp_path):
     reads again, raises after one tensor, or raises before reading: both ranks finish every case."""
     out = tmp_path / "stream.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", str(REPO / "tests" / "unit" / "stream_worker.py"), str(out)],
+                           f"--master-port={free_port()}", str(REPO / "tests" / "unit" / "utils" / "stream_worker.py"), str(out)],
                           capture_output=True, text=True, cwd=REPO, timeout=90,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -90,7 +90,7 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
                         if "cd" in text else real_parse(text, names))
     trajs = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
     # the error keeps where it was raised: the raising function's file, line and name
-    boom = f"RuntimeError: boom (at tests/unit/test_hostile_inputs.py:{line} in <genexpr>)"
+    boom = f"RuntimeError: boom (at tests/unit/envs/bfcl/test_hostile_inputs.py:{line} in <genexpr>)"
     assert trajs[0].error == boom and trajs[0].reward == 0.0 and trajs[0].truncated == "rollout error"
     assert trajs[0].record()["error"] == boom
     assert len(trajs[0].token_ids) == len(trajs[0].loss_mask) == len(trajs[0].sampler_logprobs)
@@ -121,7 +121,7 @@ def test_readable_precision_still_runs(suite):
         assert obs.ok and "3.0" in obs.content, (call, obs.content)
 
 
-# --------------------------------------------------------------------------- 4: find output bounded before it is built
+# -------------------- 4: find output bounded before it is built
 
 def test_find_over_long_shared_paths_is_refused_before_it_is_built(suite):
     # 12 levels of 250-character names, each level copied (shallowly) beside itself: about 16 000 entries (under

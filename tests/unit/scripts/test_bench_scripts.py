@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
-SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "__init__.py")
+BENCH = Path(__file__).resolve().parents[3] / "scripts" / "bench"
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))  # _common.py: their shared helpers
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
@@ -27,3 +27,14 @@ def test_sections_in_the_benchmarks_page_each_have_a_writer():
         source = path.read_text()
         writers |= {n for n in names if f"<!-- bench:{n}:start -->" in source}
     assert names and names <= writers, sorted(names - writers)
+
+
+def test_the_shared_helpers_need_only_the_standard_library():
+    """_common.py is imported by every benchmark (and the GPU check): it pulls in no package of any one of them."""
+    import ast
+    import sys
+
+    tree = ast.parse((BENCH / "_common.py").read_text())
+    modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert modules and modules <= set(sys.stdlib_module_names) | {"__future__"}, modules

@@ -1,6 +1,6 @@
 """torchrun worker (2 ranks, gloo): ``sync_generator``'s pass protocol with a collective export.
 
-    torchrun --nproc-per-node 2 tests/unit/stream_worker.py OUT.json
+    torchrun --nproc-per-node 2 tests/unit/utils/stream_worker.py OUT.json
 
 Rank 1 sends every tensor that rank 0's export yields (point to point, as a later pipeline stage does). Rank 0's
 generator misbehaves in three ways: it reads part of a pass and then reads again (a failed transfer redone

@@ -11,7 +11,7 @@ import pytest
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.utils.config import ConfigError, compose
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = [REPO / "scripts/slurm/rcgrpo_1node.sbatch", REPO / "scripts/slurm/rcgrpo_multinode.sbatch",
            REPO / "scripts/slurm/common.sh", REPO / "scripts/launch_local.sh"]
 BIN = Path(sys.executable).parent

@@ -1,19 +1,23 @@
-"""GRPOLoss through every KL estimator and both aggregations, against values worked out by hand.
+"""algorithms/losses.py: GRPOLoss through every KL estimator and both aggregations, against values worked out by
+hand; the clipped loss on small cases and against a slow loop; the ratio against the pass's own logprobs, the
+train / inference gap and truncated importance sampling; sft_loss; the LossStats records.
 
-One batch of 3 sequences of different lengths (3, 2 and 4 tokens), advantages of both signs,
+The first tests' batch: one batch of 3 sequences of different lengths (3, 2 and 4 tokens), advantages of both signs,
 ratios away from 1 (some clipped), and a reference that differs from the policy by d = ref - logp
 in {ln 2, -ln 2, 0}. clip_low = 0.2, clip_high = 0.3 (the window is [0.8, 1.3]), beta = 0.1.
 """
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from nemo_rcgrpo.algorithms.losses import GRPOLoss
+from nemo_rcgrpo.algorithms.losses import GRPOLoss, NLLStats, PolicyLossStats, sft_loss
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.registry import names
 
-from ..conftest import rl_batch
+from tests.conftest import rl_batch
 
 L = math.log(2)
 CLIP_LOW, CLIP_HIGH, BETA = 0.2, 0.3, 0.1
@@ -258,7 +262,7 @@ def test_the_ratio_is_chosen_by_the_setting_not_by_the_batch():
 
 def test_loss_stats_add_and_total():
     """LossStats records add field by field, and total sums a replica's records and then reduces them once."""
-    from nemo_rcgrpo.algorithms.losses import NLLStats, PolicyLossStats
+    from nemo_rcgrpo.algorithms.losses import NLLStats
 
     a, b = PolicyLossStats(loss=1.0, kl_sum=2.0, tokens=3.0), PolicyLossStats(loss=0.5, kl_sum=-1.0, tokens=4.0)
     assert a + b == PolicyLossStats(loss=1.5, kl_sum=1.0, tokens=7.0)
@@ -273,3 +277,167 @@ def test_loss_stats_add_and_total():
     assert PolicyLossStats.total([], reduce) == PolicyLossStats()  # a replica without micro-batches adds zeros
     with pytest.raises(TypeError, match="PolicyLossStats.total got a NLLStats"):
         PolicyLossStats.total([NLLStats(loss=1.0)])
+
+
+# -------------------- the clipped loss on small cases, and against a slow loop
+
+
+def _shifted_batch(logp_shift, adv):
+    old = torch.tensor([[0.0, -1.0, -1.0]])
+    logp = old + torch.tensor([[0.0, math.log(1.5), math.log(0.5)]]) * logp_shift
+    return logp, rl_batch([[0, 1, 1]], [adv], logp.clone(), old_logprobs=old)
+
+
+def test_clipped_loss_by_hand():
+    logp, batch = _shifted_batch(1.0, 2.0)  # ratios 1.5 and 0.5, A = 2
+    loss, m = GRPOLoss(kl_beta=0.0)(logp, batch, 2.0)
+    # min(3.0, 1.2*2) = 2.4 ; min(1.0, 0.8*2) = 1.0  ->  -(2.4 + 1.0) / 2
+    assert loss.item() == pytest.approx(-1.7) and m.clipped_tokens == 1.0
+    logp, batch = _shifted_batch(1.0, -1.0)
+    loss, m = GRPOLoss(kl_beta=0.0)(logp, batch, 2.0)
+    # min(-1.5, -1.2) = -1.5 ; min(-0.5, -0.8) = -0.8  ->  (1.5 + 0.8) / 2
+    assert loss.item() == pytest.approx(1.15) and m.clipped_tokens == 1.0
+    loss, _ = GRPOLoss(kl_beta=0.0, clip_low=0.6, clip_high=0.2)(logp, batch, 2.0)  # 0.5 -> 0.4 floor: unclipped
+    assert loss.item() == pytest.approx((1.5 + 0.5) / 2)
+    # KL term: ref differs by ln 2 on both tokens, k3 = 0.5 + ln2 - 1 each, beta 0.1
+    batch = dataclasses.replace(batch, ref_logprobs=logp - math.log(2))
+    loss_kl, m = GRPOLoss(kl_beta=0.1)(logp, batch, 2.0)
+    # d = ref - logp = -ln 2: k3 = exp(-ln 2) + ln 2 - 1 = 0.1931 per token, averaged over the 2 tokens
+    assert loss_kl.item() == pytest.approx(1.15 + 0.1 * (0.5 + math.log(2) - 1))
+    seq, _ = GRPOLoss(kl_beta=0.0, aggregation="sequence", num_sequences=1)(logp, batch, 999.0)
+    assert seq.item() == pytest.approx(1.15)  # one sequence of 2 tokens: mean over its tokens
+
+
+def _slow_loss(logp, old, ref, adv, mask, n_tokens, eps_l, eps_h, beta):
+    total = 0.0
+    for b in range(len(logp)):
+        for t in range(len(logp[0])):
+            if mask[b][t]:
+                ratio = math.exp(logp[b][t] - old[b][t])
+                pg = -min(ratio * adv[b], min(max(ratio, 1 - eps_l), 1 + eps_h) * adv[b])
+                d = ref[b][t] - logp[b][t]
+                total += pg + beta * (math.exp(d) - d - 1)
+    return total / n_tokens
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vectorised_loss_equals_slow_loop_and_is_microbatch_invariant(seed):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 6, 9
+    logp = -torch.rand(B, T, generator=g) * 3
+    old = logp + torch.randn(B, T, generator=g) * 0.3
+    ref = logp + torch.randn(B, T, generator=g) * 0.3
+    adv = torch.randn(B, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).long()
+    mask[:, 0] = 0
+    n = float(mask.sum())
+    batch = rl_batch(mask, adv, ref, old_logprobs=old)
+    loss, _ = GRPOLoss(clip_low=0.2, clip_high=0.28, kl_beta=0.1)(logp, batch, n)
+    slow = _slow_loss(logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), n, 0.2, 0.28, 0.1)
+    assert loss.item() == pytest.approx(slow, rel=1e-5, abs=1e-6)
+    # two micro-batches with the global token count: same loss and same gradient
+    x = logp.clone().requires_grad_(True)
+    GRPOLoss(clip_high=0.28)(x, batch, n)[0].backward()
+    y = logp.clone().requires_grad_(True)
+    total = 0.0
+    for part in (slice(0, 2), slice(2, B)):
+        sub = rl_batch(mask[part], adv[part], ref[part], old_logprobs=old[part])
+        l, _ = GRPOLoss(clip_high=0.28)(y[part], sub, n)
+        l.backward()
+        total += l.item()
+    assert total == pytest.approx(loss.item(), rel=1e-5) and torch.allclose(x.grad, y.grad, atol=1e-7)
+
+
+# -------------------- the ratio against the pass's own logprobs, the train / inference gap and truncated importance
+# sampling
+
+
+TWO_ROWS_MASK = [[0, 1, 1, 1], [0, 1, 1, 0]]  # two sequences: 3 and 2 generated tokens, advantages +1 and -0.5
+
+
+def _two_rows(old_logprobs=None, sampler_logprobs=None):
+    return rl_batch(TWO_ROWS_MASK, [1.0, -0.5], torch.full((2, 4), -1.0), old_logprobs=old_logprobs,
+                    sampler_logprobs=sampler_logprobs)
+
+
+def test_without_old_logprobs_the_ratio_is_one_with_the_on_policy_gradient():
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]], requires_grad=True)
+    fused, _ = GRPOLoss(kl_beta=0.0, ratio="current")(lp, _two_rows(), 5.0)
+    fused.backward()
+    grad_fused = lp.grad.clone()
+    lp.grad = None
+    explicit, _ = GRPOLoss(kl_beta=0.0)(lp, _two_rows(old_logprobs=lp.detach().clone()), 5.0)
+    explicit.backward()
+    # ratio 1: loss = -(1 * 3 + (-0.5) * 2) / 5 = -0.4; d loss / d lp_t = -A_b / 5 on masked tokens
+    assert fused.item() == pytest.approx(-0.4) and explicit.item() == pytest.approx(-0.4)
+    expected = torch.tensor([[0, -0.2, -0.2, -0.2], [0, 0.1, 0.1, 0]])
+    assert torch.allclose(grad_fused, expected) and torch.allclose(lp.grad, expected)
+
+
+def test_sampler_gap_metrics_and_truncated_importance_sampling():
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]])
+    sampler = torch.tensor([[0.0, -0.5, -1.5, -1.0], [0.0, -0.3, -0.2, 5.0]])  # the last column is not generated
+    batch = _two_rows(old_logprobs=lp, sampler_logprobs=sampler)
+    _, m = GRPOLoss(kl_beta=0.0)(lp, batch, 5.0)
+    # trainer - sampler on the 5 masked tokens: 0, 0.5, -1.0 | 0, -0.5
+    assert m.sampler_abs_diff_sum == pytest.approx(2.0)
+    assert m.sampler_mult_err_sum == pytest.approx(2 * 1 + 2 * math.exp(0.5) + math.exp(1.0))
+    loss, _ = GRPOLoss(kl_beta=0.0, tis_cap=1.2)(lp, batch, 5.0)
+    # weights min(exp(gap), 1.2): 1, 1.2 (e^0.5 = 1.65 capped), e^-1 | 1, e^-0.5; pg = -A * w at ratio 1
+    w = [1.0, 1.2, math.exp(-1.0), 1.0, math.exp(-0.5)]
+    expected = -(1.0 * (w[0] + w[1] + w[2]) - 0.5 * (w[3] + w[4])) / 5
+    assert loss.item() == pytest.approx(expected)
+
+
+# -------------------- `make mutation`'s survivors killed (docs/testing.md); each test names its mutants
+
+
+def test_sft_loss_by_hand():
+    # kills every sft_loss mutant (no other test calls it): sign, `*` -> `/`, `/` -> `*`, max -> min, return None
+    logp = torch.tensor([[-1.0, -2.0, -3.0]])
+    ones = torch.ones(1, 3, dtype=torch.long)
+    loss, metrics = sft_loss(logp, MicroBatch(ones, ones, torch.tensor([[0, 1, 1]])), num_valid_tokens=2)
+    # NLL of the two trained tokens: 2 + 3 = 5, over 2 tokens: 2.5
+    assert loss.item() == pytest.approx(2.5) and metrics == NLLStats(loss=2.5, nll_sum=5.0, tokens=2.0)
+    # kills: max(num_valid_tokens, 1.0) -> max(.., 2.0); one token: 3 / 1 (not 3 / 2)
+    loss, _ = sft_loss(logp, MicroBatch(ones, ones, torch.tensor([[0, 0, 1]])), num_valid_tokens=1)
+    assert loss.item() == pytest.approx(3.0)
+
+
+def _one_token_batch(adv=1.0):
+    # logp = old = ref: ratio 1, KL 0, so per-token loss = -min(1 * A, 1 * A) = -A
+    z = torch.tensor([[-0.5]])
+    return z.clone(), rl_batch(torch.ones(1, 1), [adv], z.clone(), old_logprobs=z.clone())
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_grpo_loss_of_a_single_token(aggregation):
+    # kills: max(num_valid_tokens, 1.0) -> 2.0 (token); lengths.clamp(min=1.0) -> 2.0 (sequence)
+    logp, batch = _one_token_batch(adv=1.0)
+    loss, _ = GRPOLoss(aggregation=aggregation, num_sequences=1)(logp, batch, 1)
+    assert loss.item() == pytest.approx(-1.0)  # -1 / 1 token (or / 1 sequence of length 1), not -1 / 2
+
+
+def _clip_batch(ratios, advs):
+    logp = torch.tensor([[math.log(r)] for r in ratios])
+    z = torch.zeros_like(logp)
+    return logp, rl_batch(torch.ones_like(logp), torch.tensor(advs, dtype=torch.float32), logp.clone(), old_logprobs=z)
+
+
+def test_clipped_token_count():
+    # kills: `1.0 - clip_low` -> `1.0 + clip_low`, `adv < 0` -> `adv <= 0`, `adv > 0` -> `adv >= 0` in the metric
+    # a token is clipped when the clamp takes the gradient away: ratio < 0.8 with A < 0, or ratio > 1.2 with A > 0
+    ratios = [0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 1.1]
+    advs = [-1.0, 1.0, 1.0, -1.0, 0.0, 0.0, -1.0]
+    #       yes   yes   no    no    no    no    no (1.1 is inside [0.8, 1.2])
+    logp, batch = _clip_batch(ratios, advs)
+    _, m = GRPOLoss(clip_low=0.2, clip_high=0.2)(logp, batch, 7)
+    assert m.clipped_tokens == 2.0
+
+
+def test_ratio_on_the_clip_bound_is_not_clipped():
+    # kills: `ratio < 1.0 - clip_low` -> `<=`, `ratio > 1.0 + clip_high` -> `>=`
+    # clip_low = clip_high = 0 and logp = old: ratio = exp(0) = 1.0 exactly, on both bounds; the clamp changes nothing
+    logp, batch = _clip_batch([1.0, 1.0], [-1.0, 1.0])
+    _, m = GRPOLoss(clip_low=0.0, clip_high=0.0)(logp, batch, 2)
+    assert m.clipped_tokens == 0.0

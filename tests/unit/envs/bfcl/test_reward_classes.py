@@ -16,7 +16,7 @@ import pytest
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state
 
-from ..conftest import run_turns
+from tests.conftest import run_turns
 
 CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI",
            "TicketAPI", "TradingBot", "TravelAPI", "VehicleControlAPI")

@@ -351,19 +351,19 @@ def test_a_bad_value_from_a_plugin_ends_that_rollout_alone_with_the_reason(rende
     for t in trajs[1:]:  # each pays 0 and says which plugin, object and field broke the contract
         assert t.reward == 0.0 and t.truncated == "rollout error" and t.record()["error"] == t.error, t.task_id
     errors = {t.task_id: t.error for t in trajs[1:]}
-    assert errors["none_reward"].startswith("PluginContractError: env fault_example: _Fault.reward (test_rollout_engine"
+    assert errors["none_reward"].startswith("PluginContractError: env fault_example: _Fault.reward (test_multi_turn"
                                             ".py:") and "task none_reward: reward().value is None (NoneType)" in \
         errors["none_reward"]
     assert "reward().value is '1' (str): give a float in [0, 1]" in errors["str_reward"]
     assert "reward().value is nan: give a finite float in [0, 1]" in errors["nan_reward"]
     assert "reward().value is 2.0: give a finite float in [0, 1]" in errors["big_reward"]
     assert "reward().value is True (bool)" in errors["bool_reward"]
-    assert "_Fault.step (test_rollout_engine.py:" in errors["str_observation"]
+    assert "_Fault.step (test_multi_turn.py:" in errors["str_observation"]
     assert "step().observations[0] is 'ok', not an Observation" in errors["str_observation"]
     assert "step().tools_changed is 'yes': give True" in errors["str_tools_changed"]
     # an exception in the plugin's code: one line with the plugin's file, line and function
     assert errors["step_raises"].startswith("RuntimeError: the env's own bug (at ")
-    assert "test_rollout_engine.py:" in errors["step_raises"] and errors["step_raises"].endswith(" in step)")
+    assert "test_multi_turn.py:" in errors["step_raises"] and errors["step_raises"].endswith(" in step)")
 
 
 def test_a_tool_without_the_function_wrapper_is_one_line_naming_the_env(renderer):

@@ -18,9 +18,9 @@ from nemo_rcgrpo.data.served_template import OFFICIAL, ServedTemplateError, serv
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.models.setup import export_hf
-from tests.unit.test_official_templates import _conversations
+from tests.unit.data.test_official_templates import _conversations
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _served(messages):

@@ -5,8 +5,9 @@ import pytest
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall
 from nemo_rcgrpo.envs.bfcl.reward import GoldAction, GoldReplay, OfficialChecker, action_matches, missing_actions
+from nemo_rcgrpo.types import OfficialVerdict
 
-from ..conftest import run_turns
+from tests.conftest import run_turns
 
 # multi_turn_base_0, GorillaFileSystem, ground truth per turn:
 BASE_0 = [
@@ -236,3 +237,29 @@ def test_a_plugin_reward_is_chosen_by_env_reward(suite):
             BFCLEnvConfig(reward="nope")
     finally:
         table("reward").pop("test_half_credit")
+
+
+# -------------------- `make mutation`'s survivors killed (docs/testing.md); each test names its mutants
+
+
+def test_action_matching_compares_dict_arguments():
+    # kills: _canon's dict branch returning None (every dict would equal every other)
+    gold = GoldAction("f", {"d": {"a": 1, "b": [1, 2]}})
+    assert action_matches(gold, _call("f", {"d": {"a": 1, "b": (1, 2)}}))  # tuples inside dicts equal lists
+    assert not action_matches(gold, _call("f", {"d": {"a": 2, "b": [1, 2]}}))
+    assert not action_matches(gold, _call("f", {"d": {"a": 1}}))
+
+
+def test_action_matches_returns_a_bool():
+    # kills: `return False` -> `return None` for a different tool name
+    assert action_matches(GoldAction("f", {}), _call("g", {})) is False
+    assert action_matches(GoldAction("f", {}), _call("f", {})) is True
+
+
+def test_verdict_before_any_turn_is_force_terminated():
+    # kills: turns_checked = 0 -> 1; valid=False -> True; `stopped_early or msg` -> `and`
+    gold = GoldReplay(turn_results=((),), turn_states=({},), turn_has_calls=(False,), actions=())
+    assert OfficialChecker(gold).verdict() == OfficialVerdict(
+        valid=False, error_type="multi_turn:force_terminated", error_message="episode ended after 0 of 1 turns", turn=0)
+    stopped = OfficialChecker(gold).verdict(stopped_early="step limit")
+    assert stopped.valid is False and stopped.error_message == "step limit"

@@ -21,7 +21,7 @@ from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.data.trajectories import gold_plan, play
 from nemo_rcgrpo.models.hf import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TEMPLATES = ROOT / "tests" / "data" / "chat_templates"
 OFFICIAL = {"hermes": "Qwen2.5-7B-Instruct.jinja", "llama3_json": "Llama-3.1-8B-Instruct.jinja"}
 BOS = {"hermes": "<|endoftext|>", "llama3_json": "<|begin_of_text|>"}  # Qwen's template writes no bos_token

@@ -1,7 +1,6 @@
 """The collective weight transfer's pure parts (generation/weight_transfer.py, generation/vllm_worker.py); the
 transfer into a real vLLM server is tests/vllm/test_vllm_generator.py."""
 
-import datetime
 import threading
 
 import torch
