@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, TypeVar
 
 import torch
 
@@ -24,8 +24,10 @@ S = TypeVar("S", bound="LossStats")
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """B rows of tokens, right-padded to length T."""
+    """B rows of tokens, right-padded to length T. Every tensor field is [B, T] but those in ``ROW_FIELDS``, which
+    are [B] (one value per row)."""
 
+    ROW_FIELDS: ClassVar[frozenset[str]] = frozenset()
     input_ids: torch.Tensor  # [B, T] long
     attention_mask: torch.Tensor  # [B, T] long: 1 on real tokens
     loss_mask: torch.Tensor  # [B, T] long: 1 on the tokens the loss trains (an assistant's, a rollout's generated)
@@ -38,7 +40,7 @@ class MicroBatch:
             value = getattr(self, f.name)
             if not torch.is_tensor(value):
                 continue
-            want = (rows,) if value.dim() == 1 else (rows, length)
+            want = (rows,) if f.name in self.ROW_FIELDS else (rows, length)
             if tuple(value.shape) != want:
                 raise ValueError(f"{type(self).__name__}.{f.name} has shape {tuple(value.shape)}, expected {want}")
 
@@ -66,7 +68,7 @@ class MicroBatch:
             raise ValueError(f"cannot pad a {self.rows} x {self.length} batch to {rows} x {length}")
         out = {}
         for k, v in self.tensors().items():
-            pad = [0, rows - self.rows] if v.dim() == 1 else [0, length - self.length, 0, rows - self.rows]
+            pad = [0, rows - self.rows] if k in self.ROW_FIELDS else [0, length - self.length, 0, rows - self.rows]
             out[k] = torch.nn.functional.pad(v, pad)  # F.pad lists the last dimension first
         return dataclasses.replace(self, **out)
 
@@ -76,6 +78,7 @@ class RLMicroBatch(MicroBatch):
     """One micro-batch of an RL step: B rollouts of the step (rows ``first`` .. ``first + B - 1`` of its rollouts,
     in group order), every field there before the first update."""
 
+    ROW_FIELDS: ClassVar[frozenset[str]] = frozenset({"advantages"})
     advantages: torch.Tensor  # [B] float: one per rollout, broadcast over its tokens
     ref_logprobs: torch.Tensor  # [B, T] float: the frozen reference's token logprobs (0 off the loss mask)
     sampler_logprobs: torch.Tensor  # [B, T] float: the generator's logprobs of the generated tokens (0 elsewhere)

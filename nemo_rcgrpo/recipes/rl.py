@@ -53,7 +53,7 @@ from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import make_policy, sync_generator
-from nemo_rcgrpo.recipes.run_loop import RunLoop, resume
+from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
@@ -245,7 +245,7 @@ class RLTrainer:
     def resume(self) -> Path | None:
         """The run folder checked, and where resuming the newest checkpoint loaded (`recipes/run_loop.py`); the
         step and task cursor continue from it."""
-        ckpt, ts = resume(self.cfg, self.dist, self.policy, self.fingerprint)
+        ckpt, ts = open_run(self.cfg, self.dist, self.policy, self.fingerprint)
         if ckpt is not None:
             self.step, self.task_cursor = ts["step"], ts["task_cursor"]
         return ckpt

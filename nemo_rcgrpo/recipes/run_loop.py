@@ -1,6 +1,6 @@
 """What every training loop does around its steps (stage 1 and RL alike), in one place:
 
-- ``resume``: refuse another run's folder, keep this invocation's config (config.N.yaml), and where resuming load
+- ``open_run``: refuse another run's folder, keep this invocation's config (config.N.yaml), and where resuming load
   the newest checkpoint into the policy (refused when it was written for another model) and the RNG state;
 - ``RunLoop``: the progress bar and the metrics logger of the steps from ``start`` to ``end``; after each step a
   clean stop on a signal (the step finishes and is saved), a checkpoint every ``trainer.save_every`` steps and at
@@ -24,7 +24,7 @@ from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
 
-def resume(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None, dict[str, Any]]:
+def open_run(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None, dict[str, Any]]:
     """The run folder checked and this invocation's config kept; where ``trainer.resume`` finds a checkpoint, its
     weights, optimizer, scheduler and RNG state restored. Returns (that checkpoint, its trainer state) or (None, {})."""
     t, run_dir = cfg.trainer, Path(cfg.run_dir)
@@ -102,8 +102,8 @@ class RunLoop:
         if step % self.cfg.trainer.save_every == 0 or step == self.end or signum:
             save_policy_checkpoint(self.policy, self.dist, self.run_dir, step, keep_last=self.cfg.trainer.keep_last,
                                    tokenizer=self.tokenizer, record=self.record,
-                                   trainer_state={"fingerprint": self.fingerprint, "model_path": self.cfg.model.path,
-                                                  "stage": self.cfg.stage, **trainer_state})
+                                   trainer_state={**trainer_state, "fingerprint": self.fingerprint,
+                                                  "model_path": self.cfg.model.path, "stage": self.cfg.stage})
         if signum and step < self.end:
             self.stopped = StopRequested(signum, step, latest_checkpoint(self.run_dir))
         return signum

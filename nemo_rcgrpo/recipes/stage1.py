@@ -26,7 +26,7 @@ from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_ba
 from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.models.factory import make_policy
-from nemo_rcgrpo.recipes.run_loop import RunLoop, resume
+from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import training_record
@@ -79,7 +79,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
         raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
                          f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
 
-    ckpt, ts = resume(cfg, dist, policy, fingerprint)
+    ckpt, ts = open_run(cfg, dist, policy, fingerprint)
     start_step, tokens_seen = ts.get("step", 0), ts.get("tokens_seen", 0)
     if dist.is_main:
         (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))

@@ -72,7 +72,7 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
             if i:  # the first batch warms up
                 out[side].append(time.perf_counter() - t0)
         if i:
-            out["tokens"].append(float(b["input_ids"].numel()))
+            out["tokens"].append(float(b.input_ids.numel()))
             out["trained"].append(float(b.loss_mask[:, 1:].sum()))
             out["union_positions"].append(float(b.loss_mask[:, 1:].any(0).sum() * len(idx)))
     torch_policy.GATHERED_MODEL_TYPES = gathered

@@ -101,7 +101,7 @@ def main() -> int:
             if i > 0:
                 times[name] += time.perf_counter() - t0
         if i > 0:
-            tokens += sum(int(mb["attention_mask"].sum()) for mb in mbs)
+            tokens += sum(int(mb.attention_mask.sum()) for mb in mbs)
     bare_tps, backend_tps = tokens / times["bare"], tokens / times["backend"]
     if args.json:
         args.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "model": args.model, "dtype": args.dtype,

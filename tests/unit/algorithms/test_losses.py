@@ -260,6 +260,18 @@ def test_the_ratio_is_chosen_by_the_setting_not_by_the_batch():
         GRPOLoss(ratio="both")
 
 
+def test_the_loss_is_built_from_its_settings():
+    """GRPOLoss.from_config takes every field of the rl.loss section, and the ratio the loop chose."""
+    from nemo_rcgrpo.config_schema import LossConfig
+
+    section = LossConfig(policy_loss="unclipped", clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1",
+                         aggregation="sequence", tis_cap=2.5)
+    loss = GRPOLoss.from_config(section, ratio="current")
+    assert loss == GRPOLoss(clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1", aggregation="sequence",
+                            tis_cap=2.5, policy_loss="unclipped", ratio="current")
+    assert {f for f in dataclasses.asdict(section)} <= set(dataclasses.asdict(loss))  # no setting left behind
+
+
 def test_loss_stats_add_and_total():
     """LossStats records add field by field, and total sums a replica's records and then reduces them once."""
     from nemo_rcgrpo.algorithms.losses import NLLStats
@@ -275,6 +287,10 @@ def test_loss_stats_add_and_total():
     assert PolicyLossStats.total([a, b], reduce) == PolicyLossStats(loss=3.0, kl_sum=2.0, tokens=14.0)
     assert len(calls) == 1 and calls[0].dtype == torch.float64
     assert PolicyLossStats.total([], reduce) == PolicyLossStats()  # a replica without micro-batches adds zeros
+    # a record starts from zeros: a replica's total of one record is that record
+    assert NLLStats().values() == (0.0, 0.0, 0.0) and PolicyLossStats().values() == (0.0,) * 8
+    one = NLLStats(loss=0.5, nll_sum=4.0, tokens=8.0)
+    assert NLLStats.total([one]) == one and NLLStats.total([one], lambda v: v * 3) == NLLStats(1.5, 12.0, 24.0)
     with pytest.raises(TypeError, match="PolicyLossStats.total got a NLLStats"):
         PolicyLossStats.total([NLLStats(loss=1.0)])
 

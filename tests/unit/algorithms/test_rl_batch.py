@@ -40,6 +40,11 @@ def test_micro_batches_carry_their_rows_advantages_and_logprobs():
         rl_micro_batch(t1, trajs, 0, adv, torch.zeros(1, 2), None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         b1.old_logprobs = None
+    # each field has its own rank: a [B] where a [B, T] belongs (or the reverse) is refused, never broadcast
+    with pytest.raises(ValueError, match=r"RLMicroBatch.ref_logprobs has shape \(2,\), expected \(2, 5\)"):
+        rl_micro_batch(t1, trajs, 0, adv, torch.zeros(2), None)
+    with pytest.raises(ValueError, match=r"RLMicroBatch.advantages has shape \(2, 5\), expected \(2,\)"):
+        rl_micro_batch(t1, trajs, 0, torch.zeros(3, 5), ref, None)
 
 
 def test_a_micro_batch_moves_and_pads_whole():
@@ -115,22 +120,15 @@ def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
     assert m["sampler_logprob_abs_diff"] == pytest.approx(0.1) and m["token_mult_prob_error"] == pytest.approx(0.55)
 
 
-def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed():
-    from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, check_failures
-
-    trajs = [_traj([1, 2], [0, 1], 0.0, None, group=g) for g in range(4)]
-    assert check_failures("rcgrpo", 3, trajs, 0.25) is None  # none failed
-    trajs[1].error = "PluginContractError: env x: reward().value is None"
-    assert check_failures("rcgrpo", 3, trajs, 0.25) is None  # 1 of 4 = 0.25: not more than the share
-    trajs[2].error = "RuntimeError: boom"
-    assert check_failures("rcgrpo", 3, trajs, 0.25) == (  # 2 of 4 = 0.5 > 0.25
-        "WARNING: rcgrpo step 3: 2 of 4 rollouts failed (more than rl.max_failed_share=0.25) and pay reward 0; "
-        "first: task t1: PluginContractError: env x: reward().value is None")
-    assert check_failures("rcgrpo", 3, trajs, 0.5) is None
-    for t in trajs:
-        t.error = t.error or "KeyError: 'function'"
-    with pytest.raises(RolloutsFailed, match=r"^rcgrpo step 3: all 4 rollouts failed, nothing to train on \(first: "
-                                             r"task t0: KeyError: 'function'\); every rollout's error is in "
-                                             r"rollouts/step_3.jsonl$") as e:
-        check_failures("rcgrpo", 3, trajs, 1.0)
-    assert e.value.trajectories == trajs
+def test_step_metrics_average_the_updates():
+    """Several updates (epochs x mini-batches): loss, grad norm and lr are the means over them; the KL and clip
+    fraction are per token over every update's tokens."""
+    g = [_traj([1, 2, 3], [0, 0, 1], 1.0, None), _traj([1, 2, 3], [0, 0, 1], 0.0, None)]
+    # 4 updates whose losses add up to 2.0; each update saw the 2 generated tokens (8 in all), 0.8 KL, 2 clipped
+    out = UpdateTotals(PolicyLossStats(loss=2.0, kl_sum=0.8, clipped_tokens=2.0, tokens=8.0), updates=4,
+                       grad_norm=0.75, lr=1e-5)
+    m = step_metrics([g], torch.tensor([[1.0, 0.0]]), torch.tensor([[0.7, -0.7]]), [0.2, 0.4], out, num_valid=2.0)
+    assert m["loss"] == pytest.approx(0.5) and m["updates"] == 4.0
+    assert m["grad_norm"] == 0.75 and m["lr"] == 1e-5
+    assert m["kl"] == pytest.approx(0.1) and m["clip_fraction"] == pytest.approx(0.25)
+    assert m["tokens"] == 2.0 and m["entropy"] == pytest.approx(0.3)  # the step's tokens, each once

@@ -355,6 +355,26 @@ def test_hermes_rendering_without_a_system_message():
     _check_masks("hermes", messages, [LS], f"ok\n{call}<|im_end|><|im_end|>")
 
 
+def test_hermes_consecutive_tool_results_share_one_user_block():
+    # kills (_hermes_pieces): `index == 0` -> `!=` in `opens` (each result would open a block of its own), as Qwen2.5's
+    # template writes several results of one message: one user block, each result in its own <tool_response>
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
+                {"role": "tool", "content": "r1"},
+                {"role": "tool", "content": "r2"},
+                {"role": "assistant", "content": "done"}]
+    call = '<tool_call>\n{"name": "ls", "arguments": {"a": true}}\n</tool_call>'
+    assert render_text(messages, None, "hermes", "compact") == (
+        "<|im_start|>user\ngo<|im_end|>\n"
+        f"<|im_start|>assistant\n{call}\n{call}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\ndone<|im_end|>\n")
+    # a conversation that starts and ends with results (a continuation) opens its first block and closes its last
+    tail = [{"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    assert render_text(tail, None, "hermes", "compact") == (
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n")
+
+
 def test_hermes_rendering_with_a_system_message():
     # kills: the system branch (role == "system", its content `or ""`), tools added to the given system prompt once
     messages = [{"role": "system", "content": f"S {HR}"}, {"role": "user", "content": "u"},
@@ -394,6 +414,15 @@ def test_llama3_rendering_without_a_system_message():
         f"{_h('assistant')}done<|eot_id|>"
         f"{_h('user')}<|eot_id|>")
     _check_masks("llama3_json", messages, [LS], f"{call}<|eot_id|>{call}<|eot_id|>done<|eot_id|>")
+
+
+def test_llama3_full_tool_descriptions_are_indented_by_four():
+    # kills (_llama3_pieces): `indent=4` -> 5: the Llama 3.1 template writes each tool in the first user message as
+    # `tool | tojson(indent=4)` followed by a blank line (tool_description=full)
+    import json
+
+    text = render_text([{"role": "user", "content": "a"}], [LS], "llama3_json", "full")
+    assert f"{LLAMA3_TOOLS_PREAMBLE}{json.dumps(LS, indent=4)}\n\na<|eot_id|>" in text
 
 
 def test_llama3_rendering_with_a_system_message():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.recipes.run_loop import RunLoop, resume
+from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint
 from nemo_rcgrpo.utils.config import compose
 from nemo_rcgrpo.utils.dist import DistInfo
@@ -65,8 +65,10 @@ def test_checkpoints_where_due_and_the_export_at_the_last_step(tmp_path, monkeyp
     policy = FakePolicy()
     assert _train(cfg, policy, 0, 5, monkeypatch=monkeypatch) == [1, 2, 3, 4, 5]
     run = tmp_path / "run"
-    # every save_every=2 steps and at the end (keep_last prunes older ones but the newest is step 5)
+    # every save_every=2 steps and at the end (keep_last prunes the older ones)
     assert latest_checkpoint(run).name == "step_5"
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert kept[-2:] == ["step_4", "step_5"] and "step_3" not in kept and "step_1" not in kept
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4, 5]
     assert policy.exported == 1  # the HF model synced once, for the export
 
@@ -84,13 +86,13 @@ def test_a_signal_finishes_the_step_saves_it_and_stops(tmp_path, monkeypatch):
     # the next invocation resumes from it: weights, step and the loop's own trainer state
     cfg = _cfg(tmp_path, "trainer.resume=true")
     fresh = FakePolicy()
-    ckpt, state = resume(cfg, DistInfo(), fresh, "fp")
+    ckpt, state = open_run(cfg, DistInfo(), fresh, "fp")
     assert ckpt.name == "step_3" and state["step"] == 3 and state["marker"] == 30 and state["stage"] == cfg.stage
     assert torch.equal(fresh.loaded, torch.full((2,), 3.0))
     assert _train(cfg, fresh, state["step"], 6, monkeypatch=monkeypatch) == [4, 5, 6]
     assert fresh.exported == 1
     with pytest.raises(CheckpointError, match="written for another model"):
-        resume(cfg, DistInfo(), FakePolicy(), "another fingerprint")
+        open_run(cfg, DistInfo(), FakePolicy(), "another fingerprint")
 
 
 def test_stop_after_ends_the_invocation_early_without_an_export(tmp_path, monkeypatch):

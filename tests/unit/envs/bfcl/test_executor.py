@@ -6,6 +6,7 @@ import pytest
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.bfcl.calls import (
     MAX_CALL_CHARS,
+    MAX_CALL_ID_CHARS,
     MAX_NAME_CHARS,
     MAX_NESTING,
     CallRejected,
@@ -200,6 +201,12 @@ def test_length_limits_are_exact():
     assert len(parse_json_call({"name": "f", "arguments": arguments}).kwargs["a"]) == 16375
     with pytest.raises(CallRejected, match="arguments are 16385 characters long"):
         parse_json_call({"name": "f", "arguments": arguments[:-2] + 'x"}'})
+    # kills: `len(call_id) > MAX_CALL_ID_CHARS` -> `>=`: an id of exactly 64 characters is kept, 65 is refused
+    assert MAX_CALL_ID_CHARS == 64
+    raw = {"type": "function", "function": {"name": "ls", "arguments": {}}}
+    assert to_tool_call({**raw, "id": "c" * 64}).id == "c" * 64
+    refused = to_tool_call({**raw, "id": "c" * 65})
+    assert isinstance(refused, ToolCallError) and "1 to 64 characters" in refused.message
 
 
 def test_to_tool_call_passes_parsed_calls_through_and_clips_raw_text():
@@ -209,6 +216,19 @@ def test_to_tool_call_passes_parsed_calls_through_and_clips_raw_text():
     text = "f(" + "x" * 300  # 302 characters, not a valid call
     result = to_tool_call(text)
     assert isinstance(result, ToolCallError) and result.raw == text[:200] and len(result.raw) == 200
+    # kills: repr(raw)[:200] -> [:199] / [:201]: a call of another type is clipped the same way
+    odd = [0] * 200  # not a string nor an object: its repr is 600 characters
+    result = to_tool_call(odd)
+    assert isinstance(result, ToolCallError) and result.raw == repr(odd)[:200] and len(result.raw) == 200
+    # kills: `len(call_id) <= MAX_CALL_ID_CHARS` -> `<`: a refused call keeps an id of exactly 64 characters
+    assert to_tool_call("f(", "c" * 64).id == "c" * 64 and to_tool_call("f(", "c" * 65).id is None
+
+
+def test_only_names_must_be_written_in_plain_characters():
+    # kills: `t.type == tokenize.NAME` -> `!=`: a look-alike name is refused, a look-alike inside a string is data
+    with pytest.raises(CallRejected, match="not written in plain characters"):
+        parse_call_string("ﬁnd(path='.')")
+    assert parse_call_string("find(path='ﬁle ｃｄ')").kwargs == {"path": "ﬁle ｃｄ"}
 
 
 class Probe:
@@ -246,6 +266,9 @@ def test_walk_bounds_by_hand():
     assert _walk_fits(tree, 5, 100) and not _walk_fits(tree, 4, 100)
     chars = 0 + 2 + 2 + 4 + 5
     assert _walk_fits(tree, 100, chars) and not _walk_fits(tree, 100, chars - 1)
+    # the bounds hold exactly where the last entry counted is a directory, too (its own check, before its contents)
+    nested = Node({"b": Node({})})  # paths: "", /b
+    assert _walk_fits(nested, 2, 2) and not _walk_fits(nested, 1, 2) and not _walk_fits(nested, 2, 1)
     named = Node({"x": file})
     named.name = "root"  # the walk starts from the directory's own name: "root", "root/x"
     assert _walk_fits(named, 100, 4 + 6) and not _walk_fits(named, 100, 4 + 5)
@@ -275,6 +298,10 @@ def test_resource_limits_are_exact():
         _resource_guard("round_number", {key: -1000}, None)
         with pytest.raises(CallRejected, match="at most 1000 digits"):
             _resource_guard("round_number", {key: 1001}, None)
+        # mpmath and decimal read numeric text too: the guard reads it as they do (not as "unreadable")
+        _resource_guard("round_number", {key: "1000"}, None)
+        with pytest.raises(CallRejected, match="at most 1000 digits"):
+            _resource_guard("round_number", {key: "1001"}, None)
     _resource_guard("power", {"base": 2, "exponent": 4096}, None)
     _resource_guard("power", {"base": 2, "exponent": -4096}, None)
     with pytest.raises(CallRejected, match="exceeds the limit of 4096"):
