@@ -67,6 +67,8 @@ TARGETS: dict[str, Target] = {
                      ("tests/unit/algorithms/test_losses.py",)),
     "kl": Target("nemo_rcgrpo/algorithms/kl.py", ("tests/unit/algorithms/test_kl.py", "tests/unit/algorithms/test_losses.py")),
     "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/algorithms/test_reward_tokens.py",)),
+    "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",)),
+    "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", ("tests/unit/algorithms/test_rl_batch.py",)),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
                      ("tests/unit/envs/bfcl/test_reward.py", "tests/unit/envs/bfcl/test_reward_classes.py")),
     "calls": Target(
@@ -119,6 +121,16 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     ("reward", "replay_gold",
      "last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=-(2)) for name in instances}", 1):
         "any negative default is below every turn index: `turn >= last_touch` holds for -1 and -2 alike",
+    ("chat_format", "_llama3_pieces", "if (len(calls) >= 1):", 1):
+        "one call through the several-calls branch is the same text: tojson of {name, parameters} and the "
+        "template's concatenation agree on the names a parser accepts (identifiers)",
+    ("chat_format", "_llama3_pieces", "if len(calls) > (2):", 1):
+        "unreachable with two calls: llama3_json renders through one_call_per_message, so a message reaching "
+        "_llama3_pieces holds at most one call",
+    ("executor", "_walk_fits", "return None", 1):
+        "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a directory)",
+    ("executor", "_walk_fits", "return None", 2):
+        "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a file)",
     ("executor", "_check_type", "if typ == ('XXanyXX') or value is None and \"default\" in spec:", 1):
         "'any' is not a key of _JSON_TYPES, so the `allowed is None` return two lines below skips it the same way",
 }
