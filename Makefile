@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browser test smoke demo bench experiment mutation clean-venv
+.PHONY: install browser test smoke demo bench experiment mutation mutation-all clean-venv
 
 install: $(STAMP)
 
@@ -69,6 +69,10 @@ experiment: $(STAMP)
 # (docs/testing.md); fails on a surviving mutant not listed as equivalent. Not part of `make test`.
 mutation: $(STAMP)
 	$(PY) scripts/mutation.py
+
+# the same with the loop's glue modules too (algorithms/rl_collect.py, rl_batch.py): longer
+mutation-all: $(STAMP)
+	$(PY) scripts/mutation.py --all
 
 clean-venv:
 	rm -rf $(VENV)

@@ -26,7 +26,8 @@ on the unmutated copy (someone's work in progress) are deselected and named.
 Surviving mutants must be explained: EQUIVALENT (below) lists those that no test
 can kill, each with the reason; any other survivor makes the run exit 1.
 
-    python scripts/mutation.py                      # all modules
+    python scripts/mutation.py                      # the pure core (make mutation)
+    python scripts/mutation.py --all                # and the loop's glue (make mutation-all)
     python scripts/mutation.py --module kl --list   # show the mutants only
     python scripts/mutation.py --module losses --match 'clip_low'  # re-run some
     python scripts/mutation.py --survivors-of outputs/mutation/report.json  # re-check last run's survivors
@@ -59,6 +60,7 @@ class Target:
     path: str
     tests: tuple[str, ...]  # pytest arguments (files or node ids), fastest first
     scope: tuple[str, ...] | None = None  # qualified names of the functions mutated; None: the whole module
+    glue: bool = False  # the loop's glue (make mutation-all, --all); else the pure core (make mutation)
 
 
 TARGETS: dict[str, Target] = {
@@ -67,8 +69,9 @@ TARGETS: dict[str, Target] = {
                      ("tests/unit/algorithms/test_losses.py",)),
     "kl": Target("nemo_rcgrpo/algorithms/kl.py", ("tests/unit/algorithms/test_kl.py", "tests/unit/algorithms/test_losses.py")),
     "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/algorithms/test_reward_tokens.py",)),
-    "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",)),
-    "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", ("tests/unit/algorithms/test_rl_batch.py",)),
+    "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",),
+                         glue=True),
+    "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", ("tests/unit/algorithms/test_rl_batch.py",), glue=True),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
                      ("tests/unit/envs/bfcl/test_reward.py", "tests/unit/envs/bfcl/test_reward_classes.py")),
     "calls": Target(
@@ -127,6 +130,27 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     ("chat_format", "_llama3_pieces", "if len(calls) > (2):", 1):
         "unreachable with two calls: llama3_json renders through one_call_per_message, so a message reaching "
         "_llama3_pieces holds at most one call",
+    ("rl_collect", "shuffled_tasks", "random.Random((seed * 7919 - epoch)).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "shuffled_tasks", "random.Random((seed / 7919) + epoch).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "shuffled_tasks", "random.Random(seed * (7920) + epoch).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "collect_groups",
+     "trajs, timings = engine.rollout_timed(specs, seed=(seed + 100003 * step - 1009 * round_index))", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "collect_groups",
+     "trajs, timings = engine.rollout_timed(specs, seed=(seed - 100003 * step) + 1_009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "collect_groups",
+     "trajs, timings = engine.rollout_timed(specs, seed=seed + (100004) * step + 1_009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "collect_groups",
+     "trajs, timings = engine.rollout_timed(specs, seed=seed + 100_003 * step + (1010) * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    ("rl_collect", "stratified_sample", "if (k > len(task_ids)):", 1):
+        "with k equal to the number of ids every category's share is all of it: the same ids in the same order",
+    ("rl_collect", "collect_groups", "rounds = 1 + (rl.dapo_max_rounds if filtering else (1))", 1):
+        "without a filter the first round keeps every group, and the loop stops at `need <= 0` before a second",
+    ("rl_collect", "collect_groups", "check_failures(stage, step + 1, sampled, (2.0))", 1):
+        "this call only raises when every rollout failed (which does not depend on the share); its warning is unused",
+    ("rl_batch", "pearson", "cov = sum(((x + mx)) * (y - my) for x, y in zip(xs, ys)) / len(xs)", 1):
+        "sum(y - my) = 0, so mx * sum(y - my) adds nothing: a covariance needs only one side centred",
+    ("rl_batch", "pearson", "cov = sum((x - mx) * ((y + my)) for x, y in zip(xs, ys)) / len(xs)", 1):
+        "sum(x - mx) = 0, so my * sum(x - mx) adds nothing: a covariance needs only one side centred",
     ("executor", "_walk_fits", "return None", 1):
         "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a directory)",
     ("executor", "_walk_fits", "return None", 2):
@@ -519,7 +543,9 @@ def _preload() -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--module", action="append", choices=sorted(TARGETS), help="modules to mutate (default: all)")
+    p.add_argument("--module", action="append", choices=sorted(TARGETS),
+                   help="modules to mutate (default: the pure core; --all: the glue modules too)")
+    p.add_argument("--all", action="store_true", help="every module, the loop's glue included (make mutation-all)")
     p.add_argument("--match", help="only mutants whose line, function or code contains this text (regex)")
     p.add_argument("--line", type=int, action="append", help="only mutants on these lines")
     p.add_argument("--survivors-of", metavar="REPORT_JSON",
@@ -531,7 +557,7 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the copy under /tmp")
     a = p.parse_args(argv)
     sys.dont_write_bytecode = True  # a rewritten module must never be shadowed by a stale .pyc
-    modules = a.module or list(TARGETS)
+    modules = a.module or [m for m, t in TARGETS.items() if a.all or not t.glue]
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -88,7 +88,7 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
         "turns": statistics.fmean(t.num_turns for t in trajs),
         "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
         # assistant messages the format's parser rejected whole (chat.rejected_message decides what they became)
-        "rejected_message_rate": sum(getattr(t, "rejected_messages", 0) for t in trajs) / max(1, sum(t.num_turns for t in trajs)),
+        "rejected_message_rate": sum(t.rejected_messages for t in trajs) / max(1, sum(t.num_turns for t in trajs)),
         "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
         "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
     }

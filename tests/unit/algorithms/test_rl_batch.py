@@ -3,6 +3,7 @@ trajectories with hand-computed answers."""
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -77,15 +78,23 @@ def test_step_metrics_by_hand():
     assert m["entropy"] == pytest.approx(2.2 / 6) and m["entropy_seq_mean"] == pytest.approx((0.2 + 0.6 + 0.3 + 0.3) / 4)
     assert m["kl"] == pytest.approx(0.1) and m["clip_fraction"] == 0.5
     assert m["nonzero_advantage_share"] == 0.5 and m["advantage_abs_mean"] == 0.5
+    assert m["loss"] == 0.3 and m["grad_norm"] == 1.5 and m["lr"] == 1e-6 and m["updates"] == 1.0  # one update
+    assert m["advantage_mean"] == 0.0 and m["advantage_std"] == pytest.approx(math.sqrt(2 / 3))  # unbiased, 4 values
     # per-rollout mean entropies 0.2, 0.6, 0.3, 0.3 against rewards 1, 0, 0, 0
     assert m["entropy_reward_corr"] == pytest.approx(pearson([0.2, 0.6, 0.3, 0.3], [1, 0, 0, 0]))
     assert m["entropy_reward_corr"] < 0 and "sampler_logprob_abs_diff" not in m
+    # within each token: high's mean entropies 0.2, 0.3 against rewards 1, 0 (r = -1); low's rewards are all 0 (none)
+    assert m["entropy_reward_corr_high"] == pytest.approx(-1.0) and "entropy_reward_corr_low" not in m
 
 
 def test_pearson():
     assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
     assert pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert pearson([1, 1], [0, 1]) is None and pearson([1], [1]) is None
+    assert pearson([1, 2], [5, 3]) == pytest.approx(-1.0)  # two points are enough
+    # by hand, away from zero means: x = 1, 2, 6 (mean 3), y = 2, 2, 5 (mean 3); deviations -2, -1, 3 and -1, -1, 2;
+    # cov = (2 + 1 + 6) / 3 = 3, sd_x = sqrt(14 / 3), sd_y = sqrt(6 / 3): r = 3 / sqrt(28 / 3) = 0.98198
+    assert pearson([1, 2, 6], [2, 2, 5]) == pytest.approx(3 / math.sqrt(28 / 3))
 
 
 def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
@@ -97,6 +106,11 @@ def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
     assert [l["advantage"] for l in lines] == [0.5, -0.5, 0.0] and {l["step"] for l in lines} == {3}
     assert lines[0]["prompt"] == "7 8" and lines[1]["prompt_line"] == 1 and "prompt" not in lines[1]
     assert lines[2]["prompt"] == "5 8"
+    # a run folder made on the way (rank 0 may dump before anything else wrote there), and the next step beside it
+    deep = tmp_path / "new_run" / "rollouts"
+    for step in (1, 2):
+        write_rollouts(deep / f"step_{step}.jsonl", step, groups, torch.zeros(1, 3), decode=str)
+    assert sorted(p.name for p in deep.iterdir()) == ["step_1.jsonl", "step_2.jsonl"]
 
 
 def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
@@ -109,13 +123,14 @@ def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
     t = [_traj([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "high"), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low"),
          _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "high", 1), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low", 1)]
     t[0] = dataclasses.replace(t[0], calls=[[{"name": "ls"}, {"error": "bad"}]], tool_errors=1)
-    t[1] = dataclasses.replace(t[1], calls=[[{"name": "cd"}]])
+    t[1] = dataclasses.replace(t[1], calls=[[{"name": "cd"}]], rejected_messages=1)
     t[2] = dataclasses.replace(t[2], category="put", truncated="context budget")
     t[3] = dataclasses.replace(t[3], category="put", calls=[[], [{"name": "rm"}]], tool_errors=1)
     out = UpdateTotals(PolicyLossStats(tokens=8.0, sampler_mult_err_sum=4.4, sampler_abs_diff_sum=0.8), updates=1,
                        grad_norm=0.0, lr=1e-6)
     m = step_metrics([t[:2], t[2:]], torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), [0.1] * 4, out, 8.0)
     assert m["tool_error_rate"] == 0.5 and m["truncated_share"] == 0.25
+    assert m["rejected_message_rate"] == 0.25  # 1 rejected message of 4 turns
     assert (m["success_base"], m["success_put"]) == (0.5, 0.0)
     assert m["sampler_logprob_abs_diff"] == pytest.approx(0.1) and m["token_mult_prob_error"] == pytest.approx(0.55)
 
@@ -132,3 +147,24 @@ def test_step_metrics_average_the_updates():
     assert m["grad_norm"] == 0.75 and m["lr"] == 1e-5
     assert m["kl"] == pytest.approx(0.1) and m["clip_fraction"] == pytest.approx(0.25)
     assert m["tokens"] == 2.0 and m["entropy"] == pytest.approx(0.3)  # the step's tokens, each once
+    assert m["advantage_std"] == pytest.approx(0.7 * math.sqrt(2))  # two advantages have a spread (unbiased)
+
+
+def test_step_metrics_of_one_token_one_rollout_and_one_call():
+    """The smallest step: one rollout of one generated token, one turn and one call (every per-token, per-turn and
+    per-call rate is a division by 1, never by a floor above it)."""
+    t = dataclasses.replace(_traj([1, 2, 3], [0, 0, 1], 1.0, None), calls=[[{"name": "ls"}]], tool_errors=1,
+                            num_turns=1, rejected_messages=1)
+    # the generator agreed with the trainer on the token: |gap| 0, exp(0) = 1 (the gap metrics are reported still)
+    out = UpdateTotals(PolicyLossStats(loss=0.4, kl_sum=0.3, clipped_tokens=1.0, tokens=1.0, sampler_abs_diff_sum=0.0,
+                                       sampler_mult_err_sum=1.0), updates=1, grad_norm=1.0, lr=1e-6)
+    m = step_metrics([[t]], torch.tensor([[1.0]]), torch.tensor([[0.25]]), [0.7], out, num_valid=1.0)
+    assert m["sampler_logprob_abs_diff"] == 0.0 and m["token_mult_prob_error"] == 1.0
+    gap = dataclasses.replace(out, stats=dataclasses.replace(out.stats, sampler_abs_diff_sum=0.5,
+                                                             sampler_mult_err_sum=math.exp(0.5)))  # |gap| 0.5
+    m = step_metrics([[t]], torch.tensor([[1.0]]), torch.tensor([[0.25]]), [0.7], gap, num_valid=1.0)
+    assert m["sampler_logprob_abs_diff"] == 0.5 and m["token_mult_prob_error"] == pytest.approx(math.exp(0.5))
+    assert m["loss"] == 0.4 and m["entropy"] == pytest.approx(0.7)
+    assert m["kl"] == pytest.approx(0.3) and m["clip_fraction"] == 1.0
+    assert m["tool_error_rate"] == 1.0 and m["rejected_message_rate"] == 1.0
+    assert m["advantage_std"] == 0.0 and m["nonzero_advantage_share"] == 1.0  # one advantage: no spread

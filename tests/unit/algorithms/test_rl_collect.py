@@ -28,7 +28,8 @@ class FakeEngine:
         self.calls.append(([(s.task.id, s.group, s.reward_token) for s in specs], seed))
         trajs = []
         for i, s in enumerate(specs):
-            reward = float(i % 2 == 0) if s.task.id in self.varied else self.flat
+            flat = getattr(self, "flat_by_task", {}).get(s.task.id, self.flat)
+            reward = float(i % 2 == 0) if s.task.id in self.varied else flat
             error = "boom" if s.task.id in self.failing else None
             trajs.append(SimpleNamespace(task_id=s.task.id, group=s.group, reward_token=s.reward_token,
                                          reward=reward, error=error))
@@ -36,7 +37,7 @@ class FakeEngine:
 
 
 def _rl(**kw):
-    return replace(RLConfig(), group_size=2, tasks_per_step=2, **kw)
+    return replace(RLConfig(), **{"group_size": 2, "tasks_per_step": 2, **kw})
 
 
 def _collect(engine, stage="grpo", cursor=0, step=0, seed=3, **kw):
@@ -53,7 +54,10 @@ def test_the_cursor_flows_in_and_out_and_a_resumed_step_draws_the_same_tasks():
     again = _collect(resumed, cursor=first.cursor, step=1)
     assert resumed.calls == engine.calls[1:] and again.cursor == second.cursor
     # the timings are the engine's returned ones, summed over rounds
-    assert first.stats["generation_seconds"] == 1.0 and first.stats["reward_seconds"] == 0.25
+    assert (first.stats["generation_seconds"], first.stats["env_seconds"], first.stats["reward_seconds"]) == (1.0, 0.5, 0.25)
+    # one engine call for a step without a filter; groups numbered 0, 1, ... in the order drawn
+    assert len(engine.calls) == 2 and [g for _, g, _ in engine.calls[0][0]] == [0, 0, 1, 1]
+    assert [[t.group for t in g] for g in first.groups] == [[0, 0], [1, 1]]
     # epochs wrap: 7 tasks, the 4th step's tasks cross into epoch 1 (a new shuffle)
     late = _collect(engine, cursor=6, step=3)
     assert [g[0].task_id for g in late.groups] == shuffled_tasks(TASKS, 6, 2, 3) and late.cursor == 8
@@ -87,9 +91,41 @@ def test_a_conditioned_stage_draws_a_token_per_rollout_and_an_unconditioned_none
 
 
 def test_a_step_whose_rollouts_all_failed_stops_with_them():
-    with pytest.raises(RolloutsFailed) as e:
-        _collect(FakeEngine(failing=TASKS))
+    # step 4 (counted from 1 in every message and dump name; the loop passes the steps done, 3)
+    with pytest.raises(RolloutsFailed, match=r"^grpo step 4: all 4 rollouts failed.*rollouts/step_4\.jsonl$") as e:
+        _collect(FakeEngine(failing=TASKS), step=3)
     assert len(e.value.trajectories) == 4
+
+
+def test_failed_rollouts_are_counted_and_warned_about_with_the_step_number(capsys):
+    order = shuffled_tasks(TASKS, 0, 3, 3)
+    out = _collect(FakeEngine(varied=TASKS, failing=order[:1]), step=5, max_failed_share=0.25, tasks_per_step=3)
+    assert out.stats["failed_rollouts"] == 2.0  # the first task's 2 rollouts, of 6
+    assert "WARNING: grpo step 6: 2 of 6 rollouts failed" in capsys.readouterr().err
+
+
+def test_a_filter_that_finds_every_group_stops_after_one_round():
+    # every group has variance: one round, no error even with dapo_shortfall=error, no empty round after it
+    engine = FakeEngine(varied=TASKS)
+    out = _collect(engine, stage="dapo_filter", dapo_max_rounds=3, dapo_shortfall="error")
+    assert len(out.groups) == 2 and len(engine.calls) == 1 and out.stats["dropped_groups"] == 0
+
+
+def test_the_shortfall_message_says_what_was_dropped_and_what_to_change():
+    order = shuffled_tasks(TASKS, 0, 7, 3)
+    # not_all_failed keeps a group with a success: every group here is flat, the first task's pays 1 (kept), the
+    # others 0 (dropped, each a zero-variance group)
+    engine = FakeEngine(flat=0.0, varied=())
+    engine.flat_by_task = {order[0]: 1.0}
+    with pytest.raises(ValueError) as e:
+        _collect(engine, stage="grpo", group_filter="not_all_failed", dapo_max_rounds=1, dapo_shortfall="error")
+    assert "1 of rl.tasks_per_step=2 groups pass its group filter after 2 rounds" in str(e.value)
+    assert "(2 zero-variance groups dropped, none is trained on)" in str(e.value)  # every drop was flat: no "in all"
+    assert str(e.value).endswith("raise rl.dapo_max_rounds, or set rl.dapo_shortfall=train to train on fewer groups")
+    # none found: training on fewer is no way out, so the message does not offer it
+    with pytest.raises(ValueError) as e:
+        _collect(FakeEngine(), stage="dapo_filter", dapo_max_rounds=1, dapo_shortfall="train")
+    assert str(e.value).endswith("raise rl.dapo_max_rounds") and "0 of rl.tasks_per_step=2 groups" in str(e.value)
 
 
 def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed():
@@ -132,3 +168,22 @@ def test_eval_tasks_are_a_seeded_sample_stratified_by_category():
     assert set(stratified_sample(ids[::-1], category, 5, seed=0)) == set(five)
     # k at least the number of ids: all of them
     assert stratified_sample(ids, category, 10, seed=1) == ids == stratified_sample(ids, category, 99, seed=1)
+
+
+def test_rollout_seeds_differ_across_steps_and_rounds_and_repeat():
+    """The engine's sampling seed per round: a new one for every step and every filter round, the same one when the
+    same step is drawn again (a resumed run samples what the uninterrupted one sampled)."""
+    order = shuffled_tasks(TASKS, 0, 7, 3)
+    seeds = []
+    for step in (0, 1):
+        engine = FakeEngine(varied=order[2:3])  # two filter rounds at least
+        _collect(engine, stage="dapo_filter", dapo_max_rounds=2, step=step)
+        seeds.append([seed for _, seed in engine.calls])
+    assert len(seeds[0]) == 3 and len({*seeds[0], *seeds[1]}) == 6  # 3 rounds x 2 steps, all different
+    again = FakeEngine(varied=order[2:3])
+    _collect(again, stage="dapo_filter", dapo_max_rounds=2, step=1)
+    assert [seed for _, seed in again.calls] == seeds[1]
+    # the task order: another for the next epoch and for another run seed, the same for the same ones
+    epoch0 = shuffled_tasks(TASKS, 0, 7, 3)
+    assert sorted(epoch0) == sorted(TASKS) and epoch0 == shuffled_tasks(TASKS, 0, 7, 3)
+    assert shuffled_tasks(TASKS, 7, 7, 3) != epoch0 and shuffled_tasks(TASKS, 0, 7, 4) != epoch0
