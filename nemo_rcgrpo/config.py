@@ -155,13 +155,7 @@ class TrainConfig:
         self._validate_megatron()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
-        if self.is_rl:
-            self._validate_rl()
-        else:
-            self._validate_stage1_dataset()
-        if self.stage_spec.conditioned and self.model.reward_tokens == "none":
-            raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
-        t = self.trainer
+        t = self.trainer  # sizes first: the RL checks divide by them
         positive = {"trainer.lr": t.lr, "trainer.global_batch_size": t.global_batch_size,
                     "trainer.micro_batch_size": t.micro_batch_size, "trainer.epochs": t.epochs,
                     "trainer.save_every": t.save_every, "trainer.log_every": t.log_every,
@@ -169,6 +163,12 @@ class TrainConfig:
         for key, value in positive.items():
             if value is None or value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
+        if self.is_rl:
+            self._validate_rl()
+        else:
+            self._validate_stage1_dataset()
+        if self.stage_spec.conditioned and self.model.reward_tokens == "none":
+            raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
         if t.stop_after is not None and t.stop_after <= 0:
             raise ConfigError(f"trainer.stop_after={t.stop_after}: must be > 0 or null")
         if t.max_steps is not None and t.max_steps <= 0:
@@ -230,6 +230,13 @@ class TrainConfig:
         for key, value in {"rl.ppo_epochs": rl.ppo_epochs, "rl.mini_batches": rl.mini_batches}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        if rl.group_size < 2:
+            raise ConfigError(f"rl.group_size={rl.group_size}: group advantages need at least 2 rollouts per task")
+        for key, value in {"rl.tasks_per_step": rl.tasks_per_step, "rl.max_turns": rl.max_turns,
+                           "rl.max_total_tokens": rl.max_total_tokens,
+                           "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens}.items():
+            if value <= 0:
+                raise ConfigError(f"{key}={value}: must be > 0")
         micro = -(-rl.tasks_per_step * rl.group_size // self.trainer.micro_batch_size)
         if rl.mini_batches > micro:
             raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
@@ -241,13 +248,6 @@ class TrainConfig:
                               "rollouts that may fail before the step warns)")
         if rl.eval_every < 0 or rl.eval_tasks <= 0:
             raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
-        if rl.group_size < 2:
-            raise ConfigError(f"rl.group_size={rl.group_size}: group advantages need at least 2 rollouts per task")
-        for key, value in {"rl.tasks_per_step": rl.tasks_per_step, "rl.max_turns": rl.max_turns,
-                           "rl.max_total_tokens": rl.max_total_tokens,
-                           "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens}.items():
-            if value <= 0:
-                raise ConfigError(f"{key}={value}: must be > 0")
         if not 0.0 <= rl.p_high <= 1.0:
             raise ConfigError(f"rl.p_high={rl.p_high}: must be in [0, 1]")
         if rl.sampling.temperature != 1.0 or rl.sampling.top_p != 1.0:

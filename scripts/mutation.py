@@ -72,6 +72,22 @@ TARGETS: dict[str, Target] = {
     "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",),
                          glue=True),
     "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", ("tests/unit/algorithms/test_rl_batch.py",), glue=True),
+    "sft_data": Target("nemo_rcgrpo/data/sft_data.py", ("tests/unit/data/test_sft_data.py",),
+                       scope=("build_examples", "epoch_batches", "collate"), glue=True),
+    "dataset": Target("nemo_rcgrpo/data/dataset.py", ("tests/unit/data/test_dataset.py",),
+                      scope=("_check_message", "check_record", "jsonl_objects", "_check_columns", "_select",
+                             "to_record"), glue=True),
+    "hf_local": Target("nemo_rcgrpo/generation/hf_local.py", ("tests/unit/generation/test_hf_local.py",),
+                       scope=("sample_inverse_cdf", "call_seed", "HFGenerator.generate", "HFGenerator._generate_batch",
+                              "HFGenerator._prefill", "HFGenerator.update_weights"), glue=True),
+    "config": Target("nemo_rcgrpo/config.py", ("tests/unit/test_config.py", "tests/unit/test_rl_config.py"),
+                     scope=("PolicySetup.validate", "PolicySetup._validate_vllm", "PolicySetup._validate_scripted",
+                            "TrainConfig.validate", "TrainConfig._validate_stage1_dataset",
+                            "TrainConfig._validate_megatron", "TrainConfig._validate_rl", "_choice"), glue=True),
+    "rl_recipe": Target("nemo_rcgrpo/recipes/rl.py", ("tests/unit/recipes/test_rl.py",),
+                        scope=("step_rng", "eval_reward_token", "RLTrainer._mine", "RLTrainer._update"), glue=True),
+    "eval_token": Target("nemo_rcgrpo/evaluation/policies.py", ("tests/unit/evaluation/test_policies.py",),
+                         scope=("conditioning",), glue=True),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
                      ("tests/unit/envs/bfcl/test_reward.py", "tests/unit/envs/bfcl/test_reward_classes.py")),
     "calls": Target(
@@ -151,6 +167,51 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
         "sum(y - my) = 0, so mx * sum(y - my) adds nothing: a covariance needs only one side centred",
     ("rl_batch", "pearson", "cov = sum((x - mx) * ((y + my)) for x, y in zip(xs, ys)) / len(xs)", 1):
         "sum(x - mx) = 0, so my * sum(x - mx) adds nothing: a covariance needs only one side centred",
+    ("hf_local", "sample_inverse_cdf",
+     "def sample_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, block: int = (257)) -> torch.Tensor:", 1):
+        "the draw is exact for any block size (tested with blocks of 2 and 4 and the default): only the speed differs",
+    ("hf_local", "sample_inverse_cdf", "cdf = blocks.sum(-1).double().cumsum((1))", 1):
+        "cdf is [B, K]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "sample_inverse_cdf",
+     "j = torch.searchsorted(inner.double().cumsum((1)), (target - before).unsqueeze(1), right=True).squeeze(1)", 1):
+        "inner is [B, block]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "sample_inverse_cdf",
+     "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -1).amax((1))", 1):
+        "the [B, block] choice: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "sample_inverse_cdf",
+     "j = torch.where((inner > 0) & (slot <= j.clamp(max=(block + 1)).unsqueeze(1)), slot, -1).amax(-1)", 1):
+        "searchsorted gives j <= block, and every slot is <= block - 1: clamping at block or block + 1 selects alike",
+    ("hf_local", "sample_inverse_cdf",
+     "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -(2)).amax(-1)", 1):
+        "unreachable for u < 1: cdf[k - 1] <= target < cdf[k], so block k has mass and j passes its leading zeros",
+    ("hf_local", "HFGenerator.generate",
+     "seed = None if params.seed is None else (params.seed - start)", 1):
+        "a call's chunks need distinct seeds, repeated for the call's seed: seed - start gives them as seed + start does",
+    ("hf_local", "HFGenerator._generate_batch",
+     "positions = attn.sum((1), keepdim=True) # each row's next position (left padding is not counted)", 1):
+        "attn is [B, T]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "HFGenerator._generate_batch", "probs = scores.softmax((1))", 1):
+        "scores are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "HFGenerator._generate_batch", "picked = probs.argmax((1))", 1):
+        "probs are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "HFGenerator._prefill",
+     "share = self.share_prefixes and (len(first) <= len(prompts))", 1):
+        "with every prompt distinct, sharing runs every row and reorders the cache by the identity: the same cache, "
+        "logits and counts (only a needless copy)",
+    ("hf_local", "HFGenerator._prefill", "positions = (u_attn.cumsum((1)) - 1).masked_fill(u_attn == 0, 1)", 1):
+        "u_attn is [U, W]: on a 2-D tensor dimension 1 is dimension -1",
+    ("hf_local", "HFGenerator._prefill", "positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, (2))", 1):
+        "the position of a left-padding slot is never seen: the slot is masked out of every attention",
+    ("hf_local", "HFGenerator._prefill",
+     "past_key_values=_roomy_cache(self.model.config, room), logits_to_keep=(2))", 1):
+        "only the last position's logits are read (out.logits[:, -1]): keeping two computes one more row of them",
+    ("hf_local", "HFGenerator._generate_batch", "return None", 1):
+        "unreachable: generate hands it chunks of a range over the prompts, never an empty one (an empty call "
+        "returns [] from generate itself, tested)",
+    ("hf_local", "HFGenerator._generate_batch", "if not greedy and (params.top_p <= 1.0):", 1):
+        "top-p at 1.0 removes only tokens whose cumulative probability is <= 0, whose probability is 0 already",
+    ("hf_local", "HFGenerator._generate_batch", "if not greedy and params.top_p < (2.0):", 1):
+        "top_p is at most 1 (a probability): < 2.0 is <= 1.0, and top-p at 1.0 removes only tokens of probability 0",
     ("executor", "_walk_fits", "return None", 1):
         "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a directory)",
     ("executor", "_walk_fits", "return None", 2):
@@ -453,6 +514,8 @@ def _child(copy_root: Path, args: list[str], log: Path) -> None:
     try:
         os.chdir(copy_root)
         sys.path[:0] = [str(copy_root), str(copy_root.parent / "plugin")]
+        if "datasets" in sys.modules:  # imported by the parent: its cache folder was read then
+            sys.modules["datasets"].config.HF_DATASETS_CACHE = Path(os.environ["HF_DATASETS_CACHE"])
         import pytest
 
         code = int(pytest.main(args))
@@ -465,13 +528,25 @@ def _child(copy_root: Path, args: list[str], log: Path) -> None:
         os._exit(code)
 
 
-def run_tests(copy_root: Path, tests, timeout: float, log: Path, *, subprocess_mode: bool, deselect=(),
-              stop_first: bool = True, env_extra: dict[str, str] | None = None) -> tuple[str, float]:
+def run_tests(copy_root: Path, tests, timeout: float, log: Path, **kwargs) -> tuple[str, float]:
     """-> (outcome, seconds): outcome 'passed', 'failed', 'error' (collection/import/usage), 'timeout'."""
+    try:
+        return _run_tests(copy_root, tests, timeout, log, **kwargs)
+    finally:
+        shutil.rmtree(log.with_suffix(".datasets-cache"), ignore_errors=True)
+
+
+def _run_tests(copy_root: Path, tests, timeout: float, log: Path, *, subprocess_mode: bool, deselect=(),
+               stop_first: bool = True, env_extra: dict[str, str] | None = None) -> tuple[str, float]:
     args = _pytest_args(tests, stop_first=stop_first, deselect=deselect)
     for k in ("RCGRPO_MUTATION_ORDER", "RCGRPO_MUTATION_DURATIONS"):
         os.environ.pop(k, None)
     os.environ.update(env_extra or {})
+    # a fresh `datasets` cache per run: a dataset cached by the unmutated code (keyed by the file, not by the code
+    # that checked its rows) would hand a mutant the unmutated rows
+    cache = log.with_suffix(".datasets-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["HF_DATASETS_CACHE"] = str(cache)
     start = time.monotonic()
     if subprocess_mode:
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",

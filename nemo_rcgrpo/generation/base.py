@@ -40,7 +40,7 @@ class Completion:
 class Generator(Protocol):
     """What the rollout engine and the loops call (kind ``generator``: a registered factory returns one).
 
-    version: the policy version (optimizer steps) whose weights it samples from; 0 before the first update.
+    version: the policy version (RL steps whose updates its weights hold) it samples from; 0 before the first.
     shares_policy_weights: it samples from the policy's own HF module (the in-process generator): a weight update
     hands it no tensor, only the version (`models/factory.py: sync_generator`); otherwise it is sent the weights.
     """

@@ -56,6 +56,12 @@ def sample_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, block: int = 
     return k * block + j
 
 
+def call_seed(seed: int | None) -> int:
+    """The seed of a sampled call: the given one, else one of 2**62 drawn from torch's global generator (so
+    ``torch.manual_seed`` still governs unseeded calls, and they do not repeat each other)."""
+    return seed if seed is not None else int(torch.randint(2**62, (1,)).item())
+
+
 class _RoomyLayer(DynamicLayer):
     """A KV cache layer that writes each step's keys and values into room reserved at the prefill, where
     transformers' ``DynamicLayer`` concatenates: a copy of the whole cache per layer and step, which was 38% of a
@@ -136,8 +142,7 @@ class HFGenerator:
         rng = None
         if not greedy:
             rng = torch.Generator(device=device)
-            # unseeded calls take their seed from torch's global generator, so torch.manual_seed still governs them
-            rng.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,)).item()))
+            rng.manual_seed(call_seed(seed))
         stops = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=device)
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]

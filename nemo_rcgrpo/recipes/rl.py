@@ -61,6 +61,19 @@ from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, s
 from nemo_rcgrpo.utils.provenance import training_record
 
 
+def step_rng(seed: int, steps_done: int) -> random.Random:
+    """The draws of the step after ``steps_done`` (the reward tokens of its rollouts): different across steps and
+    seeds, and the same again for the same ones, so a resumed run draws what the uninterrupted one did."""
+    return random.Random(seed * 1_000_003 + steps_done)
+
+
+def eval_reward_token(setting: str, reward_conditioned: bool) -> bool | None:
+    """The reward token of the held-out episodes: ``rl.eval_token`` (high | low | none) for a reward-conditioned model
+    (its training record: rctp / rcgrpo, or trained from one), none for any other, as ``rcgrpo eval
+    reward_token=auto`` does on its export."""
+    return {"high": True, "low": False, "none": None}[setting] if reward_conditioned else None
+
+
 class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
         self.cfg, self.dist, self.recipe = cfg, dist, recipe
@@ -224,9 +237,7 @@ class RLTrainer:
         where the model is reward-conditioned (its training record: rctp / rcgrpo, or trained from one); accuracy in percent overall and per category, episodes in eval/step_N.jsonl."""
         from nemo_rcgrpo.evaluation.run import summarize
 
-        token = {"high": True, "low": False, "none": None}[self.cfg.rl.eval_token]
-        if not self.record["reward_conditioned"]:  # as `rcgrpo eval reward_token=auto` on this model's export
-            token = None
+        token = eval_reward_token(self.cfg.rl.eval_token, self.record["reward_conditioned"])
         specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
         trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
         records = [{"task_id": t.task_id, "category": t.category, "success": t.reward == 1.0} for t in trajs]
@@ -297,7 +308,7 @@ class RLTrainer:
                      self.fingerprint) as loop:
             for step in loop.steps():
                 started = time.perf_counter()
-                rng = random.Random(cfg.seed * 1_000_003 + self.step)
+                rng = step_rng(cfg.seed, self.step)
                 rollouts = self._share(self.collect(rng) if main else None)  # rank 0 rolls out, every rank trains
                 self.task_cursor = rollouts.cursor
                 rewards, adv = self.advantages(rollouts.groups)

@@ -81,6 +81,7 @@ class Trajectory:
     texts: list[str] = field(default_factory=list)  # decoded assistant messages
     followups: list[list[dict[str, str]]] = field(default_factory=list)  # per assistant message: later user turns
     error: str | None = None  # an exception that ended this rollout alone (reward 0)
+    weight_version: int | None = None  # the generator's version (RL steps applied to its weights) at the rollout's start
 
     @property
     def generated_tokens(self) -> int:
@@ -94,7 +95,7 @@ class Trajectory:
                 "reward_token": self.reward_token, "turns": self.calls, "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
                 "tool_errors": self.tool_errors, "rejected_messages": self.rejected_messages,
-                "generated_tokens": self.generated_tokens,
+                "generated_tokens": self.generated_tokens, "weight_version": self.weight_version,
                 "error": self.error, "reward_details": self.reward_details, "messages": self.messages()}
 
     def messages(self) -> list[dict[str, Any]]:
@@ -183,7 +184,8 @@ class RolloutEngine:
         env, messages, tools = self.opening(spec.task, spec.reward_token)
         seq = self.renderer.render(messages, tools, add_generation_prompt=True)
         token = None if spec.reward_token is None else ("high" if spec.reward_token else "low")
-        traj = Trajectory(spec.task.id, spec.task.category, spec.group, token, [], [], [], len(seq.ids))
+        traj = Trajectory(spec.task.id, spec.task.category, spec.group, token, [], [], [], len(seq.ids),
+                          weight_version=self.generator.version)
         return _Live(order, spec, env, list(messages), tools, seq, [0.0] * len(seq.ids), traj)
 
     def rollout(self, specs: Sequence[RolloutSpec], seed: int | None = None) -> list[Trajectory]:

@@ -72,6 +72,7 @@ def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
     for step, m in zip((1, 2, 3), metrics):
         records = _dump(uninterrupted, step)
         assert all(r["step"] == step == m["step"] for r in records)  # one step number for dumps and metrics
+        assert all(r["weight_version"] == step - 1 for r in records)  # drawn from the weights after step - 1 updates
         assert len(records) == 8 and m["rollouts"] == 8
         for g in (0, 1):
             group = [r for r in records if r["group"] == g]
@@ -274,6 +275,8 @@ def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, 
     m = read_metrics(tmp_path / "rl")[0]
     episodes = [json.loads(l) for l in (tmp_path / "rl" / "eval" / "step_1.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 and all(e["reward_token"] == "high" for e in episodes)
+    assert all(e["weight_version"] == 1 for e in episodes)  # evaluated on the weights after step 1's update
+    assert all(r["weight_version"] == 0 for r in _dump(tmp_path / "rl", 1))
     assert m["eval_reward"] == 1.0 and m["eval_accuracy"] == 100.0 and m["eval_accuracy_base"] == 100.0
     assert "eval_seconds" in m and m["reward_seconds"] >= 0
     # training rollouts: exactly the high-token ones succeed (P = 1 and 0)

@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -90,3 +91,176 @@ def test_the_te_spec_is_refused_without_transformer_engine(capfd):
 
     assert main(["train", "--config-name", "rcgrpo_smollm_cpu", "policy.backend=megatron", "policy.megatron.spec=te"]) == 2
     assert "policy.megatron.spec=te needs Transformer Engine" in capfd.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+def test_what_needs_transformer_engine_is_refused_only_for_the_megatron_backend():
+    """FP8, the TE spec and sequence parallelism are the megatron backend's: refused there without Transformer
+    Engine, each in one line; the torch backend ignores the megatron section and validates."""
+    from nemo_rcgrpo.config import TrainConfig
+
+    cases = {"policy.megatron.fp8=hybrid": "policy.megatron.fp8=hybrid needs Transformer Engine, which is not installed",
+             "policy.megatron.spec=te": "policy.megatron.spec=te needs Transformer Engine, which is not installed",
+             "policy.megatron.sequence_parallel=true": "policy.megatron.sequence_parallel=true needs Transformer Engine"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as e:
+            TrainConfig.from_dict(_with(["policy.backend=megatron"], override))
+        assert str(e.value).startswith(message), str(e.value)
+        TrainConfig.from_dict(_with(["policy.backend=torch"], override))
+    TrainConfig.from_dict(_with(["policy.backend=megatron"], "policy.megatron.fp8=null"))
+
+
+# Every documented bound of the training config (config.py's validation): the value just outside it refused in one
+# line that names the setting, the value at its edge accepted. Base: the CPU RC-GRPO recipe (10 micro-batches a step).
+_RL = "rcgrpo_smollm_cpu"
+_VLLM = ["generation=vllm"]
+_SCRIPTED = ["generation=scripted"]
+_BOUNDS = [  # (extra overrides, refused override, message start, accepted override at the edge or None)
+    ([], "model.dtype=float16", "model.dtype='float16': choose one of ['float32', 'bfloat16']", "model.dtype=float32"),
+    ([], "model.reward_tokens=plain", "model.reward_tokens='plain': choose one of", "model.reward_tokens=literal"),
+    ([], "chat.renderer=jinja", "chat.renderer='jinja': choose one of", None),
+    ([], "chat.tool_description=long", "chat.tool_description='long': choose one of", None),
+    ([], "chat.rejected_message=drop", "chat.rejected_message='drop': choose one of", None),
+    ([], "generation.max_batch_size=0", "generation.max_batch_size=0: must be > 0", "generation.max_batch_size=1"),
+    ([], "reward_tokens.high=''", "reward_tokens.high and reward_tokens.low must be non-empty and different", None),
+    ([], "reward_tokens.low='<|high_reward|>'", "reward_tokens.high and reward_tokens.low must be non-empty", None),
+    (_VLLM, "generation.vllm.weight_sync=ray", "generation.vllm.weight_sync='ray': choose one of", None),
+    (_VLLM, "generation.vllm.dtype=int8", "generation.vllm.dtype='int8': choose one of", None),
+    (_VLLM, "generation.vllm.url=localhost:8000", "generation.vllm.url='localhost:8000': give http://HOST:PORT",
+     "generation.vllm.url=https://host:8000"),
+    (_VLLM, "generation.vllm.tp=0", "generation.vllm.tp=0: must be > 0", "generation.vllm.tp=1"),
+    (_VLLM, "generation.vllm.kv_cache_gib=0", "generation.vllm.kv_cache_gib=0: must be > 0", None),
+    (_VLLM, "generation.vllm.max_concurrency=0", "generation.vllm.max_concurrency=0: must be > 0",
+     "generation.vllm.max_concurrency=1"),
+    (_VLLM, "generation.vllm.startup_timeout=0", "generation.vllm.startup_timeout=0", None),
+    (_VLLM, "generation.vllm.request_timeout=0", "generation.vllm.request_timeout=0", None),
+    (_VLLM, "generation.vllm.max_retries=-1", "generation.vllm: max_retries >= 0", "generation.vllm.max_retries=0"),
+    (_VLLM, "generation.vllm.port=-1", "generation.vllm: max_retries >= 0, 0 <= port < 65536", "generation.vllm.port=0"),
+    (_VLLM, "generation.vllm.port=65536", "generation.vllm: max_retries >= 0, 0 <= port", "generation.vllm.port=65535"),
+    (_VLLM, "generation.vllm.gpu_memory_utilization=0", "generation.vllm: max_retries >= 0",
+     "generation.vllm.gpu_memory_utilization=1.0"),
+    (_VLLM, "generation.vllm.gpu_memory_utilization=1.01", "generation.vllm: max_retries >= 0", None),
+    (_VLLM, "generation.vllm.max_model_len=0", "generation.vllm.max_model_len=0: must be > 0 or null",
+     "generation.vllm.max_model_len=1"),
+    (_SCRIPTED, "generation.scripted.success_rate=-0.1", "generation.scripted.success_rate=-0.1: must be a probability",
+     "generation.scripted.success_rate=0"),
+    (_SCRIPTED, "generation.scripted.success_high=1.01", "generation.scripted.success_high=1.01: must be a probability",
+     "generation.scripted.success_high=1"),
+    ([], "data.mode=whole", "data.mode='whole': choose one of", None),
+    ([], "data.split=dev", "data.split='dev': choose one of ['train', 'test', 'all']", "data.split=all"),
+    ([], "trainer.schedule=step", "trainer.schedule='step': choose one of", "trainer.schedule=constant"),
+    ([], "logging.wandb.mode=cloud", "logging.wandb.mode='cloud': choose one of", "logging.wandb.mode=disabled"),
+    ([], "model.reward_tokens=none", "stage=rcgrpo conditions on reward tokens: set model.reward_tokens=special", None),
+    ([], "trainer.lr=0", "trainer.lr=0.0: must be > 0", None),
+    ([], "trainer.global_batch_size=0", "trainer.global_batch_size=0: must be > 0", None),
+    ([], "trainer.micro_batch_size=0", "trainer.micro_batch_size=0: must be > 0", None),
+    ([], "trainer.epochs=0", "trainer.epochs=0: must be > 0", "trainer.epochs=1"),
+    ([], "trainer.save_every=0", "trainer.save_every=0: must be > 0", "trainer.save_every=1"),
+    ([], "trainer.log_every=0", "trainer.log_every=0: must be > 0", "trainer.log_every=1"),
+    ([], "trainer.keep_last=0", "trainer.keep_last=0: must be > 0", "trainer.keep_last=1"),
+    ([], "chat.max_length=0", "chat.max_length=0: must be > 0", None),
+    ([], "trainer.stop_after=0", "trainer.stop_after=0: must be > 0 or null", "trainer.stop_after=1"),
+    ([], "trainer.max_steps=0", "trainer.max_steps=0: must be > 0 or null", "trainer.max_steps=1"),
+    ([], "trainer.global_batch_size=3", "trainer.global_batch_size=3 must be a multiple of trainer.micro_batch_size=2",
+     None),
+    ([], "trainer.warmup_steps=-1", "trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1",
+     "trainer.warmup_steps=0"),
+    ([], "trainer.min_lr_ratio=-0.1", "trainer.warmup_steps >= 0", "trainer.min_lr_ratio=0"),
+    ([], "trainer.min_lr_ratio=1.1", "trainer.warmup_steps >= 0", "trainer.min_lr_ratio=1"),
+    ([], "trainer.grad_clip=-1", "trainer.warmup_steps >= 0", "trainer.grad_clip=0"),
+    ([], "data.max_examples=0", "data.max_examples=0: must be > 0 or null", "data.max_examples=1"),
+    ([], "policy.megatron.recompute=some", "policy.megatron.recompute='some': choose one of", None),
+    ([], "policy.megatron.fp8=e5m2", "policy.megatron.fp8='e5m2': choose one of", None),
+    ([], "policy.megatron.tp=0", "policy.megatron.tp=0: must be an integer >= 1", "policy.megatron.tp=1"),
+    ([], "policy.megatron.pp=0", "policy.megatron.pp=0: must be an integer >= 1", None),
+    ([], "policy.megatron.cp=2", "policy.megatron.cp=2: context parallelism is not implemented", "policy.megatron.cp=1"),
+    ([], "policy.megatron.spec=fast", "policy.megatron.spec='fast': choose one of", "policy.megatron.spec=local"),
+    (["policy.megatron.spec=local"], "policy.megatron.fp8=hybrid", "policy.megatron.fp8=hybrid needs the Transformer "
+     "Engine spec", None),
+    (["policy.megatron.spec=local"], "policy.megatron.sequence_parallel=true", "policy.megatron.sequence_parallel=true "
+     "needs the Transformer Engine spec", "policy.megatron.sequence_parallel=false"),
+    ([], "rl.split=all", "rl.split='all': choose one of ['train', 'test']", "rl.split=test"),
+    ([], "rl.eval_token=auto", "rl.eval_token='auto': choose one of", "rl.eval_token=none"),
+    ([], "rl.old_logprobs=reuse", "rl.old_logprobs='reuse': choose one of", "rl.old_logprobs=recompute"),
+    ([], "rl.ppo_epochs=0", "rl.ppo_epochs=0: must be an integer >= 1", "rl.ppo_epochs=1"),
+    ([], "rl.mini_batches=0", "rl.mini_batches=0: must be an integer >= 1", None),
+    ([], "rl.mini_batches=11", "rl.mini_batches=11 exceeds the 10 micro-batches of a step", "rl.mini_batches=10"),
+    ([], "rl.loss.tis_cap=0", "rl.loss.tis_cap=0.0: must be > 0 or null", "rl.loss.tis_cap=0.5"),
+    ([], "rl.max_failed_share=1.01", "rl.max_failed_share=1.01: must be in [0, 1]", "rl.max_failed_share=1"),
+    ([], "rl.max_failed_share=-0.01", "rl.max_failed_share=-0.01: must be in [0, 1]", "rl.max_failed_share=0"),
+    ([], "rl.eval_every=-1", "rl.eval_every must be >= 0 and rl.eval_tasks > 0", "rl.eval_every=0"),
+    ([], "rl.eval_tasks=0", "rl.eval_every must be >= 0 and rl.eval_tasks > 0", "rl.eval_tasks=1"),
+    ([], "rl.group_size=1", "rl.group_size=1: group advantages need at least 2 rollouts", "rl.group_size=2"),
+    ([], "rl.tasks_per_step=0", "rl.tasks_per_step=0: must be > 0", None),
+    ([], "rl.max_turns=0", "rl.max_turns=0: must be > 0", "rl.max_turns=1"),
+    ([], "rl.max_total_tokens=0", "rl.max_total_tokens=0: must be > 0", "rl.max_total_tokens=1"),
+    ([], "rl.sampling.max_new_tokens=0", "rl.sampling.max_new_tokens=0: must be > 0", "rl.sampling.max_new_tokens=1"),
+    ([], "rl.p_high=-0.1", "rl.p_high=-0.1: must be in [0, 1]", "rl.p_high=0"),
+    ([], "rl.p_high=1.1", "rl.p_high=1.1: must be in [0, 1]", "rl.p_high=1"),
+    ([], "rl.loss.clip_low=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.clip_low=0"),
+    ([], "rl.loss.clip_high=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.clip_high=0"),
+    ([], "rl.loss.kl_beta=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.kl_beta=0"),
+    ([], "trainer.max_steps=null", "stage=rcgrpo needs trainer.max_steps (RL steps)", None),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(extra: tuple[str, ...]):
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    return compose_recipe(_RL, list(extra))
+
+
+def _with(extra, override):
+    """The recipe composed with ``extra`` (once per set), then ``override`` (key=YAML value) set on it."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.create(_composed(tuple(extra))), OmegaConf.from_dotlist([override]))
+    return OmegaConf.to_container(merged)
+
+
+def test_a_bound_set_on_the_composed_recipe_is_what_the_command_line_gives():
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    for override in ("rl.p_high=0.25", "reward_tokens.high=''", "trainer.max_steps=null", "rl.loss.tis_cap=0.5"):
+        assert _with([], override) == compose_recipe(_RL, [override]), override
+
+
+@pytest.mark.parametrize("extra, refused, message, accepted", _BOUNDS, ids=[b[1] for b in _BOUNDS])
+def test_every_documented_bound_is_refused_in_one_line_and_its_edge_accepted(extra, refused, message, accepted):
+    from nemo_rcgrpo.config import TrainConfig
+
+    if refused.startswith("trainer.global"):
+        extra = [*extra, "trainer.micro_batch_size=2", "trainer.global_batch_size=4"]
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(_with(extra, refused))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+    if accepted is not None:
+        TrainConfig.from_dict(_with(extra, accepted))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["stage=sft", "data.dataset=rctp"], "data.dataset=rctp: stage=sft trains on an unconditioned dataset; pick one"),
+    (["stage=rctp", "data.dataset=sft"], "data.dataset=sft: stage=rctp trains on a reward-conditioned dataset"),
+    (["stage=rctp", "model.reward_tokens=none"], "stage=rctp conditions on reward tokens"),
+])
+def test_a_stage_1_dataset_must_match_the_stages_conditioning(overrides, message):
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", overrides))
+    assert str(e.value).startswith(message), str(e.value)
+    TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", [overrides[0], "data.dataset=null"]))
+
+
+def test_a_model_parallel_run_started_by_hand_is_not_held_to_the_layouts_gpus():
+    """Validation checks that the layout adds up, not that TP x PP divides its GPUs: a run started by hand (TP=2
+    under torchrun on a machine the layout does not describe) needs only its own world size to fit, which
+    Megatron checks at start; the launchers ask for the full plan."""
+    from nemo_rcgrpo.config import TrainConfig
+
+    cfg = TrainConfig.from_dict(_with(["policy.backend=megatron", "layout.gpus_per_node=3"], "policy.megatron.tp=2"))
+    assert cfg.parallel_plan(model_parallel=False)["world_size"] == 3  # 3 GPUs in the layout, not a multiple of 2
+    with pytest.raises(ConfigError, match=r"training GPUs are not a multiple of TP x PP x CP = 2 x 1 x 1"):
+        cfg.parallel_plan()

@@ -91,3 +91,73 @@ def test_stage1_trains_from_a_parquet_file(micro_data_dir, tmp_path):
                  "trainer.max_steps=2", "trainer.global_batch_size=4", "trainer.micro_batch_size=4",
                  "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false"]) == 0
     assert [m["step"] for m in read_metrics(tmp_path / "r")] == [1, 2]
+
+
+def test_a_row_in_the_schemas_shape():
+    """check_record: the row as the Dataset stores it (ids as text, tools as JSON text, absent fields None)."""
+    from nemo_rcgrpo.data.dataset import check_record
+
+    call = {"id": "c", "function": {"name": "ls", "arguments": {"a": 1}}}
+    row = check_record({"task_id": 7, "messages": [{"role": "user", "content": "hi"},
+                                                   {"role": "assistant", "content": None, "tool_calls": [call]},
+                                                   {"role": "tool", "content": "x", "tool_call_id": "c", "name": "ls"}],
+                        "tools": [{"type": "function"}], "reward": 0, "category": "base", "split": "train"}, "w")
+    assert row == {"task_id": "7", "tools": '[{"type": "function"}]', "reward": 0, "category": "base",
+                   "split": "train", "mode": None, "failure_type": None, "reward_goal": None,
+                   "messages": [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": None, "tool_calls": [
+                                    {"id": "c", "type": "function", "function": {"name": "ls", "arguments": '{"a": 1}'}}]},
+                                {"role": "tool", "content": "x", "tool_call_id": "c", "name": "ls"}]}
+    bare = check_record({"messages": [{"role": "assistant", "tool_calls": [
+        {"type": "x", "function": {"name": "f"}}, {"function": {"name": "g", "arguments": "[1]"}}]}],
+        "tools": "[]", "reward": 1}, "w")
+    assert bare["task_id"] is None and bare["tools"] == "[]" and bare["reward"] == 1
+    assert bare["messages"][0]["tool_calls"] == [
+        {"id": None, "type": "x", "function": {"name": "f", "arguments": "{}"}},  # no arguments: an empty object
+        {"id": None, "type": "function", "function": {"name": "g", "arguments": "[1]"}}]
+    assert check_record({"messages": [{"role": "user"}], "tools": None}, "w")["tools"] is None
+
+
+@pytest.mark.parametrize("row, message", [
+    ([], "w: must be an object, not list"),
+    ({"messages": []}, "w: field 'messages' must be a non-empty list of chat messages$"),
+    ({"messages": "hi"}, "w: field 'messages' must be a non-empty list"),
+    ({"messages": ["hi"]}, r"w: messages\[0\]: must be a message object, not str"),
+    ({"messages": [{"role": "user"}, {"content": "x"}]}, r"w: messages\[1\].role: must be a string"),
+    ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\].content: must be a string or absent"),
+    ({"messages": [{"role": "tool", "tool_call_id": 1}]}, r"messages\[0\].tool_call_id: must be a string"),
+    ({"messages": [{"role": "tool", "name": ["x"]}]}, r"messages\[0\].name: must be a string or absent"),
+    ({"messages": [{"role": "assistant", "tool_calls": {"a": 1}}]}, r"messages\[0\].tool_calls: must be a list"),
+    ({"messages": [{"role": "assistant", "tool_calls": ["f"]}]}, r"tool_calls\[0\].function.name: must be a string"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}, {"function": {"name": 1}}]}]},
+     r"tool_calls\[1\].function.name: must be a string"),
+    ({"messages": [{"role": "user"}], "tools": {"a": 1}}, "field 'tools' must be a list of tool schemas"),
+    ({"messages": [{"role": "user"}], "reward": 2}, "field 'reward' must be 0 or 1, not 2"),
+    ({"messages": [{"role": "user"}], "reward": False}, "field 'reward' must be 0 or 1, not False"),
+    ({"messages": [{"role": "user"}], "split": 1}, "field 'split' must be a string, not int"),
+    ({"messages": [{"role": "user"}], "reward_goal": {}}, "field 'reward_goal' must be a string, not dict"),
+])
+def test_every_field_that_does_not_fit_is_one_line(row, message):
+    from nemo_rcgrpo.data.dataset import check_record
+
+    with pytest.raises(DataSchemaError, match=message) as e:
+        check_record(row, "w")
+    assert "\n" not in str(e.value)
+
+
+def test_jsonl_lines_and_records_as_the_renderer_takes_them(tmp_path):
+    from nemo_rcgrpo.data.dataset import _select, jsonl_objects, to_record
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"a": 1}\n\n  \n[2]\n')
+    assert list(jsonl_objects(f)) == [(f"{f}:1", {"a": 1}), (f"{f}:4", [2])]  # blank lines skipped, counted
+    row = {"task_id": "t", "tools": '[{"type": "function"}]', "reward": None,
+           "messages": [{"role": "assistant", "content": None, "name": None,
+                         "tool_calls": [{"id": None, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    assert to_record(row) == {"task_id": "t", "tools": [{"type": "function"}], "messages": [
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    assert to_record({"task_id": "t", "tools": None, "messages": []}) == {"task_id": "t", "messages": []}
+    import datasets
+
+    ds = datasets.Dataset.from_list([{"split": "train", "i": 0}, {"split": "test", "i": 1}, {"split": "train", "i": 2}])
+    assert _select(ds, "train")["i"] == [0, 2] and _select(ds, "test")["i"] == [1] and _select(ds, "all") is ds

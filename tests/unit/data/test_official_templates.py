@@ -176,6 +176,8 @@ def test_llama3_json_rollouts_refuse_parallel_calls(suite):
     renderer = ChatRenderer(tok, "llama3_json", tool_description="compact")
 
     class Two:
+        version = 0
+
         def generate(self, prompts, params):
             text = '{"name": "ls", "parameters": {}}; {"name": "pwd", "parameters": {}}'
             ids = renderer.encode_text(text) + [params.stop_token_ids[0]]

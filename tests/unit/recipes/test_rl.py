@@ -1,5 +1,6 @@
 """recipes/rl.py: the updates of one batch (epochs x mini-batches, data-parallel replicas) over a recording policy."""
 
+import random
 import types
 
 import pytest
@@ -69,3 +70,68 @@ def test_updates_of_a_batch(epochs, minis, replicas):
         assert out.grad_norm == 1.0 and out.lr == 0.5  # the means over the updates
     if (epochs, minis) == (2, 3):  # 5 micro-batches in 3 slices: [0, 2), [2, 3), [3, 5)
         assert [c[0] for c in results[0][0][:3]] == [[0, 2], [4], [6, 8]]
+
+
+class _FusedPolicy(_RecordingPolicy):
+    """Returns each micro-batch's per-rollout entropy sums from the training pass (the fused old-logprob pass)."""
+
+    def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
+        self.with_entropy = with_entropy
+        result = super().train_step(micro_batches, loss_fn, num_valid_tokens)
+        sums = ([torch.tensor([100.0 * b.first + r for r in range(b.rows)], dtype=torch.float64) for b in micro_batches]
+                if with_entropy else None)
+        return TrainStepResult(result.stats, result.grad_norm, result.lr, entropy_sums=sums)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_fused_pass_gives_each_rollout_its_entropy_where_it_was_trained(replicas):
+    """With one fused update the entropies come from the training pass: rollout first + r of a micro-batch gets
+    that micro-batch's r-th sum, in place, and the rollouts another replica trained on stay 0 here."""
+    rows = [2, 3, 1, 2]  # micro-batches of different sizes: rollouts 0-1, 2-4, 5, 6-7
+    firsts = [0, 2, 5, 6]
+    tokens = [MicroBatch(torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.long),
+                         torch.ones(n, 4, dtype=torch.long)) for n in rows]
+    for rank in range(replicas):
+        trainer = RLTrainer.__new__(RLTrainer)
+        trainer.cfg = types.SimpleNamespace(rl=types.SimpleNamespace(ppo_epochs=1, mini_batches=1))
+        trainer.policy = _FusedPolicy()
+        trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
+        trainer.dp_sum = lambda v: v
+        mine = {i: rl_batch([[1] * 4] * n, [0.0] * n, torch.zeros(n, 4), first=firsts[i])
+                for i, n in enumerate(rows) if i % replicas == rank}
+        _, entropy = trainer._update(tokens, mine, GRPOLoss(), with_entropy=True)
+        expected = [0.0] * 8
+        for i in mine:
+            for r in range(rows[i]):
+                expected[firsts[i] + r] = 100.0 * firsts[i] + r
+        assert entropy.tolist() == expected and trainer.policy.with_entropy is True
+    _, none = trainer._update(tokens, mine, GRPOLoss(), with_entropy=False)
+    assert none.tolist() == [0.0] * 8 and trainer.policy.with_entropy is False
+
+
+def test_each_step_draws_its_own_reward_tokens_and_a_resumed_run_the_same():
+    from nemo_rcgrpo.recipes.rl import step_rng
+
+    def draws(seed, step):
+        return [step_rng(seed, step).random() for _ in range(4)]
+
+    runs = {(seed, step): tuple(draws(seed, step)) for seed in (0, 1, 1234, 1_000_003) for step in range(6)}
+    assert len(set(runs.values())) == len(runs)  # no two (seed, step) alike, (0, 1) and (1, 0) included
+    # the documented stream: a recorded run (tests/data/golden) and a resumed one draw from exactly this
+    assert draws(1234, 5) == [random.Random(1234 * 1_000_003 + 5).random() for _ in range(4)]
+    assert all(draws(seed, step) == list(v) for (seed, step), v in runs.items())  # and each one repeats
+    # what the loop's stratified sampler draws from it: the tokens of a step differ across steps
+    from nemo_rcgrpo.algorithms.reward_tokens import iid
+
+    tokens = [iid(4, 4, 0.5, step_rng(7, step)) for step in range(4)]
+    assert len({tuple(map(tuple, t)) for t in tokens}) > 1
+
+
+@pytest.mark.parametrize("setting, conditioned, token", [
+    ("high", True, True), ("low", True, False), ("none", True, None),
+    ("high", False, None), ("low", False, None), ("none", False, None),  # unconditioned: never a token
+])
+def test_held_out_episodes_are_conditioned_only_where_the_model_was_trained_so(setting, conditioned, token):
+    from nemo_rcgrpo.recipes.rl import eval_reward_token
+
+    assert eval_reward_token(setting, conditioned) is token

@@ -23,6 +23,8 @@ def renderer():
 class ScriptedGenerator:
     """Answers the k-th assistant message of every rollout with script(task, k); records batch sizes."""
 
+    version = 0
+
     def __init__(self, renderer, scripts, header):
         self.renderer, self.scripts, self.header, self.batches = renderer, scripts, header, []
 
@@ -313,6 +315,8 @@ class _FaultOpener:
 class _Answers:
     """Answers the k-th assistant message of every rollout with texts[k] (the last one again after the end)."""
 
+    version = 0
+
     def __init__(self, renderer, texts):
         self.renderer, self.texts, self.header = renderer, texts, renderer.generation_prompt_ids()
 
@@ -387,3 +391,32 @@ def test_the_engine_owns_truncation_and_the_done_tool(renderer):
                                     max_turns=5)
     assert (trajs[0].num_turns, trajs[0].reward, trajs[0].truncated) == (2, 1.0, None)
     assert opener.envs[0].seen == [["put"], ["done"]]
+
+
+def test_a_rollout_records_the_weight_version_it_started_from(renderer):
+    """Trajectory.weight_version is the generator's version when the rollout started, even where the weights
+    change while it runs (an update between two of its turns), and it reaches the dump record."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class T:
+        id: str
+        category: str = "c"
+
+    class Updating(_Answers):
+        version = 3
+
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            self.version += 1  # new weights after every call: later turns of the same rollouts run on them
+            return out
+
+    gen = Updating(renderer, [_call("put"), _call("done")])
+    engine = RolloutEngine(gen, renderer, _FaultOpener(), SamplingParams(max_new_tokens=64), name="fault_example",
+                           max_turns=4)
+    first = engine.rollout([RolloutSpec(T("ok"), 0), RolloutSpec(T("ok"), 1)])
+    assert [t.weight_version for t in first] == [3, 3] and gen.version > 4  # several turns, one start
+    assert [t.record()["weight_version"] for t in first] == [3, 3]
+    version = gen.version
+    again = engine.rollout([RolloutSpec(T("ok"), 0)])
+    assert again[0].weight_version == version  # the next rollouts start from the newer weights

@@ -57,6 +57,8 @@ def test_lone_surrogates_never_reach_an_observation(suite, renderer, text, parse
 class FixedGenerator:
     """Answers every prompt that contains a marker's ids with that marker's text."""
 
+    version = 0
+
     def __init__(self, renderer, answers):
         self.renderer, self.answers = renderer, answers
 
