@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
                   "plot": "nemo_rcgrpo.utils.plots", "report": "nemo_rcgrpo.utils.report", "eval": "nemo_rcgrpo.evaluation.run",
-                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.layout",
+                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.launch",
                   "plugins": "nemo_rcgrpo.registry"}
 
 

@@ -20,9 +20,23 @@ from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
+from nemo_rcgrpo.layout import ParallelPlan, parallel_plan
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.stages import Loop, Stage, group_filter, loop_of, stage_of
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, did_you_mean, plain, reject_unknown
+
+
+@dataclass(frozen=True)
+class PolicyBuild:
+    """What a policy backend's factory (``@register("policy_backend", ...)``) is given of a training run's config,
+    and nothing else: its own section (``policy``: the backend and ``policy.megatron``), the optimizer's
+    (``trainer``), the precision and memory settings of the model, and the seed (``TrainConfig.policy_build()``)."""
+
+    policy: PolicyConfig = PolicyConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    dtype: str = "float32"  # model.dtype
+    gradient_checkpointing: bool = False  # model.gradient_checkpointing
+    seed: int = 1234
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,11 @@ class TrainConfig:
     def stage_spec(self) -> Stage:
         """The registered stage ``stage`` names (`nemo_rcgrpo/stages.py`): its loop, conditioning, data, filter."""
         return stage_of(self.stage)
+
+    def policy_build(self) -> PolicyBuild:
+        """The sections a policy backend's factory reads (`models/factory.py`)."""
+        return PolicyBuild(policy=self.policy, trainer=self.trainer, dtype=self.model.dtype,
+                           gradient_checkpointing=self.model.gradient_checkpointing, seed=self.seed)
 
     def policy_setup(self) -> PolicySetup:
         """The sections the policy factories read (model, chat, reward tokens, generator, tasks, run folder)."""
@@ -261,58 +280,14 @@ class TrainConfig:
         if self.trainer.max_steps is None:
             raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
 
-    def parallel_plan(self, model_parallel: bool = True) -> dict[str, Any]:
-        """Training and generation process counts of the layout; refuses layouts that do not add up.
-
-        ``model_parallel``: also require TP x PP x CP to divide the layout's training GPUs (what the launchers
-        use; a run started by hand, e.g. TP=3 on a CPU, only needs its own world size to fit, which Megatron
-        checks at start)."""
-        lay, m = self.layout, self.policy.megatron
-        _choice("layout.generation", lay.generation, ("separate", "colocated"))
-        if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
-            raise ConfigError("layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and "
-                              "generation_gpus >= 0")
-        gen_tp = self.generation.vllm.tp
-        if self.generation.backend == "vllm" and lay.generation_gpus and lay.generation_gpus % gen_tp:
-            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} must be a multiple of "
-                              f"generation.vllm.tp={gen_tp}")
-        if lay.generation == "colocated" and self.generation.backend == "vllm":
-            raise ConfigError("layout.generation=colocated is not supported with generation=vllm (nothing puts the "
-                              "server to sleep while the trainer updates, and NCCL cannot join a trainer rank and a "
-                              "vLLM worker on one GPU): use layout.generation=separate with layout.generation_gpus")
-        if lay.generation == "colocated":
-            if lay.generation_nodes:
-                raise ConfigError("layout.generation=colocated shares the training GPUs: set generation_nodes=0")
-            train_nodes, train_gpus = lay.nodes, lay.gpus_per_node
-            if lay.generation_gpus > lay.nodes * lay.gpus_per_node:
-                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} exceed the job's "
-                                  f"{lay.nodes * lay.gpus_per_node} GPUs")
-        elif lay.generation_nodes:
-            train_nodes, train_gpus = lay.nodes - lay.generation_nodes, lay.gpus_per_node
-            if train_nodes < 1:
-                raise ConfigError(f"layout.generation_nodes={lay.generation_nodes} leaves no training node "
-                                  f"of layout.nodes={lay.nodes}")
-            if lay.generation_gpus > lay.generation_nodes * lay.gpus_per_node:
-                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} do not fit on "
-                                  f"{lay.generation_nodes} node(s) of {lay.gpus_per_node} GPUs")
-        else:
-            if lay.nodes > 1 and lay.generation_gpus:
-                raise ConfigError("multi-node jobs with a separate server put it on its own nodes: set "
-                                  "layout.generation_nodes")
-            train_nodes, train_gpus = lay.nodes, lay.gpus_per_node - lay.generation_gpus
-            if train_gpus < 1:
-                raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
-                                  f"{lay.gpus_per_node}-GPU node")
-        world = train_nodes * train_gpus
-        mp = m.tp * m.pp * m.cp if self.policy.backend == "megatron" else 1
-        if model_parallel and world % mp:
-            raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {m.tp} x {m.pp} x {m.cp}")
-        return {"nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node, "train_nodes": train_nodes,
-                "train_gpus_per_node": train_gpus, "world_size": world, "tp": m.tp if mp > 1 else 1,
-                "pp": m.pp if mp > 1 else 1, "cp": m.cp if mp > 1 else 1,
-                "dp": world // mp if world % mp == 0 else None, "generation": lay.generation,
-                "generation_nodes": lay.generation_nodes, "generation_gpus": lay.generation_gpus,
-                "generation_tp": gen_tp}
+    def parallel_plan(self, model_parallel: bool = True) -> ParallelPlan:
+        """The job's GPU layout (`nemo_rcgrpo/layout.py`): the policy's model-parallel sizes (megatron's; 1 for a
+        backend without) and the GPUs a vLLM server needs of its own. ``model_parallel``: also require TP x PP x CP
+        to divide the training GPUs (what the launchers use)."""
+        m = self.policy.megatron
+        sizes = (m.tp, m.pp, m.cp) if self.policy.backend == "megatron" else (1, 1, 1)
+        server_tp = self.generation.vllm.tp if self.generation.backend == "vllm" else None
+        return parallel_plan(self.layout, sizes, server_tp, check_model_parallel=model_parallel)
 
     def to_dict(self) -> dict[str, Any]:
         return plain(dataclasses.asdict(self))

@@ -1,48 +1,97 @@
-"""`rcgrpo layout --config-name NAME [overrides]`: a recipe's GPU layout as shell variables.
+"""A job's GPU layout: where the training ranks and the generation server go, and the process counts the launchers
+start (`rcgrpo layout`, `nemo_rcgrpo/launch.py`; scripts/slurm/, scripts/launch_local.sh).
 
-The launchers (scripts/slurm/*.sbatch, scripts/launch_local.sh) read the
-process counts from the validated config instead of restating them, so a job
-and its config cannot disagree:
-
-    eval "$(rcgrpo layout --config-name rcgrpo_llama8b layout.nodes=4 layout.generation_nodes=1)"
-    echo "$RCGRPO_TRAIN_NODES x $RCGRPO_TRAIN_GPUS_PER_NODE training ranks, TP=$RCGRPO_TP DP=$RCGRPO_DP"
+A pure function of the ``layout`` section, the policy's model-parallel sizes and what the generator needs of GPUs
+of its own; config validation calls it (the layout must add up) and the launchers read its result.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nemo_rcgrpo.config_schema import LayoutConfig
+from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
+
+GENERATION_PLACES = ("separate", "colocated")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from nemo_rcgrpo.config import TrainConfig
-    from nemo_rcgrpo.utils.cli_help import resolve
-    from nemo_rcgrpo.utils.config import ConfigError
+@dataclass(frozen=True)
+class ParallelPlan:
+    """The process counts of a job (what ``rcgrpo layout`` prints as ``RCGRPO_*`` variables)."""
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv
-    argv = [a for a in argv if a != "--json"]
-    try:
-        resolved = resolve("layout", argv, TrainConfig)
-        if resolved is None:  # --help or --cfg job
-            return 0
-        name, cfg = resolved[0].name, resolved[1]
-        plan = cfg.parallel_plan()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    plan.update(config=name, stage=cfg.stage, run_dir=cfg.run_dir, model_path=cfg.model.path,
-                stage1_recipe=cfg.rl.stage1_recipe or "", generation_backend=cfg.generation.backend,
-                policy_backend=cfg.policy.backend)
-    if as_json:
-        print(json.dumps(plan, indent=1))
+    nodes: int
+    gpus_per_node: int
+    train_nodes: int
+    train_gpus_per_node: int
+    world_size: int  # training ranks
+    tp: int
+    pp: int
+    cp: int
+    dp: int | None  # None where TP x PP x CP does not divide the training ranks (a run started by hand)
+    generation: str
+    generation_nodes: int
+    generation_gpus: int
+    generation_tp: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parallel_plan(layout: LayoutConfig, model_parallel: tuple[int, int, int], server_tp: int | None,
+                  check_model_parallel: bool = True) -> ParallelPlan:
+    """The job's process counts; refuses, in one line each, a layout that does not add up.
+
+    ``model_parallel``: the policy's (TP, PP, CP) sizes ((1, 1, 1) for a backend without model parallelism).
+    ``server_tp``: the tensor-parallel size of a generator that runs as a server on GPUs of its own (its GPUs must
+    be a multiple of it, and it cannot share the training GPUs), None for an in-process generator.
+    ``check_model_parallel``: also require TP x PP x CP to divide the training GPUs (what the launchers use; a run
+    started by hand, e.g. TP=3 on a CPU, only needs its own world size to fit, which Megatron checks at start).
+    """
+    lay = layout
+    if lay.generation not in GENERATION_PLACES:
+        raise ConfigError(f"layout.generation={lay.generation!r}: choose one of {list(GENERATION_PLACES)}"
+                          f"{did_you_mean(lay.generation, list(GENERATION_PLACES))}")
+    if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
+        raise ConfigError("layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and "
+                          "generation_gpus >= 0")
+    if server_tp is not None and lay.generation_gpus and lay.generation_gpus % server_tp:
+        raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} must be a multiple of "
+                          f"generation.vllm.tp={server_tp}")
+    if lay.generation == "colocated" and server_tp is not None:
+        raise ConfigError("layout.generation=colocated is not supported with generation=vllm (nothing puts the "
+                          "server to sleep while the trainer updates, and NCCL cannot join a trainer rank and a "
+                          "vLLM worker on one GPU): use layout.generation=separate with layout.generation_gpus")
+    if lay.generation == "colocated":
+        if lay.generation_nodes:
+            raise ConfigError("layout.generation=colocated shares the training GPUs: set generation_nodes=0")
+        train_nodes, train_gpus = lay.nodes, lay.gpus_per_node
+        if lay.generation_gpus > lay.nodes * lay.gpus_per_node:
+            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} exceed the job's "
+                              f"{lay.nodes * lay.gpus_per_node} GPUs")
+    elif lay.generation_nodes:
+        train_nodes, train_gpus = lay.nodes - lay.generation_nodes, lay.gpus_per_node
+        if train_nodes < 1:
+            raise ConfigError(f"layout.generation_nodes={lay.generation_nodes} leaves no training node "
+                              f"of layout.nodes={lay.nodes}")
+        if lay.generation_gpus > lay.generation_nodes * lay.gpus_per_node:
+            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} do not fit on "
+                              f"{lay.generation_nodes} node(s) of {lay.gpus_per_node} GPUs")
     else:
-        for key, value in plan.items():
-            print(f"RCGRPO_{key.upper()}={shlex.quote(str(value))}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if lay.nodes > 1 and lay.generation_gpus:
+            raise ConfigError("multi-node jobs with a separate server put it on its own nodes: set "
+                              "layout.generation_nodes")
+        train_nodes, train_gpus = lay.nodes, lay.gpus_per_node - lay.generation_gpus
+        if train_gpus < 1:
+            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
+                              f"{lay.gpus_per_node}-GPU node")
+    world = train_nodes * train_gpus
+    tp, pp, cp = model_parallel
+    mp = tp * pp * cp
+    if check_model_parallel and world % mp:
+        raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {tp} x {pp} x {cp}")
+    return ParallelPlan(nodes=lay.nodes, gpus_per_node=lay.gpus_per_node, train_nodes=train_nodes,
+                        train_gpus_per_node=train_gpus, world_size=world, tp=tp, pp=pp, cp=cp,
+                        dp=world // mp if world % mp == 0 else None, generation=lay.generation,
+                        generation_nodes=lay.generation_nodes, generation_gpus=lay.generation_gpus,
+                        generation_tp=server_tp or 1)

@@ -44,7 +44,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "loss_aggregation": ("rl.loss.aggregation",
                          "fn(per_token [B, T], mask [B, T], num_valid_tokens, num_sequences) -> scalar loss"),
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
-    "policy_backend": ("policy.backend", "factory(train config, HF model, dist, total_steps) -> Policy: "
+    "policy_backend": ("policy.backend", "factory(build: config.PolicyBuild, HF model, dist, total_steps) -> Policy: "
                                          "nemo_rcgrpo.models.interfaces"),
     "chat_format": ("chat.format", "FormatSpec(pieces, generation_prompt, special_tokens, stop_tokens, after_stop, "
                                    "parse, vllm_tool_parser, ...): nemo_rcgrpo.data.chat_format"),

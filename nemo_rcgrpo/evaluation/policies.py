@@ -15,6 +15,7 @@ from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.registry import lookup, register
+from nemo_rcgrpo.utils.provenance import reward_token_value
 
 
 def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
@@ -73,9 +74,6 @@ def conditioning(cfg: EvalConfig, model_path: Path | None, source: str, has_toke
     goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
                       **{k: v for k, v in saved.items() if k in fields})
     return token, goal
-
-
-TOKENS = {"high": True, "low": False, "none": None}
 
 
 class MessagePolicy:
@@ -153,7 +151,7 @@ class CheckpointPolicy:
         has_tokens = cfg.reward_tokens.high in load_tokenizer(model_path).get_vocab()
         # the reward token and goal as the model was trained (template, position, separator: its training record)
         token, goal = conditioning(cfg, model_path, source, has_tokens)
-        self.reward_token = TOKENS[token]
+        self.reward_token = reward_token_value(token)
         setup = cfg.policy_setup(str(model_path))
         seed_everything(cfg.seed)
         self.tokenizer, model = load_tokenizer_and_model(setup)
@@ -283,7 +281,7 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
                                                     max_new_tokens=cfg.max_new_tokens),
                          cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
                                                     "model": cfg.endpoint.model, "reward_token": token},
-                         reward_token=TOKENS[token], goal=goal)
+                         reward_token=reward_token_value(token), goal=goal)
 
 
 @register("eval_policy", "checkpoint")

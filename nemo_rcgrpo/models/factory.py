@@ -4,6 +4,8 @@ weight sync to a generator and checkpoints (the loops call the Policy's own meth
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from nemo_rcgrpo.models.interfaces import Policy
@@ -12,26 +14,34 @@ from nemo_rcgrpo.utils.checkpoint import checkpoint_tmp_dir, prepare_checkpoint,
 from nemo_rcgrpo.utils.dist import DistInfo, barrier
 from nemo_rcgrpo.utils.weight_stream import WeightStream
 
+if TYPE_CHECKING:
+    from nemo_rcgrpo.config import PolicyBuild
+
 
 @register("policy_backend", "torch")
-def torch_backend(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+def torch_backend(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
     """One process, or torchrun DDP (gloo on CPU, NCCL on GPU): `models/torch_policy.py`."""
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
 
-    return TorchPolicy(model, cfg.trainer, dist, total_steps, cfg.model.gradient_checkpointing)
+    return TorchPolicy(model, build.trainer, dist, total_steps, build.gradient_checkpointing)
 
 
 @register("policy_backend", "megatron")
-def megatron_backend(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
-    """Megatron-Core TP x PP x DP (`models/megatron/policy.py`); ``cfg.policy.megatron`` says how."""
+def megatron_backend(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+    """Megatron-Core TP x PP x DP (`models/megatron/policy.py`); ``policy.megatron`` says how."""
     from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
 
-    return MegatronPolicy(model, cfg, dist, total_steps)
+    return MegatronPolicy(model, build, dist, total_steps)
 
 
-def make_policy(cfg, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
-    """The ``policy.backend`` entry around ``model`` (an HF model with the reward tokens already added)."""
-    return lookup("policy_backend", cfg.policy.backend)(cfg, model, dist, total_steps)
+def make_policy(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
+    """The ``policy.backend`` entry around ``model`` (an HF model with the reward tokens already added), given
+    only the sections it reads (``TrainConfig.policy_build()``)."""
+    from nemo_rcgrpo.config import PolicyBuild
+
+    if not isinstance(build, PolicyBuild):  # a whole TrainConfig is not a factory's input (cfg.policy_build())
+        raise TypeError(f"make_policy takes a PolicyBuild, not {type(build).__name__}")
+    return lookup("policy_backend", build.policy.backend)(build, model, dist, total_steps)
 
 
 def sync_generator(policy: Policy, generator, shares_weights: bool, version: int) -> None:

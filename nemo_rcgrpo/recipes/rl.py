@@ -58,7 +58,7 @@ from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
-from nemo_rcgrpo.utils.provenance import training_record
+from nemo_rcgrpo.utils.provenance import reward_token_value, training_record
 
 
 def step_rng(seed: int, steps_done: int) -> random.Random:
@@ -71,7 +71,7 @@ def eval_reward_token(setting: str, reward_conditioned: bool) -> bool | None:
     """The reward token of the held-out episodes: ``rl.eval_token`` (high | low | none) for a reward-conditioned model
     (its training record: rctp / rcgrpo, or trained from one), none for any other, as ``rcgrpo eval
     reward_token=auto`` does on its export."""
-    return {"high": True, "low": False, "none": None}[setting] if reward_conditioned else None
+    return reward_token_value(setting) if reward_conditioned else None
 
 
 class RLTrainer:
@@ -90,7 +90,7 @@ class RLTrainer:
                                       conditioned=cfg.stage_spec.conditioned)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
-        self.policy = make_policy(cfg, model, dist, cfg.trainer.max_steps * self.updates)
+        self.policy = make_policy(cfg.policy_build(), model, dist, cfg.trainer.max_steps * self.updates)
         if dist.world_size > 1 and not self.policy.distributed_rl:
             raise ValueError(f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
                              "processes use policy.backend=megatron")
@@ -294,14 +294,19 @@ class RLTrainer:
             if self.generator is not None:  # rank 0 only
                 self.generator.close()
 
+    def _start(self) -> None:
+        """Resumes where a checkpoint is, says what the run does and hands the generator the weights it starts from,
+        as the version of the steps done: a server starts on (an attached one receives) them, a generator sharing
+        them is told the version."""
+        ckpt = self.resume()
+        if self.dist.is_main:
+            self._banner(ckpt)
+        sync_generator(self.policy, self.generator, self.shares_weights, self.step)
+
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
-        ckpt = self.resume()
+        self._start()
         main = self.dist.is_main
-        if main:
-            self._banner(ckpt)
-        # a server starts on (an attached one receives) the current weights; a generator sharing them is told the version
-        sync_generator(self.policy, self.generator, self.shares_weights, self.step)
         total = cfg.trainer.max_steps
         metrics: dict[str, float] = {}
         with RunLoop(cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total,

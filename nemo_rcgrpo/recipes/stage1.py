@@ -73,7 +73,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
                              conditioned=cfg.stage_spec.conditioned)
     if conditioned:  # the data's reward goal, whose tokens must be the ones the model gets
         record["reward_goal"] = dataclasses.asdict(goal)
-    policy = make_policy(cfg, model, dist, total_steps)
+    policy = make_policy(cfg.policy_build(), model, dist, total_steps)
     data_dist, dp_sum = policy.data_parallel()  # megatron: the TP x PP ranks of a replica share micro-batches
     if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
         raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "

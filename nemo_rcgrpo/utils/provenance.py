@@ -48,6 +48,12 @@ def write_record(folder: str | Path, record: dict[str, Any]) -> None:
     (Path(folder) / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
+def reward_token_value(setting: str) -> bool | None:
+    """A reward-token setting (``reward_token`` of ``rcgrpo eval``, ``rl.eval_token``: high | low | none) as the
+    goal an episode is conditioned on: True (high), False (low) or None (no token)."""
+    return {"high": True, "low": False, "none": None}[setting]
+
+
 def auto_reward_token(record: dict[str, Any] | None) -> str:
     """``reward_token=auto``: high for a reward-conditioned model, none otherwise (and for a model without a record)."""
     return "high" if record and record.get("reward_conditioned") else "none"

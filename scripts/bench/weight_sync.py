@@ -226,7 +226,7 @@ def worker(out: Path, tp: int, pp: int, bucket_bytes: int) -> None:
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(**SHAPE))
     cfg = TrainConfig.from_dict({"policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}}})
-    policy = MegatronPolicy(hf, cfg, dist, total_steps=1)
+    policy = MegatronPolicy(hf, cfg.policy_build(), dist, total_steps=1)
     policy.export_bucket_bytes = bucket_bytes
     del hf
     counter = Counter()

@@ -234,7 +234,7 @@ def test_the_loop_asks_the_policy_whether_it_fuses_the_old_logprob_pass(data_dir
     shipped = registry.lookup("policy_backend", "torch")
     # under the name "torch" itself: a loop that went by the name would fuse the pass and never call logprobs
     registry.register("policy_backend", "torch", replace=True)(
-        lambda cfg, model, dist, total: Unfused(model, cfg.trainer, dist, total))
+        lambda build, model, dist, total: Unfused(model, build.trainer, dist, total))
     try:
         assert main(_args(data_dir, tmp_path / "u", "trainer.max_steps=1", "policy.backend=torch")) == 0
     finally:

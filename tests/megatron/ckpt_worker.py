@@ -39,7 +39,7 @@ def make_policy(name: str, tp: int, distributed_optimizer: bool, dist, pp: int =
                                  "policy": {"backend": "megatron", "megatron": megatron}})
     tok, hf = load_tokenizer(name), load_model(name)
     add_reward_tokens(tok, hf, REWARD_TOKENS)
-    return MegatronPolicy(hf, cfg, dist, total_steps=4)
+    return MegatronPolicy(hf, cfg.policy_build(), dist, total_steps=4)
 
 
 def make_batches(policy: MegatronPolicy, vocab: int) -> tuple[list[RLMicroBatch], float]:

@@ -106,7 +106,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     tok, hf = load_tokenizer(name), load_model(name)
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     torch_model = copy.deepcopy(hf)
-    policy = MegatronPolicy(hf, cfg, dist, total_steps=4)
+    policy = MegatronPolicy(hf, cfg.policy_build(), dist, total_steps=4)
     reference = policy.frozen_reference()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, len(tok), (4, 24), generator=g)
@@ -166,7 +166,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     policy.save_sharded(Path(box[0]) / sd["optimizer"]["dir"])
     fresh_hf = load_model(name)
     add_reward_tokens(tok, fresh_hf, ("<|high_reward|>", "<|low_reward|>"))
-    fresh = MegatronPolicy(fresh_hf, cfg, dist, total_steps=4)
+    fresh = MegatronPolicy(fresh_hf, cfg.policy_build(), dist, total_steps=4)
     fresh.load_state_dict({}, {**sd["optimizer"], "path": str(Path(box[0]) / sd["optimizer"]["dir"])}, sd["scheduler"])
     if dist.rank == 0:  # rank 0's HF copy (the generator's model) follows the loaded weights
         result["reloaded_hf_diff"] = max(float((fresh.module.state_dict()[k] - v).abs().max())

@@ -261,6 +261,6 @@ def test_a_model_parallel_run_started_by_hand_is_not_held_to_the_layouts_gpus():
     from nemo_rcgrpo.config import TrainConfig
 
     cfg = TrainConfig.from_dict(_with(["policy.backend=megatron", "layout.gpus_per_node=3"], "policy.megatron.tp=2"))
-    assert cfg.parallel_plan(model_parallel=False)["world_size"] == 3  # 3 GPUs in the layout, not a multiple of 2
+    assert cfg.parallel_plan(model_parallel=False).world_size == 3  # 3 GPUs in the layout, not a multiple of 2
     with pytest.raises(ConfigError, match=r"training GPUs are not a multiple of TP x PP x CP = 2 x 1 x 1"):
         cfg.parallel_plan()

@@ -184,8 +184,8 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     built = []
 
     @register("policy_backend", "mine")
-    def mine(cfg, model, dist, total_steps):
-        policy = TorchPolicy(model, cfg.trainer, dist, total_steps)
+    def mine(build, model, dist, total_steps):
+        policy = TorchPolicy(model, build.trainer, dist, total_steps)
         built.append(policy)
         return policy
 
@@ -193,7 +193,9 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     torch.manual_seed(0)
     model = load_model("tiny-llama")
     dist = DistInfo(0, 1, 0, torch.device("cpu"))
-    policy = factory.make_policy(cfg, model, dist, total_steps=3)
+    with pytest.raises(TypeError, match="make_policy takes a PolicyBuild, not TrainConfig"):
+        factory.make_policy(cfg, model, dist, total_steps=3)  # the factory is given its sections, not the run's
+    policy = factory.make_policy(cfg.policy_build(), model, dist, total_steps=3)
     assert built == [policy] and isinstance(policy, Policy)
     view, dp_sum = policy.data_parallel()
     assert view == dist and dp_sum(2.0) == 2.0

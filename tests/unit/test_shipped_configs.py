@@ -87,15 +87,15 @@ GPU_RECIPES = [n for n in TRAIN_RECIPES if n.endswith(("qwen7b", "llama8b"))]
 def test_gpu_recipe_layouts_add_up(name):
     cfg = TrainConfig.from_dict(compose(name))
     plan = cfg.parallel_plan()  # what the launchers use (raises when TP x PP x CP does not divide the GPUs)
-    assert plan["tp"] * plan["pp"] * plan["cp"] * plan["dp"] == plan["world_size"]
-    assert plan["world_size"] == plan["train_nodes"] * plan["train_gpus_per_node"]
+    assert plan.tp * plan.pp * plan.cp * plan.dp == plan.world_size
+    assert plan.world_size == plan.train_nodes * plan.train_gpus_per_node
     assert cfg.policy.backend == "megatron" and cfg.model.dtype == "bfloat16"
     if cfg.stage in ("sft", "rctp"):  # stage 1 uses every GPU of the node
-        assert plan["world_size"] == 8 and plan["generation_gpus"] == 0
+        assert plan.world_size == 8 and plan.generation_gpus == 0
     else:  # stage 2: the vLLM server's GPUs fit beside the trainers and hold whole TP groups
         assert cfg.generation.backend == "vllm" and cfg.rl.stage1_recipe
-        assert plan["generation_gpus"] % plan["generation_tp"] == 0
-        assert plan["train_gpus_per_node"] + plan["generation_gpus"] == plan["gpus_per_node"] == 8
+        assert plan.generation_gpus % plan.generation_tp == 0
+        assert plan.train_gpus_per_node + plan.generation_gpus == plan.gpus_per_node == 8
         assert TrainConfig.from_dict(compose(cfg.rl.stage1_recipe)).stage in ("sft", "rctp")
 
 

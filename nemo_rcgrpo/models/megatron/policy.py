@@ -66,13 +66,14 @@ class MegatronPolicy:
     fuses_old_logprobs = False  # old logprobs and entropies come from a pass of their own
     distributed_rl = True  # TP x PP x DP under torchrun
 
-    def __init__(self, hf_model: torch.nn.Module, cfg, dist: DistInfo, total_steps: int):
-        """hf_model: the HF model (reward tokens already added) that gives the shape and initial weights."""
+    def __init__(self, hf_model: torch.nn.Module, build, dist: DistInfo, total_steps: int):
+        """hf_model: the HF model (reward tokens already added) that gives the shape and initial weights; build: the
+        sections it reads (`nemo_rcgrpo.config.PolicyBuild`: policy.megatron, trainer, dtype, seed)."""
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        m, t = cfg.policy.megatron, cfg.trainer
+        m, t = build.policy.megatron, build.trainer
         self.dist, self.mcfg = dist, m
         hf_model.config.vocab_size = hf_model.get_input_embeddings().weight.shape[0]  # reward tokens included
         try:  # refuse TP / PP sizes that do not divide the heads / layers before any process group exists
@@ -83,11 +84,11 @@ class MegatronPolicy:
             stage_layers(hf_model.config.num_hidden_layers, m.pp, 0)
         except ConversionError as e:
             raise MegatronSetupError(f"policy.megatron.pp={m.pp}: {e}") from None
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[build.dtype]
         replicas = max(1, dist.world_size // (m.tp * m.pp * m.cp))
         self.flags = platform_flags(m, dtype, replicas)  # every device-dependent choice (flags.py)
         self.spec = self.flags.spec
-        self.parallel = init_parallel(m.tp, m.pp, m.cp, cfg.seed)
+        self.parallel = init_parallel(m.tp, m.pp, m.cp, build.seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()

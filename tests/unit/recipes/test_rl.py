@@ -135,3 +135,115 @@ def test_held_out_episodes_are_conditioned_only_where_the_model_was_trained_so(s
     from nemo_rcgrpo.recipes.rl import eval_reward_token
 
     assert eval_reward_token(setting, conditioned) is token
+
+
+class _StepPolicy(_RecordingPolicy):
+    """A policy whose passes are recorded in ``events`` (shared with the generator): its old-logprob pass returns
+    -0.1 x the micro-batch's first rollout per token (entropy 1 per token), its training pass per-rollout entropy
+    sums of 100 x the rollout's index."""
+
+    def __init__(self, events, fuses):
+        super().__init__()
+        self.events, self.fuses_old_logprobs, self.given = events, fuses, []
+
+    def logprobs(self, batch, with_entropy=False):
+        self.events.append("logprobs")
+        shape = tuple(batch.input_ids.shape)
+        return torch.full(shape, -0.1 * len(self.events)), torch.ones(shape)
+
+    def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
+        self.events.append("train")
+        self.given.append([(b.first, b.old_logprobs) for b in micro_batches])
+        result = super().train_step(micro_batches, loss_fn, num_valid_tokens)
+        sums = ([torch.tensor([100.0 * (b.first + r) for r in range(b.rows)], dtype=torch.float64)
+                 for b in micro_batches] if with_entropy else None)
+        return TrainStepResult(result.stats, result.grad_norm, result.lr, entropy_sums=sums)
+
+    def sync_hf_model(self):
+        self.events.append("sync")
+
+
+class _VersionedGenerator:
+    """Records the version each weight update says the generator samples from."""
+
+    def __init__(self, events):
+        self.events, self.versions = events, []
+
+    def update_weights(self, weights, version):
+        self.events.append("versioned")
+        self.versions.append(version)
+
+
+def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True):
+    """An RLTrainer after ``step`` steps, with a recording policy and a generator that shares its weights."""
+    trainer = RLTrainer.__new__(RLTrainer)
+    loss = types.SimpleNamespace(clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token",
+                                 tis_cap=None, policy_loss="clipped")
+    trainer.cfg = types.SimpleNamespace(
+        rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss),
+        trainer=types.SimpleNamespace(micro_batch_size=2))
+    trainer.updates, trainer.step = updates, step
+    trainer.tokenizer = types.SimpleNamespace(pad_token_id=0)
+    events = []
+    trainer.policy, trainer.generator = _StepPolicy(events, fuses), _VersionedGenerator(events)
+    trainer.shares_weights = True
+    trainer.reference = lambda b: torch.zeros(tuple(b.input_ids.shape))
+    trainer.data_dist = DistInfo(rank=0, world_size=1)
+    trainer.dp_sum = lambda v: v
+    return trainer, events
+
+
+def _groups():
+    from tests.unit.algorithms.test_rl_batch import _traj
+
+    # 2 groups of 2: rollout i has i + 1 generated tokens after a 2-token prompt
+    trajs = [_traj([1, 2] + [3] * (i + 1), [0, 0] + [1] * (i + 1), float(i % 2), None, group=i // 2)
+             for i in range(4)]
+    return [trajs[:2], trajs[2:]]
+
+
+@pytest.mark.parametrize("updates, old_logprobs, fuses", [(1, "auto", True), (1, "recompute", True),
+                                                          (2, "auto", True), (1, "auto", False)])
+def test_a_step_trains_then_hands_the_generator_the_next_version(updates, old_logprobs, fuses):
+    """After step k's update the generator samples from version k + 1, never before the update; the old-logprob
+    pass runs unless one update takes its ratio against its own pass (rl.old_logprobs=auto, a policy that fuses),
+    and the entropies come from whichever pass ran."""
+    trainer, events = _step_trainer(3, updates, old_logprobs, fuses)
+    groups = _groups()
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    adv = torch.tensor([[-1.0, 1.0], [-1.0, 1.0]])
+    metrics = trainer.train_step(groups, rewards, adv, {"filter_rounds": 1.0})
+    fused = updates == 1 and old_logprobs == "auto" and fuses
+    assert trainer.generator.versions == [4] and events[-2:] == ["sync", "versioned"]
+    assert events[:-2] == ["train"] * updates if fused else ["logprobs", "logprobs"] + ["train"] * updates
+    given = trainer.policy.given[0]
+    assert [f for f, _ in given] == [0, 2]  # micro-batches of 2 rollouts, in trajectory order
+    ratios = {c[3] for c in trainer.policy.calls}
+    if fused:
+        assert ratios == {"current"} and all(old is None for _, old in given)
+        # the training pass's sums, rollout i's 100 i over its i + 1 tokens, 10 tokens in all
+        assert metrics["entropy"] == pytest.approx((0 + 100 + 200 + 300) / 10)
+    else:
+        assert ratios == {"old"} and [old[0, 0].item() for _, old in given] == pytest.approx([-0.1, -0.2])
+        assert metrics["entropy"] == pytest.approx(1.0)  # the old-logprob pass's: 1 per generated token
+    assert metrics["tokens"] == 10.0 and metrics["updates"] == float(updates) and metrics["filter_rounds"] == 1.0
+    assert metrics["reward_mean"] == 0.5 and metrics["loss"] == pytest.approx(1.0 if updates == 1 else 1.5)
+    for key in ("logprob_seconds", "train_seconds", "weight_sync_seconds"):
+        assert 0.0 <= metrics[key] < 60.0
+
+
+@pytest.mark.parametrize("resumed", [0, 7])
+def test_a_run_starts_its_generator_on_the_version_of_the_steps_done(resumed):
+    """Fresh or resumed, the generator's first weights are the version of the steps already done (a resume from
+    step 7 samples step 8 from version 7), and the banner is rank 0's."""
+    trainer, events = _step_trainer(0)
+    trainer.dist = DistInfo(rank=0, world_size=1)
+    banners = []
+    trainer.resume = lambda: setattr(trainer, "step", resumed) or ("ckpt" if resumed else None)
+    trainer._banner = banners.append
+    trainer._start()
+    assert trainer.generator.versions == [resumed] and events == ["sync", "versioned"]
+    assert banners == ["ckpt" if resumed else None]
+    trainer.dist, banners[:] = DistInfo(rank=1, world_size=2), []
+    trainer._start()
+    assert banners == [] and trainer.generator.versions == [resumed, resumed]

@@ -81,8 +81,8 @@ def test_one_node_commands(tmp_path):
     lines = _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, MODEL_PATH="/models/llama",
                     CONFIG="rcgrpo_llama8b")
     plan = TrainConfig.from_dict(compose("rcgrpo_llama8b")).parallel_plan()
-    gen = plan["generation_gpus"]
-    assert gen > 0 and plan["train_gpus_per_node"] == 8 - gen
+    gen = plan.generation_gpus
+    assert gen > 0 and plan.train_gpus_per_node == 8 - gen
     data, stage1, serve, wait, stage2, *evals = lines
     assert "prepare-data" in data
     assert "torchrun --standalone --nproc-per-node=8" in stage1 and "--config-name rctp_llama8b" in stage1
@@ -133,7 +133,7 @@ def test_local_launcher_uses_the_gpus_it_is_given(tmp_path):
     stage2 = next(l for l in lines if "--config-name rcgrpo_qwen7b" in l)
     assert not stage2.startswith("srun") and "layout.gpus_per_node=4" in stage2
     plan = TrainConfig.from_dict(compose("rcgrpo_qwen7b", ["layout.gpus_per_node=4"])).parallel_plan()
-    assert f"--nproc-per-node={plan['train_gpus_per_node']}" in stage2
+    assert f"--nproc-per-node={plan.train_gpus_per_node}" in stage2
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -153,4 +153,4 @@ def test_model_parallel_is_checked_by_the_launchers_not_by_hand_runs():
     cfg = TrainConfig.from_dict(compose("rctp_smollm_cpu", ["policy.backend=megatron", "policy.megatron.tp=3"]))
     with pytest.raises(ConfigError, match="not a multiple of TP x PP x CP"):
         cfg.parallel_plan()
-    assert cfg.parallel_plan(model_parallel=False)["world_size"] == 8
+    assert cfg.parallel_plan(model_parallel=False).world_size == 8
