@@ -59,6 +59,10 @@ class TrainerConfig:
     resume: bool = True  # continue from the newest checkpoint in run_dir
     resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run being resumed
     bucket_by_length: bool = True
+    # rows of a micro-batch that start alike (a group's prompt, a stage-1 batch's system prompt and tools) run their
+    # shared prefix once (torch backend, one process; the same logprobs and gradients up to rounding): false runs
+    # every row in full
+    share_prefix: bool = True
     export_hf: bool = True  # write run_dir/hf at the end
 
 

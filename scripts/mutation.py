@@ -84,6 +84,7 @@ TARGETS: dict[str, Target] = {
                      scope=("PolicySetup.validate", "PolicySetup._validate_vllm", "PolicySetup._validate_scripted",
                             "TrainConfig.validate", "TrainConfig._validate_stage1_dataset",
                             "TrainConfig._validate_megatron", "TrainConfig._validate_rl", "_choice"), glue=True),
+    "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py", ("tests/unit/data/test_prefix_tree.py",)),
     "layout": Target("nemo_rcgrpo/layout.py", ("tests/unit/test_layout.py",), scope=("parallel_plan",), glue=True),
     "rl_recipe": Target("nemo_rcgrpo/recipes/rl.py", ("tests/unit/recipes/test_rl.py",),
                         scope=("step_rng", "eval_reward_token", "RLTrainer.train_step", "RLTrainer._mine", "RLTrainer._update",
@@ -125,6 +126,13 @@ TARGETS: dict[str, Target] = {
 # Survivors that no test can kill. Key: (module, function, the mutated line, occurrence) as the report prints
 # them; occurrence tells apart mutants that give the same line in one function (two `return x` -> `return None`).
 EQUIVALENT: dict[tuple[str, str, str, int], str] = {
+    ("prefix_tree", "hidden_index", "suffixes + r * S + torch.arange((layout.lengths[r] - R + q))])", 1):
+        "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
+    ("prefix_tree", "hidden_index", "suffixes + r * S + torch.arange((layout.lengths[r] + R) - q)])", 1):
+        "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
+    ("prefix_tree", "step_savings",
+     '"forward_flops_saved": 1.0 - shared / unshared if unshared > (1) else 0.0}', 1):
+        "unshared is 0 (no micro-batch) or at least 2 N for one token of a model with parameters: never in (0, 1]",
     ("reward", "compute_reward",
      "components = RewardInfo(value=(1.0), state_ok=state_ok, actions_ok=actions_ok, details=details)", 1):
         "the placeholder value is replaced: the registered reward reads only the components and details",

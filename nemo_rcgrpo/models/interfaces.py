@@ -55,6 +55,10 @@ class Policy(Protocol):
     def logprobs(self, batch: MicroBatch, with_entropy: bool = False) -> Any:
         """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""
 
+    def layout(self, batch: MicroBatch) -> Any:
+        """The micro-batch's prefix tree (`data/prefix_tree.py`: GroupLayout) where this policy computes the
+        rows' shared prefixes once, else None (every row in full)."""
+
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float,
                    with_entropy: bool = False) -> TrainStepResult:
         """One optimizer step over this rank's micro-batches (none: it still joins the step's collectives): the

@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from nemo_rcgrpo.data.prefix_tree import GroupLayout
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
+from nemo_rcgrpo.models.shared_prefix import share_layout, shared_trained_logits, supports
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
@@ -90,7 +92,12 @@ def _trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
         logits = model(input_ids, attention_mask, rows, cols)
     else:
         logits = position_logits(model, input_ids, attention_mask, rows, cols)
-    return logits.float(), (rows, cols)
+    return fp32_at_least(logits), (rows, cols)
+
+
+def fp32_at_least(logits: torch.Tensor) -> torch.Tensor:
+    """Logits for the log-softmax: a low-precision model's in fp32, a float64 model's as they are."""
+    return logits if logits.dtype == torch.float64 else logits.float()
 
 
 def _entropies(logits: torch.Tensor) -> torch.Tensor:
@@ -105,7 +112,8 @@ def _entropies(logits: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   loss_mask: torch.Tensor | None = None, entropy_out: list | None = None) -> torch.Tensor:
+                   loss_mask: torch.Tensor | None = None, entropy_out: list | None = None,
+                   layout: GroupLayout | None = None) -> torch.Tensor:
     """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
 
     With ``loss_mask`` [B, T], logits are computed only where they are needed (the output layer over a
@@ -114,16 +122,22 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     (``logits_to_keep``); positions not computed are 0.
     ``entropy_out`` (with ``loss_mask``): a list that receives the [B, T] entropies of the same forward pass
     (no gradient), so a training step needs no separate pass for them.
+    ``layout`` (with ``loss_mask``, a model that gathers, not DDP-wrapped): the rows' prefix tree; the shared
+    prefixes are computed once (`models/shared_prefix.py`) and the result is the same grid.
     """
     targets = input_ids[:, 1:]  # [B, T-1]
     if loss_mask is None and isinstance(model.module if isinstance(model, DDP) else model, PositionHead):
         loss_mask = torch.ones_like(input_ids)  # every position, through the head DDP wraps
     if loss_mask is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [B, T-1, V]
+        logits = fp32_at_least(model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1])  # [B, T-1, V]
         lp = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         lp = lp.view(targets.shape)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
-    gathered = _trained_logits(model, input_ids, attention_mask, loss_mask)
+    if layout is not None:
+        logits, where = shared_trained_logits(model, input_ids, loss_mask, layout)
+        gathered = fp32_at_least(logits), where
+    else:
+        gathered = _trained_logits(model, input_ids, attention_mask, loss_mask)
     if gathered is not None:
         logits, (rows, cols) = gathered  # [N, V]
         kept = -F.cross_entropy(logits, targets[rows, cols], reduction="none")  # [N]
@@ -135,7 +149,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
             entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
     keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K] positions t whose t+1 is trained
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [B, K, V]
+    logits = fp32_at_least(model(input_ids=input_ids, attention_mask=attention_mask,
+                                 logits_to_keep=keep).logits)  # [B, K, V]
     picked = targets[:, keep]  # [B, K]
     kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
     lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
@@ -149,10 +164,10 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 @torch.no_grad()
 def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                         loss_mask: torch.Tensor, layout: GroupLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] token logprobs and [B, T] entropies of the predictive distribution, at masked positions."""
     out: list[torch.Tensor] = []
-    lp = token_logprobs(model, input_ids, attention_mask, loss_mask, out)
+    lp = token_logprobs(model, input_ids, attention_mask, loss_mask, out, layout)
     return lp, out[0]
 
 
@@ -186,6 +201,14 @@ class TorchPolicy:
             self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
         self.grad_clip = trainer.grad_clip
         self.base_lr = trainer.lr
+        # prefix-once passes (trainer.share_prefix): one process, a model whose decoder and output layer are called
+        # apart and whose cache keeps every key and value, its KV cache kept (gradient checkpointing drops it)
+        self.share_prefix = (trainer.share_prefix and dist.world_size == 1 and gathers(self.module)
+                             and supports(self.module) and not gradient_checkpointing)
+
+    def layout(self, batch: MicroBatch) -> GroupLayout | None:
+        """The micro-batch's prefix tree where this policy computes shared prefixes once, else None."""
+        return share_layout(batch.input_ids, batch.attention_mask) if self.share_prefix else None
 
     @torch.no_grad()
     def logprobs(self, batch: MicroBatch, with_entropy: bool = False):
@@ -194,10 +217,11 @@ class TorchPolicy:
         self.module.eval()
         try:
             b = batch.to(self.dist.device)
+            layout = self.layout(b)
             if with_entropy:
-                lp, ent = logprobs_and_entropy(self.module, b.input_ids, b.attention_mask, b.loss_mask)
+                lp, ent = logprobs_and_entropy(self.module, b.input_ids, b.attention_mask, b.loss_mask, layout)
                 return lp.cpu(), ent.cpu()
-            return token_logprobs(self.module, b.input_ids, b.attention_mask, b.loss_mask).cpu()
+            return token_logprobs(self.module, b.input_ids, b.attention_mask, b.loss_mask, layout=layout).cpu()
         finally:
             self.module.train(was_training)
 
@@ -219,7 +243,7 @@ class TorchPolicy:
             with sync:
                 b = mb.to(self.dist.device)
                 ent: list[torch.Tensor] | None = [] if with_entropy else None
-                lp = token_logprobs(self.model, b.input_ids, b.attention_mask, b.loss_mask, ent)
+                lp = token_logprobs(self.model, b.input_ids, b.attention_mask, b.loss_mask, ent, self.layout(b))
                 if ent is not None:
                     entropy_sums.append((ent[0] * b.loss_mask).sum(1).double().cpu())
                 loss, record = loss_fn(lp, b, num_valid_tokens)
@@ -307,7 +331,7 @@ class TorchPolicy:
         @torch.no_grad()
         def logprobs(batch: MicroBatch) -> torch.Tensor:
             b = batch.to(device)
-            return token_logprobs(reference, b.input_ids, b.attention_mask, b.loss_mask).cpu()
+            return token_logprobs(reference, b.input_ids, b.attention_mask, b.loss_mask, layout=self.layout(b)).cpu()
 
         return logprobs
 

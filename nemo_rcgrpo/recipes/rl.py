@@ -39,6 +39,7 @@ import torch
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.data.prefix_tree import step_savings
 from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
                                              write_rollouts)
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
@@ -85,6 +86,9 @@ class RLTrainer:
         self.renderer = make_renderer(setup, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
         self.parameters = sum(p.numel() for p in model.parameters())
+        # the shape the step's forward FLOPs are counted at (forward_flops_saved)
+        self.flop_shape = (self.parameters, getattr(model.config, "num_hidden_layers", 0),
+                           getattr(model.config, "hidden_size", 0))
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
         self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
                                       conditioned=cfg.stage_spec.conditioned)
@@ -163,6 +167,9 @@ class RLTrainer:
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
         tokens = token_batches(trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
+        # the prefixes the policy computes once (a group's prompt shared by the rows of a micro-batch)
+        savings = step_savings([(self.policy.layout(b), b.attention_mask.sum(1).tolist()) for b in tokens],
+                               *self.flop_shape)
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
         # and the entropies come from that pass too (torch backend): no separate old-logprob pass
         fused = self.updates == 1 and rl.old_logprobs == "auto" and self.policy.fuses_old_logprobs
@@ -181,7 +188,7 @@ class RLTrainer:
         num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens))
         metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
-                       weight_sync_seconds=sync_seconds)
+                       weight_sync_seconds=sync_seconds, **savings)
         return metrics
 
     def _mine(self, indices) -> list[int]:

@@ -35,8 +35,8 @@ RESUME_FREE = (
     "generation.vllm.python", "generation.vllm.weight_dir", "generation.vllm.nccl_master",
     "generation.vllm.startup_timeout", "generation.vllm.request_timeout", "generation.vllm.max_retries",
     "generation.vllm.max_concurrency",
-    # how the same tokens are generated (prefills shared or not: the same samples up to rounding)
-    "generation.share_prefixes",
+    # how the same tokens are generated and scored (prefixes shared or not: the same up to rounding)
+    "generation.share_prefixes", "trainer.share_prefix",
     # how the same computation is laid out (checkpoints reshard to another TP x PP x DP)
     "policy.megatron.tp", "policy.megatron.pp", "policy.megatron.recompute", "layout", "trainer.micro_batch_size",
 )

@@ -75,7 +75,9 @@ def main() -> int:
 
     bare_model = copy.deepcopy(model).to(device).train()
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
-    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant"), DistInfo(device=device), 100)
+    # the same work as the bare loop: every row in full (trainer.share_prefix would run shared prompts once)
+    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant", share_prefix=False),
+                         DistInfo(device=device), 100)
 
     def bare_step(mbs):
         bare_opt.zero_grad(set_to_none=True)

@@ -244,6 +244,19 @@ def test_the_loop_asks_the_policy_whether_it_fuses_the_old_logprob_pass(data_dir
     assert b["loss"] == pytest.approx(a["loss"], abs=1e-7) and b["entropy"] == pytest.approx(a["entropy"], rel=1e-6)
 
 
+def test_a_step_is_the_same_with_shared_prefixes_on_and_off(data_dir, tmp_path, uninterrupted):
+    """The scripted generator's mixed-reward groups, two rollouts a micro-batch: the run computes each pair's
+    shared prompt once (trainer.share_prefix, the default) and logs what that saved; with it off every row runs in
+    full, the rollouts are the same and the update equals it (float32 rounding)."""
+    assert main(_args(data_dir, tmp_path / "full", "trainer.max_steps=1", "trainer.share_prefix=false")) == 0
+    a, b = read_metrics(uninterrupted)[0], read_metrics(tmp_path / "full")[0]
+    assert a["prefix_tokens_saved"] > 0 and 0.1 < a["forward_flops_saved"] < 1.0
+    assert b["prefix_tokens_saved"] == 0.0 and b["forward_flops_saved"] == 0.0
+    assert _dump(uninterrupted, 1) == _dump(tmp_path / "full", 1) and 0.0 < a["reward_mean"] < 1.0
+    for key in ("loss", "kl", "grad_norm", "entropy", "entropy_seq_mean", "clip_fraction", "sampler_logprob_abs_diff"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
 def test_epochs_and_mini_batches(data_dir, tmp_path):
     """rl.ppo_epochs=2 x rl.mini_batches=2: four optimizer steps per RL step, the LR schedule counts all four."""
     assert main(_args(data_dir, tmp_path / "p", "trainer.max_steps=1", "rl.ppo_epochs=2", "rl.mini_batches=2")) == 0

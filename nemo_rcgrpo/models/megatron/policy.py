@@ -117,6 +117,10 @@ class MegatronPolicy:
         if not dist.is_main:
             del hf_model
 
+    def layout(self, batch: MicroBatch) -> None:
+        """Every row runs in full (no prefix-once passes in this backend yet)."""
+        return None
+
     # ------------------------------------------------------------------ parallel layout
     def data_parallel(self) -> tuple[DistInfo, Callable]:
         """(this rank's place among data-parallel replicas, a sum over them of a float or, elementwise, of a

@@ -162,6 +162,11 @@ class _StepPolicy(_RecordingPolicy):
     def sync_hf_model(self):
         self.events.append("sync")
 
+    def layout(self, batch):  # shares what the rows of a micro-batch start with, as the torch backend does
+        from nemo_rcgrpo.models.shared_prefix import share_layout
+
+        return share_layout(batch.input_ids, batch.attention_mask)
+
 
 class _VersionedGenerator:
     """Records the version each weight update says the generator samples from."""
@@ -183,6 +188,7 @@ def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True):
         rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss),
         trainer=types.SimpleNamespace(micro_batch_size=2))
     trainer.updates, trainer.step = updates, step
+    trainer.flop_shape = (1000, 2, 8)
     trainer.tokenizer = types.SimpleNamespace(pad_token_id=0)
     events = []
     trainer.policy, trainer.generator = _StepPolicy(events, fuses), _VersionedGenerator(events)
@@ -227,6 +233,9 @@ def test_a_step_trains_then_hands_the_generator_the_next_version(updates, old_lo
         assert ratios == {"old"} and [old[0, 0].item() for _, old in given] == pytest.approx([-0.1, -0.2])
         assert metrics["entropy"] == pytest.approx(1.0)  # the old-logprob pass's: 1 per generated token
     assert metrics["tokens"] == 10.0 and metrics["updates"] == float(updates) and metrics["filter_rounds"] == 1.0
+    # micro-batches of rows of 3 and 4, then 5 and 6 tokens, each row the one before plus a 3: a pair's shorter row
+    # but its last token (its own) is computed once, 2 and then 4 tokens saved
+    assert metrics["prefix_tokens_saved"] == 6.0 and 0.0 < metrics["forward_flops_saved"] < 6 / 18
     assert metrics["reward_mean"] == 0.5 and metrics["loss"] == pytest.approx(1.0 if updates == 1 else 1.5)
     for key in ("logprob_seconds", "train_seconds", "weight_sync_seconds"):
         assert 0.0 <= metrics[key] < 60.0

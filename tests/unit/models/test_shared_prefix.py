@@ -1,0 +1,180 @@
+"""models/shared_prefix.py: the prefix-once passes give the unshared forward's logprobs, entropies and every
+parameter's gradient (float64 to 1e-10, float32 to 1e-5 relative), on tiny Llama and Qwen2 shapes."""
+
+import types
+
+import pytest
+import torch
+
+from nemo_rcgrpo.data.prefix_tree import group_layout
+from nemo_rcgrpo.models.torch_policy import token_logprobs
+
+
+def _group(seed, two_level=True):
+    """An RC-GRPO-like micro-batch: a 9-token prompt whose 4th token is the reward token (two values), then
+    rollouts of 3-7 tokens; two rows share their first generated tokens; right-padded [5, T] with its masks."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, 900, (9,), generator=g).tolist()
+    rows, masks = [], []
+    for r, n in enumerate([5, 3, 7, 4, 6]):
+        p = list(prompt)
+        if two_level:
+            p[3] = 950 + r % 2  # high / low
+        gen = torch.randint(3, 900, (n,), generator=g).tolist()
+        if r == 2:
+            gen[:2] = rows[0][len(p):len(p) + 2]  # shares two generated tokens with row 0 (same branch)
+        rows.append(p + gen)
+        masks.append([0] * len(p) + [1] * n)
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return rows, ids, attention, loss_mask
+
+
+def _float64(model):
+    """``model`` in float64 throughout: transformers' RMSNorm computes in float32 whatever the model's dtype
+    (its gradients then differ between any two graphs at 1e-7), so its norms here keep the input's dtype."""
+    def norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    model = model.double().eval()
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = types.MethodType(norm, m)
+    return model
+
+
+def _both(model, rows, ids, attention, loss_mask):
+    """(unshared, shared) logprobs, entropies and the flat gradient of sum(logprobs x weights)."""
+    weights = torch.linspace(-1.0, 2.0, ids.numel()).reshape(ids.shape).to(next(model.parameters()).dtype)
+    out = []
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        ent = []
+        if shared:
+            lp = token_logprobs(model, ids, attention, loss_mask, ent, layout=group_layout(rows))
+        else:
+            lp = token_logprobs(model, ids, attention, loss_mask, ent)
+        (lp * weights).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        out.append((lp.detach(), ent[0], grads))
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("two_level", [True, False])
+def test_float64_passes_equal_the_unshared_forward(name, two_level):
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model(name))
+    rows, ids, attention, loss_mask = _group(1, two_level)
+    layout = group_layout(rows)
+    assert layout.root == (3 if two_level else 9) and layout.shared_tokens > 0
+    (lp, ent, grad), (lp_s, ent_s, grad_s) = _both(model, rows, ids, attention, loss_mask)
+    assert (lp != 0).sum() == loss_mask[:, 1:].sum()  # every trained position, nothing else
+    assert torch.allclose(lp_s, lp, rtol=0, atol=1e-10)
+    assert torch.allclose(ent_s, ent, rtol=0, atol=1e-10)
+    assert grad.abs().max() > 0 and torch.allclose(grad_s, grad, rtol=0, atol=1e-10)
+
+
+def test_float32_passes_equal_the_unshared_forward_to_1e_5_relative():
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = load_model("tiny-llama").eval()
+    rows, ids, attention, loss_mask = _group(2)
+    (lp, ent, grad), (lp_s, ent_s, grad_s) = _both(model, rows, ids, attention, loss_mask)
+    assert torch.allclose(lp_s, lp, rtol=1e-5, atol=1e-6) and torch.allclose(ent_s, ent, rtol=1e-5, atol=1e-6)
+    assert (grad_s - grad).norm() <= 1e-5 * grad.norm()
+
+
+def test_rows_without_a_shared_prefix_still_give_the_unshared_forward():
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model("tiny-llama"))
+    rows = [[5, 6, 7, 8], [9, 10, 11]]  # nothing shared: no root, one branch per first token
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]])
+    loss_mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert group_layout(rows).root == 0
+    (lp, _, grad), (lp_s, _, grad_s) = _both(model, rows, ids, attention, loss_mask)
+    assert torch.allclose(lp_s, lp, rtol=0, atol=1e-10) and torch.allclose(grad_s, grad, rtol=0, atol=1e-10)
+
+
+def _policy(model, **trainer):
+    from nemo_rcgrpo.config_schema import TrainerConfig
+    from nemo_rcgrpo.models.torch_policy import TorchPolicy
+    from nemo_rcgrpo.utils.dist import DistInfo
+
+    gc = trainer.pop("gradient_checkpointing", False)
+    return TorchPolicy(model, TrainerConfig(lr=1e-2, warmup_steps=0, schedule="constant", **trainer), DistInfo(),
+                       total_steps=2, gradient_checkpointing=gc)
+
+
+def test_a_policy_update_is_the_same_with_sharing_on_and_off():
+    """TorchPolicy with trainer.share_prefix: the reference, old logprobs, entropies, loss records and the
+    weights after a GRPO step on a mixed-reward group equal the unshared policy's (float32, 1e-5 relative)."""
+    import copy
+
+    from nemo_rcgrpo.algorithms.losses import GRPOLoss
+    from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    base = load_model("tiny-llama")
+    rows, ids, attention, loss_mask = _group(3)
+    tokens = MicroBatch(ids, attention, loss_mask)
+    results = []
+    for share in (True, False):
+        policy = _policy(copy.deepcopy(base), share_prefix=share)
+        assert (policy.layout(tokens) is not None) is share
+        ref = policy.frozen_reference()(tokens)
+        old, ent = policy.logprobs(tokens, with_entropy=True)
+        batch = RLMicroBatch(ids, attention, loss_mask, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]),
+                             ref_logprobs=ref, sampler_logprobs=old.clone(), old_logprobs=old, first=0)
+        out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
+                                float(loss_mask.sum()), with_entropy=True)
+        weights = torch.cat([p.detach().reshape(-1) for p in policy.module.parameters()])
+        results.append((ref, old, ent, out, weights))
+    (ref, old, ent, out, w), (ref0, old0, ent0, out0, w0) = results
+    for a, b in ((ref, ref0), (old, old0), (ent, ent0), (out.entropy_sums[0], out0.entropy_sums[0])):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert out.stats[0].loss == pytest.approx(out0.stats[0].loss, rel=1e-5, abs=1e-7)
+    assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
+    assert (w - w0).norm() <= 1e-5 * (w0 - torch.cat([p.reshape(-1) for p in base.parameters()])).norm()
+
+
+def test_only_a_cache_that_keeps_every_key_is_shared():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nemo_rcgrpo.models.hf import load_model
+    from nemo_rcgrpo.models.shared_prefix import supports
+
+    assert supports(load_model("tiny-llama")) and supports(load_model("tiny-qwen2"))
+    config = AutoConfig.for_model("mistral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64, sliding_window=8)
+    assert not supports(AutoModelForCausalLM.from_config(config))  # its cache keeps only the last 8 keys
+    assert not supports(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (dict(share_prefix=True), True), (dict(share_prefix=False), False),
+    (dict(share_prefix=True, gradient_checkpointing=True), False),  # the KV cache is dropped in training
+])
+def test_where_a_policy_shares(setting, expected):
+    from nemo_rcgrpo.data.batch import MicroBatch
+    from nemo_rcgrpo.models.hf import load_model
+
+    policy = _policy(load_model("tiny-llama"), **setting)
+    rows, ids, attention, loss_mask = _group(4)
+    assert policy.share_prefix is expected
+    assert (policy.layout(MicroBatch(ids, attention, loss_mask)) is not None) is expected
+    if expected:  # rows that share nothing, or left padding, run in full
+        apart = MicroBatch(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long),
+                           torch.ones(2, 3, dtype=torch.long))
+        left = MicroBatch(torch.tensor([[0, 1, 2], [1, 1, 3]]), torch.tensor([[0, 1, 1], [1, 1, 1]]),
+                          torch.ones(2, 3, dtype=torch.long))
+        assert policy.layout(apart) is None and policy.layout(left) is None
