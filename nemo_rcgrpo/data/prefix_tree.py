@@ -59,6 +59,16 @@ class GroupLayout:
         return self.root + self.branches[self.branch_of(row)].length
 
     @property
+    def branch_width(self) -> int:
+        """Q: the longest branch part, the width every branch part is padded to in the branch pass."""
+        return max(b.length for b in self.branches)
+
+    @property
+    def suffix_width(self) -> int:
+        """S: the longest suffix, the width every suffix is padded to in the suffix pass."""
+        return max(n - self.suffix_start(r) for r, n in enumerate(self.lengths))
+
+    @property
     def shared_tokens(self) -> int:
         """The tokens the tree computes once that the unshared batch computes once per row."""
         unshared = sum(self.lengths)
@@ -94,18 +104,14 @@ def group_layout(rows: Sequence[Sequence[int]]) -> GroupLayout:
 def padded_tokens(layout: GroupLayout) -> int:
     """The positions the three passes run, padding included: the root, every branch part padded to the longest
     (Q), every suffix padded to the longest (S)."""
-    Q = max(b.length for b in layout.branches)
-    S = max(n - layout.suffix_start(r) for r, n in enumerate(layout.lengths))
-    return layout.root + len(layout.branches) * Q + len(layout.lengths) * S
+    return layout.root + len(layout.branches) * layout.branch_width + len(layout.lengths) * layout.suffix_width
 
 
 def hidden_index(layout: GroupLayout, width: int) -> torch.Tensor:
     """[B, width] long: for each row's position t, the row of the flat hidden states [root (R) | branch 0 part
     padded to the longest branch part (Q) | ... | suffix 0 padded to the longest suffix (S) | ...] that holds its
     hidden state (the layout `models/shared_prefix.py` runs). Positions past a row's length point at 0."""
-    R = layout.root
-    Q = max(b.length for b in layout.branches)
-    S = max(n - layout.suffix_start(r) for r, n in enumerate(layout.lengths))
+    R, Q, S = layout.root, layout.branch_width, layout.suffix_width
     out = torch.zeros(len(layout.lengths), width, dtype=torch.long)
     suffixes = R + len(layout.branches) * Q  # where the first suffix starts in the flat states
     for b, branch in enumerate(layout.branches):

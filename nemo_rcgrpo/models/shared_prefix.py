@@ -45,10 +45,8 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
     which row of it holds each (row, position)); ``input_ids`` [B, T] right-padded, rows as ``layout`` says."""
     decoder = model.get_decoder()
     device = input_ids.device
-    R, B = layout.root, len(layout.lengths)
-    Q = max(b.length for b in layout.branches)
+    R, B, Q, S = layout.root, len(layout.lengths), layout.branch_width, layout.suffix_width
     starts = [layout.suffix_start(r) for r in range(B)]
-    S = max(n - s for n, s in zip(layout.lengths, starts))
     cache = DynamicCache(config=model.config)
     parts = []
     past: torch.Tensor | None = None  # [rows of the cache, C]: which cached slots are real tokens
