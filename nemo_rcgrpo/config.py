@@ -182,6 +182,9 @@ class TrainConfig:
         for key, value in positive.items():
             if value is None or value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
+        budget = t.micro_batch_tokens
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+            raise ConfigError(f"trainer.micro_batch_tokens={budget!r}: must be an integer > 0 or null")
         if self.is_rl:
             self._validate_rl()
         else:
@@ -192,7 +195,10 @@ class TrainConfig:
             raise ConfigError(f"trainer.stop_after={t.stop_after}: must be > 0 or null")
         if t.max_steps is not None and t.max_steps <= 0:
             raise ConfigError(f"trainer.max_steps={t.max_steps}: must be > 0 or null")
-        if t.global_batch_size % t.micro_batch_size:
+        if budget is not None and not self.is_rl and budget < self.chat.max_length:
+            raise ConfigError(f"trainer.micro_batch_tokens={budget}: must be >= chat.max_length={self.chat.max_length} "
+                              "(an example is never split across micro-batches), or null")
+        if budget is None and t.global_batch_size % t.micro_batch_size:
             raise ConfigError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
                               f"trainer.micro_batch_size={t.micro_batch_size}")
         if t.warmup_steps < 0 or not 0.0 <= t.min_lr_ratio <= 1.0 or t.grad_clip < 0:
@@ -256,8 +262,12 @@ class TrainConfig:
                            "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens}.items():
             if value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
+        budget = self.trainer.micro_batch_tokens
+        if budget is not None and budget < rl.max_total_tokens:
+            raise ConfigError(f"trainer.micro_batch_tokens={budget}: must be >= rl.max_total_tokens="
+                              f"{rl.max_total_tokens} (a rollout is never split across micro-batches), or null")
         micro = -(-rl.tasks_per_step * rl.group_size // self.trainer.micro_batch_size)
-        if rl.mini_batches > micro:
+        if budget is None and rl.mini_batches > micro:
             raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
                               f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
         if rl.loss.tis_cap is not None and rl.loss.tis_cap <= 0:

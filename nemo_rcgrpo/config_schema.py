@@ -52,6 +52,9 @@ class TrainerConfig:
     stop_after: int | None = None  # end this invocation after N steps (time-boxed jobs); resume continues
     global_batch_size: int = 16  # sequences per optimizer step (across ranks)
     micro_batch_size: int = 1  # sequences per forward/backward
+    # micro-batches filled to this many forward positions instead (the prefix tree's, packed rows' or padded rows',
+    # as the policy runs them): in stage 2 whole groups where they fit, else rollouts; null: micro_batch_size each
+    micro_batch_tokens: int | None = None
     grad_clip: float = 1.0
     log_every: int = 1
     save_every: int = 50  # optimizer steps between checkpoints (and at the end)
@@ -63,6 +66,10 @@ class TrainerConfig:
     # shared prefix once (torch backend, one process; the same logprobs and gradients up to rounding): false runs
     # every row in full
     share_prefix: bool = True
+    # rows of a micro-batch run one after another as one sequence, without padding, where that runs fewer positions
+    # than the prefix tree and the padded rows (torch backend, one process, an attention that takes packed rows on
+    # its device: a varlen kernel, or sdpa / eager on CPU; the same logprobs and gradients up to rounding)
+    pack_sequences: bool = True
     export_hf: bool = True  # write run_dir/hf at the end
 
 

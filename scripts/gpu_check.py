@@ -16,6 +16,9 @@ Steps, in this order (each a subprocess with its own time limit; a failed step i
               same batches (scripts/bench/train_throughput.py, 4 x 8 sequences a step; target >= 0.9)
   d_resume    the Megatron RL step (its per-stage seconds), a sharded checkpoint at step 1, resumed to step 2
   c_rl_torch  one RC-GRPO step, HF generator on CUDA, torch backend: per-stage seconds
+  f_shared_prefix  one group (P = 5400, S = 300, G = 5) at the Llama-3.1-8B layer shape, 4 layers, bf16: the
+              training forward+backward with the prompt computed once against every row in full (time, peak
+              memory, the largest logprob difference; scripts/bench/shared_prefix_gpu.py)
 
 The limits add up to less than the deadline (the dry run checks it), so every step gets its turn; a step that
 ends early leaves its time to the rest. Results come back through the device tool's ``$OUT`` (the default
@@ -69,9 +72,9 @@ NO_LOGS = ["logging.tensorboard=false", "logging.progress=false", "logging.wandb
 IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.recipes.stage1", "nemo_rcgrpo.recipes.rl",
            "nemo_rcgrpo.prepare_data", "nemo_rcgrpo.models.megatron.policy", "nemo_rcgrpo.models.torch_policy",
            "nemo_rcgrpo.data.dataset", "nemo_rcgrpo.data.rl_tasks", "megatron.core", "bfcl_eval", "hydra",
-           "omegaconf", "antlr4", "safetensors", "datasets", "megatron_gpu", "train_throughput")
+           "omegaconf", "antlr4", "safetensors", "datasets", "megatron_gpu", "train_throughput", "shared_prefix_gpu")
 STEP_SCRIPTS = ("scripts/gpu_check.py", "scripts/gpu_machine.py", "scripts/bench/megatron_gpu.py",
-                "scripts/bench/train_throughput.py", "scripts/bench/_common.py")
+                "scripts/bench/train_throughput.py", "scripts/bench/_common.py", "scripts/bench/shared_prefix_gpu.py")
 VERSIONS = ("torch", "transformers", "triton", "pyarrow", "fsspec", "packaging", "datasets", "dill", "multiprocess",
             "megatron-core", "bfcl-eval", "hydra-core", "omegaconf", "safetensors", "accelerate", "numpy",
             "huggingface-hub", "tokenizers", "transformer-engine", "apex")
@@ -98,7 +101,7 @@ def plan(work: Path, rehearse: bool = False) -> list[dict]:
         {"name": "preflight", "limit": 40, "argv": [PY, str(Path(__file__).resolve()), "--preflight",
                                                     str(work / "preflight.json")]},
         {"name": "setup", "limit": 30, "argv": [PY, str(Path(__file__).resolve()), "--make-model", str(model)]},
-        {"name": "b_megatron", "limit": 130,
+        {"name": "b_megatron", "limit": 115,
          "argv": [PY, str(bench / "megatron_gpu.py"), *(megatron if cuda else ["--tiny"]),
                   "--json", str(work / "megatron_gpu.json")]},
         {"name": "a_stage1", "limit": 70, "recipe": "smoke_stage1", "overrides": stage1},
@@ -107,10 +110,13 @@ def plan(work: Path, rehearse: bool = False) -> list[dict]:
                   "bfloat16", "--device", "cuda" if cuda else "cpu", *throughput,
                   "--json", str(work / "train_throughput.json")]},
         # the Megatron RL step (per-stage seconds from its step 1), stopped after its checkpoint, then resumed
-        {"name": "d_resume", "limit": 130, "recipe": "smoke_rl", "overrides": [*resume, "trainer.stop_after=1"],
+        {"name": "d_resume", "limit": 115, "recipe": "smoke_rl", "overrides": [*resume, "trainer.stop_after=1"],
          "then": resume},
         {"name": "c_rl_torch", "limit": 60, "recipe": "smoke_rl",
          "overrides": [f"run_dir={work / 'rl_torch'}", "trainer.max_steps=1", "trainer.save_every=1", *rl]},
+        {"name": "f_shared_prefix", "limit": 30,
+         "argv": [PY, str(bench / "shared_prefix_gpu.py"), *([] if cuda else ["--tiny"]),
+                  "--json", str(work / "shared_prefix_gpu.json")]},
     ]
     for step in steps if rehearse else ():  # bf16 on 2 CPU cores is slow: the rehearsal checks mechanics, not time
         step["limit"] *= 15
@@ -245,6 +251,8 @@ def results(name: str, work: Path) -> dict:
         return _json(work / "megatron_gpu.json")
     if name == "e_torch_vs_bare":
         return _json(work / "train_throughput.json")
+    if name == "f_shared_prefix":
+        return _json(work / "shared_prefix_gpu.json")
     if name == "c_rl_torch":
         return {"step_1": _stage_seconds(work / "rl_torch")}
     if name == "d_resume":

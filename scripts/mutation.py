@@ -85,10 +85,13 @@ TARGETS: dict[str, Target] = {
                             "TrainConfig.validate", "TrainConfig._validate_stage1_dataset",
                             "TrainConfig._validate_megatron", "TrainConfig._validate_rl", "_choice"), glue=True),
     "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py", ("tests/unit/data/test_prefix_tree.py",)),
+    "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_packing.py",)),
+    "stage1_batches": Target("nemo_rcgrpo/recipes/stage1.py", ("tests/unit/recipes/test_stage1.py",),
+                             scope=("micro_batches_for_rank", "cost_of"), glue=True),
     "layout": Target("nemo_rcgrpo/layout.py", ("tests/unit/test_layout.py",), scope=("parallel_plan",), glue=True),
     "rl_recipe": Target("nemo_rcgrpo/recipes/rl.py", ("tests/unit/recipes/test_rl.py",),
                         scope=("step_rng", "eval_reward_token", "RLTrainer.train_step", "RLTrainer._mine", "RLTrainer._update",
-                               "RLTrainer._start"), glue=True),
+                               "RLTrainer._start", "RLTrainer._budget_ranges"), glue=True),
     "eval_token": Target("nemo_rcgrpo/evaluation/policies.py", ("tests/unit/evaluation/test_policies.py",),
                          scope=("conditioning",), glue=True),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
@@ -133,6 +136,15 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     ("prefix_tree", "step_savings",
      '"forward_flops_saved": 1.0 - shared / unshared if unshared > (1) else 0.0}', 1):
         "unshared is 0 (no micro-batch) or at least 2 N for one token of a model with parameters: never in (0, 1]",
+    ("packing", "positions", "return len(lengths) * max(lengths, default=(1))", 1):
+        "the default is read only for no rows, and then multiplied by len(lengths) = 0",
+    ("packing", "positions_saved",
+     "padded = sum(len(lengths) * max(lengths, default=(1)) for _, lengths in batches)", 1):
+        "the default is read only for a micro-batch of no rows, and then multiplied by its 0 rows",
+    ("packing", "choose_layout", "cost = len(rows) * max(lengths, default=(1))", 1):
+        "the default is read only for no rows, and then multiplied by len(rows) = 0",
+    ("packing", "choose_layout", "if share and (len(rows) >= 1):", 1):
+        "a one-row tree runs all of its row (every row keeps a token of its own): never fewer than B x T",
     ("reward", "compute_reward",
      "components = RewardInfo(value=(1.0), state_ok=state_ok, actions_ok=actions_ok, details=details)", 1):
         "the placeholder value is replaced: the registered reward reads only the components and details",

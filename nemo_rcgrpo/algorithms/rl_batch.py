@@ -24,11 +24,15 @@ from nemo_rcgrpo.rollout.multi_turn import Trajectory
 RolloutGroup = list[Trajectory]  # the G rollouts of one task (one group); advantages are taken within it
 
 
-def token_batches(trajs: Sequence[Trajectory], pad_id: int, micro: int) -> list[MicroBatch]:
-    """The rollouts' tokens as right-padded micro-batches of ``micro`` rollouts, in trajectory order (batch i holds
-    rollouts i * micro ...): what the reference and the policy score before the update."""
-    return [collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs[s:s + micro]], pad_id)
-            for s in range(0, len(trajs), micro)]
+def token_batches(trajs: Sequence[Trajectory], pad_id: int, micro: int,
+                  ranges: Sequence[tuple[int, int]] | None = None) -> list[MicroBatch]:
+    """The rollouts' tokens as right-padded micro-batches, in trajectory order: ``micro`` rollouts each (batch i
+    holds rollouts i * micro ...), or ``ranges``' [lo, hi) runs of rollouts (a token budget's,
+    `data/packing.py: budget_batches`): what the reference and the policy score before the update."""
+    if ranges is None:
+        ranges = [(s, min(s + micro, len(trajs))) for s in range(0, len(trajs), micro)]
+    return [collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs[lo:hi]], pad_id)
+            for lo, hi in ranges]
 
 
 def rl_micro_batch(tokens: MicroBatch, trajs: Sequence[Trajectory], first: int, flat_adv: torch.Tensor,

@@ -147,12 +147,12 @@ def layout_flops(layout: GroupLayout, params: int, layers: int, hidden: int) -> 
 
 def step_savings(batches: Sequence[tuple[GroupLayout | None, Sequence[int]]], params: int, layers: int,
                  hidden: int) -> dict[str, float]:
-    """What a step's prefix-once passes did not compute: ``batches`` holds each micro-batch's layout (None: its
-    rows ran in full) and row lengths. ``prefix_tokens_saved``: tokens computed once instead of once per row;
+    """What a step's prefix-once passes did not compute: ``batches`` holds each micro-batch's layout (a prefix tree;
+    anything else, None or packed rows, ran every row in full) and row lengths. ``prefix_tokens_saved``: tokens computed once instead of once per row;
     ``forward_flops_saved``: the share of the step's forward FLOPs (`layout_flops`) not spent."""
     saved, unshared, shared = 0, 0.0, 0.0
     for layout, lengths in batches:
-        if layout is None:
+        if not isinstance(layout, GroupLayout):
             full = forward_flops([(0, n) for n in lengths], params, layers, hidden)
             unshared, shared = unshared + full, shared + full
         else:

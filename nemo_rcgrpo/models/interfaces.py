@@ -2,8 +2,8 @@
 
 Stage 1 (`recipes/stage1.py`) and stage 2 (`recipes/rl.py`) drive a policy only through these methods,
 by way of `models/factory.py`. What a loop needs to know of a backend it asks the backend (its declared
-capabilities: ``module``, ``device``, ``fuses_old_logprobs``, ``distributed_rl``), never its name. Backends are
-registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
+capabilities: ``module``, ``device``, ``fuses_old_logprobs``, ``share_prefix``, ``packs``, ``distributed_rl``), never its
+name. Backends are registered by name (kind ``policy_backend``, setting ``policy.backend``): ``torch`` (`torch_policy.py`: one process or torchrun DDP) and
 ``megatron`` (`megatron/policy.py`: Megatron-Core TP x PP x DP). A batch is a frozen ``MicroBatch`` of [B, T] CPU
 tensors (`data/batch.py`; an RL step's is an ``RLMicroBatch``, with what the policy loss reads); a backend moves
 it to its device and hands it, as it got it, to the loss.
@@ -46,6 +46,10 @@ class Policy(Protocol):
     # with one update per batch the training forward pass gives the old logprobs (the detached current ones) and
     # the entropies: stage 2 runs no separate old-logprob pass
     fuses_old_logprobs: bool
+    # how its forward may run a micro-batch's rows besides padded (`data/packing.py: choose_layout`): what they
+    # share computed once (the prefix tree), and the rows packed as one sequence without padding
+    share_prefix: bool
+    packs: bool
     distributed_rl: bool  # stage 2 may run in several processes (torchrun)
     # every rank takes part in export_weights / export_meta / state_dict (Megatron at world size > 1)
     export_is_collective: bool
@@ -56,8 +60,8 @@ class Policy(Protocol):
         """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""
 
     def layout(self, batch: MicroBatch) -> Any:
-        """The micro-batch's prefix tree (`data/prefix_tree.py`: GroupLayout) where this policy computes the
-        rows' shared prefixes once, else None (every row in full)."""
+        """How the micro-batch's forward runs (`data/packing.py: Layout`): its prefix tree (GroupLayout), its rows
+        packed (Packed) or None (every row padded, in full); the same logprobs whichever runs."""
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float,
                    with_entropy: bool = False) -> TrainStepResult:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from nemo_rcgrpo.data.prefix_tree import GroupLayout, group_layout, hidden_index, padded_tokens
+from nemo_rcgrpo.data.packing import Layout, choose_layout
+from nemo_rcgrpo.data.prefix_tree import GroupLayout, hidden_index
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -94,13 +95,13 @@ def shared_trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, loss_
     return model.get_output_embeddings()(flat[index[rows, cols]]), (rows, cols)
 
 
-def share_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> GroupLayout | None:
-    """The prefix tree of a right-padded micro-batch ([B, T] ids and attention mask), or None where its rows are
-    not right-padded or the three passes would not run fewer positions, padding included, than the B x T of the
-    unshared forward (rows that share little)."""
+def share_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True,
+                 pack: bool = False) -> Layout:
+    """How a right-padded micro-batch ([B, T] ids and attention mask) runs: `data/packing.py: choose_layout` over
+    its rows (the prefix tree with ``share``, packed rows with ``pack``, whichever runs the fewest positions), or
+    None where its rows are not right-padded or neither runs fewer positions than the B x T of the padded forward."""
     lengths = attention_mask.sum(1)
-    if not torch.equal(attention_mask.bool(), torch.arange(input_ids.shape[1], device=lengths.device)[None]
-                       < lengths[:, None]) or bool((lengths == 0).any()):
+    if not (share or pack) or not torch.equal(attention_mask.bool(), torch.arange(
+            input_ids.shape[1], device=lengths.device)[None] < lengths[:, None]) or bool((lengths == 0).any()):
         return None
-    layout = group_layout([row[:n].tolist() for row, n in zip(input_ids, lengths.tolist())])
-    return layout if padded_tokens(layout) < input_ids.numel() else None
+    return choose_layout([row[:n].tolist() for row, n in zip(input_ids, lengths.tolist())], share, pack)

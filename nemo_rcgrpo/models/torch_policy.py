@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nemo_rcgrpo.data.prefix_tree import GroupLayout
+from nemo_rcgrpo.data.packing import Layout, Packed
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
+from nemo_rcgrpo.models.packed import packed_trained_logits, packs
 from nemo_rcgrpo.models.shared_prefix import share_layout, shared_trained_logits, supports
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
@@ -113,7 +114,7 @@ def _entropies(logits: torch.Tensor) -> torch.Tensor:
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor | None = None, entropy_out: list | None = None,
-                   layout: GroupLayout | None = None) -> torch.Tensor:
+                   layout: Layout = None) -> torch.Tensor:
     """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
 
     With ``loss_mask`` [B, T], logits are computed only where they are needed (the output layer over a
@@ -122,8 +123,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     (``logits_to_keep``); positions not computed are 0.
     ``entropy_out`` (with ``loss_mask``): a list that receives the [B, T] entropies of the same forward pass
     (no gradient), so a training step needs no separate pass for them.
-    ``layout`` (with ``loss_mask``, a model that gathers, not DDP-wrapped): the rows' prefix tree; the shared
-    prefixes are computed once (`models/shared_prefix.py`) and the result is the same grid.
+    ``layout`` (with ``loss_mask``, a model that gathers, not DDP-wrapped): the rows' prefix tree, whose shared
+    prefixes are computed once (`models/shared_prefix.py`), or ``Packed`` rows run as one sequence without
+    padding (`models/packed.py`); the result is the same grid.
     """
     targets = input_ids[:, 1:]  # [B, T-1]
     if loss_mask is None and isinstance(model.module if isinstance(model, DDP) else model, PositionHead):
@@ -134,7 +136,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         lp = lp.view(targets.shape)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
     if layout is not None:
-        logits, where = shared_trained_logits(model, input_ids, loss_mask, layout)
+        run = packed_trained_logits if isinstance(layout, Packed) else shared_trained_logits
+        logits, where = run(model, input_ids, loss_mask, layout)
         gathered = fp32_at_least(logits), where
     else:
         gathered = _trained_logits(model, input_ids, attention_mask, loss_mask)
@@ -164,7 +167,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 @torch.no_grad()
 def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         loss_mask: torch.Tensor, layout: GroupLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         loss_mask: torch.Tensor, layout: Layout = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] token logprobs and [B, T] entropies of the predictive distribution, at masked positions."""
     out: list[torch.Tensor] = []
     lp = token_logprobs(model, input_ids, attention_mask, loss_mask, out, layout)
@@ -205,10 +208,16 @@ class TorchPolicy:
         # apart and whose cache keeps every key and value, its KV cache kept (gradient checkpointing drops it)
         self.share_prefix = (trainer.share_prefix and dist.world_size == 1 and gathers(self.module)
                              and supports(self.module) and not gradient_checkpointing)
+        # packed rows (trainer.pack_sequences): one process, a model that gathers, and an attention that takes
+        # packed rows on this device (`models/packed.py: packs`: a varlen kernel, or a dense block mask on CPU)
+        attention = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
+        self.packs = (trainer.pack_sequences and dist.world_size == 1 and gathers(self.module)
+                      and supports(self.module) and packs(dist.device.type, attention))
 
-    def layout(self, batch: MicroBatch) -> GroupLayout | None:
-        """The micro-batch's prefix tree where this policy computes shared prefixes once, else None."""
-        return share_layout(batch.input_ids, batch.attention_mask) if self.share_prefix else None
+    def layout(self, batch: MicroBatch) -> Layout:
+        """How the micro-batch's forward runs: its prefix tree, its rows packed, or None (every row padded), the
+        one of those this policy can run that runs the fewest positions (`data/packing.py: choose_layout`)."""
+        return share_layout(batch.input_ids, batch.attention_mask, self.share_prefix, self.packs)
 
     @torch.no_grad()
     def logprobs(self, batch: MicroBatch, with_entropy: bool = False):

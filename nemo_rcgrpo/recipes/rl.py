@@ -39,6 +39,7 @@ import torch
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.data.packing import budget_batches, forward_cost, positions_saved
 from nemo_rcgrpo.data.prefix_tree import step_savings
 from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
                                              write_rollouts)
@@ -166,10 +167,12 @@ class RLTrainer:
         rl = self.cfg.rl
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        tokens = token_batches(trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size)
-        # the prefixes the policy computes once (a group's prompt shared by the rows of a micro-batch)
-        savings = step_savings([(self.policy.layout(b), b.attention_mask.sum(1).tolist()) for b in tokens],
-                               *self.flop_shape)
+        tokens = token_batches(trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size,
+                               self._budget_ranges(trajs))
+        # how the policy runs each micro-batch: a group's prompt shared by its rows computed once, rows packed
+        layouts = [(self.policy.layout(b), b.attention_mask.sum(1).tolist()) for b in tokens]
+        savings = step_savings(layouts, *self.flop_shape)
+        savings.update(forward_positions_saved=positions_saved(layouts), micro_batches=float(len(tokens)))
         # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
         # and the entropies come from that pass too (torch backend): no separate old-logprob pass
         fused = self.updates == 1 and rl.old_logprobs == "auto" and self.policy.fuses_old_logprobs
@@ -190,6 +193,17 @@ class RLTrainer:
         metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
                        weight_sync_seconds=sync_seconds, **savings)
         return metrics
+
+    def _budget_ranges(self, trajs: list) -> list[tuple[int, int]] | None:
+        """With ``trainer.micro_batch_tokens``: the step's micro-batches as runs of rollouts filled to that many forward
+        positions, counted as the policy runs them (prefix tree, packed or padded rows); None without it."""
+        budget = self.cfg.trainer.micro_batch_tokens
+        if budget is None:
+            return None
+        seqs = [t.token_ids for t in trajs]
+        share, pack = self.policy.share_prefix, self.policy.packs
+        return budget_batches(len(trajs), self.cfg.rl.group_size, budget,
+                              lambda lo, hi: forward_cost(seqs[lo:hi], share, pack))
 
     def _mine(self, indices) -> list[int]:
         """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the

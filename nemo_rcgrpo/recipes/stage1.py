@@ -22,6 +22,7 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.packing import budget_batches, forward_cost
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -32,12 +33,35 @@ from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import training_record
 
 
-def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int):
-    """Split a global batch (sorted by length) into micro-batches; rank r takes every world_size-th."""
+def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int,
+                           budget: int | None = None, share: bool = False, pack: bool = False):
+    """Split a global batch (sorted by length) into micro-batches of ``micro`` examples, or filled to ``budget``
+    forward positions as the policy runs them (its prefix tree with ``share``, packed rows with ``pack``); rank r
+    takes every world_size-th. Under a budget the count is made a multiple of the world size (the largest
+    micro-batches split in two), so every replica runs as many forward and backward passes."""
     ordered = sorted(batch, key=lambda i: len(examples[i]))
-    groups = [ordered[s:s + micro] for s in range(0, len(ordered), micro)]
+    if budget is None:
+        groups = [ordered[s:s + micro] for s in range(0, len(ordered), micro)]
+    else:
+        def cost(lo: int, hi: int) -> int:
+            return forward_cost([examples[i].ids for i in ordered[lo:hi]], share, pack)
+
+        groups = [ordered[lo:hi] for lo, hi in budget_batches(len(ordered), 1, budget, cost)]
+        while len(groups) % dist.world_size:  # split the costliest micro-batch of two rows or more in two, in place
+            splittable = [j for j, g in enumerate(groups) if len(g) > 1]
+            if not splittable:
+                raise ValueError(f"{len(batch)} examples cannot give each of {dist.world_size} data-parallel "
+                                 "replicas as many micro-batches")
+            k = max(splittable, key=lambda j: cost_of(groups[j], examples))
+            g = groups.pop(k)
+            groups[k:k] = [g[:len(g) // 2], g[len(g) // 2:]]
     mine = groups[dist.rank::dist.world_size]
     return [collate([examples[i] for i in g], pad_id) for g in mine], groups
+
+
+def cost_of(group: list[int], examples: list[Example]) -> int:
+    """The padded positions of a micro-batch of ``examples[group]`` (B x T): which to split first."""
+    return len(group) * max(len(examples[i]) for i in group)
 
 
 def run_stage1(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:
@@ -75,9 +99,11 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
         record["reward_goal"] = dataclasses.asdict(goal)
     policy = make_policy(cfg.policy_build(), model, dist, total_steps)
     data_dist, dp_sum = policy.data_parallel()  # megatron: the TP x PP ranks of a replica share micro-batches
-    if t.global_batch_size % (t.micro_batch_size * data_dist.world_size):
-        raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of micro_batch_size x "
-                         f"data-parallel size = {t.micro_batch_size * data_dist.world_size}")
+    per = t.micro_batch_size if t.micro_batch_tokens is None else 1  # a token budget: at least one example a replica
+    if t.global_batch_size % (per * data_dist.world_size):
+        raise ValueError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
+                         + ("micro_batch_size x " if t.micro_batch_tokens is None else "")
+                         + f"data-parallel size = {per * data_dist.world_size}")
 
     ckpt, ts = open_run(cfg, dist, policy, fingerprint)
     start_step, tokens_seen = ts.get("step", 0), ts.get("tokens_seen", 0)
@@ -99,7 +125,8 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             if epoch != batches_epoch:
                 batches = epoch_batches([len(e) for e in examples], t.global_batch_size, cfg.seed, epoch, t.bucket_by_length)
                 batches_epoch = epoch
-            mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id)
+            mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id,
+                                                  t.micro_batch_tokens, policy.share_prefix, policy.packs)
             num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
             started = time.perf_counter()
             result = policy.train_step(mine, sft_loss, num_valid)
@@ -109,7 +136,8 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             tokens_seen += int(step_tokens)
             last = {"loss": nll / num_valid, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
-                    "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen}
+                    "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen,
+                    "micro_batches": float(len(groups))}
             loop.end_step(step, last, log=step % t.log_every == 0,
                           trainer_state={"tokens_seen": tokens_seen, "epoch": epoch})
             loop.bar.set_postfix(loss=f"{last['loss']:.4f}")

@@ -36,9 +36,10 @@ RESUME_FREE = (
     "generation.vllm.startup_timeout", "generation.vllm.request_timeout", "generation.vllm.max_retries",
     "generation.vllm.max_concurrency",
     # how the same tokens are generated and scored (prefixes shared or not: the same up to rounding)
-    "generation.share_prefixes", "trainer.share_prefix",
+    "generation.share_prefixes", "trainer.share_prefix", "trainer.pack_sequences",
     # how the same computation is laid out (checkpoints reshard to another TP x PP x DP)
     "policy.megatron.tp", "policy.megatron.pp", "policy.megatron.recompute", "layout", "trainer.micro_batch_size",
+    "trainer.micro_batch_tokens",
 )
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval", "generator", "data_stats.json",
                "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json", "run.log")

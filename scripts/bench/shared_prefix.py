@@ -10,10 +10,12 @@ both, so the ratio is the training FLOPs' too):
   token ids, counted at the 8B size and at SmolLM2-135M's.
 
 Measured (CPU, this machine): the training part of an RC-GRPO step (the reference pass and the update, whose own
-pass gives the ratio and the entropies) on those rollouts with SmolLM2-135M, one group per micro-batch, sharing
-on and off, alternating, each from the same weights and optimizer state.
+pass gives the ratio and the entropies) on those rollouts with SmolLM2-135M, each side in a process of its own
+(its peak memory, ru_maxrss, is its own), from the same weights and optimizer state: the prompt once (one group
+per micro-batch, the prefix tree) against every row in full, one rollout per micro-batch (the unshared path at
+the group's micro-batch, five 5.7k-token rows padded, does not fit this machine's 24 GB: it ran out of memory).
 
-Usage: python scripts/bench/shared_prefix.py [--repeats 1] [--tasks 2] [--out docs/benchmarks.md]
+Usage: python scripts/bench/shared_prefix.py [--repeats 1] [--tasks 1] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import json
 import platform
 import random
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -63,7 +68,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", type=Path, default=Path("outputs/bench/data_shared_prefix"))
-    p.add_argument("--tasks", type=int, default=2, help="groups of G=5 in the measured batch")
+    p.add_argument("--tasks", type=int, default=1, help="groups of G=5 in the measured batch")
+    p.add_argument("--side", choices=("full", "shared"), help=argparse.SUPPRESS)  # one measured side (a subprocess)
     p.add_argument("--repeats", type=int, default=1,
                    help="measured training parts per side (after a warm-up); 0: the counted part only")
     p.add_argument("--max-total-tokens", type=int, default=4096, help="a rollout's context budget")
@@ -77,20 +83,47 @@ def main() -> int:
                  "rl.sampling.max_new_tokens=256", f"rl.tasks_per_step={args.tasks}", "trainer.micro_batch_size=5",
                  "trainer.global_batch_size=10",
                  "logging.progress=false", "logging.tensorboard=false"]
+    if args.side:
+        overrides.append("trainer.micro_batch_size=1" if args.side == "full" else "trainer.micro_batch_size=5")
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
     rollouts = trainer.collect(random.Random(0))
     groups, stats = rollouts.groups, rollouts.stats
     rewards, adv = trainer.advantages(groups)
+    if args.side:
+        return measure_side(args, trainer, groups, rewards, adv, stats)
     layouts = [group_layout([t.token_ids for t in g]) for g in groups]
     smol = trainer.flop_shape
     rows = counted(args, groups, layouts, smol)
     if args.repeats:
-        rows += measured(args, cfg, trainer, groups, rewards, adv, stats)
+        rows += measured(args, cfg, groups)
     else:
         rows += ["", "The training part was not measured in this run (`--repeats 0`)."]
     rows.append(END)
     return emit(rows, args.out, START, END)
+
+
+def peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def measure_side(args, trainer, groups, rewards, adv, stats) -> int:
+    """One side's training parts (``--repeats`` of them, each from the same state): seconds, metrics, peak memory
+    before and after, printed as one JSON line."""
+    policy = trainer.policy
+    policy.share_prefix, policy.packs = args.side == "shared", False  # the tree against padded rows
+    state = copy.deepcopy(policy.state_dict())  # each repeat starts from it (the live tensors change)
+    before = peak_gib()
+    runs = []
+    for _ in range(args.repeats):
+        policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
+        runs.append(trainer.train_step(groups, rewards, adv, dict(stats)))
+    keys = ("logprob_seconds", "train_seconds", "loss", "entropy", "grad_norm", "micro_batches", "forward_flops_saved")
+    out = {k: statistics.median(m[k] for m in runs) for k in keys}
+    out.update(side=args.side, micro_batch_size=trainer.cfg.trainer.micro_batch_size, peak_before_gib=before,
+               peak_gib=peak_gib())
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
 
 
 def counted(args, groups, layouts, smol) -> list[str]:
@@ -116,40 +149,45 @@ def counted(args, groups, layouts, smol) -> list[str]:
     return rows
 
 
-def measured(args, cfg, trainer, groups, rewards, adv, stats) -> list[str]:
-    initial = copy.deepcopy(trainer.policy.state_dict())
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    for rep in range(args.repeats + 1):  # the first round warms up both sides
-        for share in (False, True) if rep % 2 == 0 else (True, False):
-            trainer.policy.share_prefix = share
-            trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
-            metrics = trainer.train_step(groups, rewards, adv, dict(stats))
-            if rep:
-                runs[share].append(metrics)
-    med = {share: {k: statistics.median(m[k] for m in rs) for k in ("logprob_seconds", "train_seconds", "loss",
-                                                                   "entropy", "grad_norm")}
-           for share, rs in runs.items()}
+def measured(args, cfg, groups) -> list[str]:
+    """Each side in a process of its own (alternating order over ``--repeats`` is not needed: one process each)."""
+    med = {}
+    for side in ("full", "shared"):
+        argv = [sys.executable, __file__, "--side", side, "--model", args.model, "--data", str(args.data),
+                "--tasks", str(args.tasks), "--repeats", str(args.repeats),
+                "--max-total-tokens", str(args.max_total_tokens)]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return ["", f"Measured: the {side} side failed (exit {proc.returncode}): {' / '.join(tail)}"]
+        med[side] = json.loads(lines[-1][len("RESULT "):])
     for m in med.values():
         m["total"] = m["logprob_seconds"] + m["train_seconds"]
-    ratio = med[True]["total"] / med[False]["total"]
-    rows = ["", f"Measured: the training part of an RC-GRPO step (reference pass + update) on {len(groups)} groups of "
+    ratio = med["shared"]["total"] / med["full"]["total"]
+    rows = ["", f"Measured: the training part of an RC-GRPO step (reference pass + update) on {len(groups)} group(s) of "
              f"G={cfg.rl.group_size} BFCL rollouts (full tool documentation, stratified reward tokens, scripted "
              f"generator, mean reward {statistics.mean(t.reward for g in groups for t in g):.2f}), {args.model} fp32, "
-             f"one group per micro-batch, {args.repeats} measured step(s) per side after a warm-up each, alternating, "
-             "each from the same weights and optimizer state.", "",
-             "| side | reference pass (s) | update (s) | training part (s) | ratio |", "|---|---:|---:|---:|---:|"]
-    for share, label in ((False, "every row in full (trainer.share_prefix=false)"),
-                         (True, "prefixes once (trainer.share_prefix=true)")):
-        m = med[share]
-        rows.append(f"| {label} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | {m['total']:.1f} | "
-                    f"{m['total'] / med[False]['total']:.2f} |")
-    same = abs(med[True]["loss"] - med[False]["loss"]) <= 1e-5 * max(1.0, abs(med[False]["loss"])) and \
-        abs(med[True]["entropy"] - med[False]["entropy"]) <= 1e-4
-    rows += ["", f"Same update on both sides: {'yes' if same else 'NO'} (loss {med[True]['loss']:.7f} vs "
-             f"{med[False]['loss']:.7f}, entropy {med[True]['entropy']:.5f} vs {med[False]['entropy']:.5f}, grad norm "
-             f"{med[True]['grad_norm']:.6f} vs {med[False]['grad_norm']:.6f}).", "",
+             f"the median of {args.repeats} step(s) per side, each side in its own process from the same weights and "
+             "optimizer state; peak memory: the process's peak resident set (ru_maxrss) after the training parts, "
+             "and before them (model, rollouts).", "",
+             "| side | micro-batches | reference pass (s) | update (s) | training part (s) | ratio | peak before (GiB) "
+             "| peak (GiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for side, label in (("full", "every row in full, one rollout per micro-batch (trainer.share_prefix=false)"),
+                        ("shared", "the prompt once, one group per micro-batch (trainer.share_prefix=true)")):
+        m = med[side]
+        rows.append(f"| {label} | {m['micro_batches']:.0f} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | "
+                    f"{m['total']:.1f} | {m['total'] / med['full']['total']:.2f} | {m['peak_before_gib']:.1f} | "
+                    f"{m['peak_gib']:.1f} |")
+    a, b = med["shared"], med["full"]
+    same = abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) and abs(a["entropy"] - b["entropy"]) <= 1e-4
+    rows += ["", f"Same update on both sides: {'yes' if same else 'NO'} (loss {a['loss']:.7f} vs {b['loss']:.7f}, "
+             f"entropy {a['entropy']:.5f} vs {b['entropy']:.5f}, grad norm {a['grad_norm']:.6f} vs "
+             f"{b['grad_norm']:.6f}).", "",
              f"Goal: the training part at most {TIME_GOAL}x the unshared one: "
-             f"{'met' if ratio <= TIME_GOAL else 'NOT met'} ({ratio:.2f}x). Peak memory is not measured here."]
+             f"{'met' if ratio <= TIME_GOAL else 'NOT met'} ({ratio:.2f}x); peak memory "
+             f"{'lower' if a['peak_gib'] < b['peak_gib'] else 'NOT lower'} ({a['peak_gib']:.1f} against "
+             f"{b['peak_gib']:.1f} GiB)."]
     return rows
 
 

@@ -75,8 +75,10 @@ def main() -> int:
 
     bare_model = copy.deepcopy(model).to(device).train()
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
-    # the same work as the bare loop: every row in full (trainer.share_prefix would run shared prompts once)
-    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant", share_prefix=False),
+    # the same work as the bare loop: every row padded, in full (trainer.share_prefix would run shared prompts
+    # once, trainer.pack_sequences the rows without padding)
+    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant", share_prefix=False,
+                                              pack_sequences=False),
                          DistInfo(device=device), 100)
 
     def bare_step(mbs):

@@ -244,17 +244,24 @@ def test_the_loop_asks_the_policy_whether_it_fuses_the_old_logprob_pass(data_dir
     assert b["loss"] == pytest.approx(a["loss"], abs=1e-7) and b["entropy"] == pytest.approx(a["entropy"], rel=1e-6)
 
 
-def test_a_step_is_the_same_with_shared_prefixes_on_and_off(data_dir, tmp_path, uninterrupted):
+def test_a_step_is_the_same_with_shared_prefixes_packing_and_a_token_budget(data_dir, tmp_path, uninterrupted):
     """The scripted generator's mixed-reward groups, two rollouts a micro-batch: the run computes each pair's
-    shared prompt once (trainer.share_prefix, the default) and logs what that saved; with it off every row runs in
-    full, the rollouts are the same and the update equals it (float32 rounding)."""
-    assert main(_args(data_dir, tmp_path / "full", "trainer.max_steps=1", "trainer.share_prefix=false")) == 0
-    a, b = read_metrics(uninterrupted)[0], read_metrics(tmp_path / "full")[0]
+    shared prompt once (trainer.share_prefix, the default) and logs what that saved. With sharing and packing off
+    every row runs padded, in full; with micro-batches filled to trainer.micro_batch_tokens whole groups of 4 run
+    together. The rollouts are the same and the update equals the default's (float32 rounding)."""
+    assert main(_args(data_dir, tmp_path / "full", "trainer.max_steps=1", "trainer.share_prefix=false",
+                      "trainer.pack_sequences=false")) == 0
+    assert main(_args(data_dir, tmp_path / "budget", "trainer.max_steps=1", "trainer.micro_batch_tokens=8192")) == 0
+    a, b, c = (read_metrics(d)[0] for d in (uninterrupted, tmp_path / "full", tmp_path / "budget"))
     assert a["prefix_tokens_saved"] > 0 and 0.1 < a["forward_flops_saved"] < 1.0
-    assert b["prefix_tokens_saved"] == 0.0 and b["forward_flops_saved"] == 0.0
-    assert _dump(uninterrupted, 1) == _dump(tmp_path / "full", 1) and 0.0 < a["reward_mean"] < 1.0
+    assert b["prefix_tokens_saved"] == 0.0 and b["forward_flops_saved"] == 0.0 and b["forward_positions_saved"] == 0.0
+    assert a["micro_batches"] == 4.0 and c["micro_batches"] == 2.0  # a group of 4 shares its prompt in 8192
+    assert c["forward_flops_saved"] > a["forward_flops_saved"] and c["prefix_tokens_saved"] > a["prefix_tokens_saved"]
+    assert _dump(uninterrupted, 1) == _dump(tmp_path / "full", 1) == _dump(tmp_path / "budget", 1)
+    assert 0.0 < a["reward_mean"] < 1.0
     for key in ("loss", "kl", "grad_norm", "entropy", "entropy_seq_mean", "clip_fraction", "sampler_logprob_abs_diff"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+        assert c[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
 def test_epochs_and_mini_batches(data_dir, tmp_path):
@@ -437,6 +444,13 @@ def _recorded(run_dir) -> dict:
     return {"metrics": metrics, "dumps": dumps}
 
 
+def _tolerance(metric: str) -> dict:
+    """Float rounding for every metric but the entropy-reward correlations: over 8 rollouts of a tiny random model
+    whose mean entropies lie close together they are ill-conditioned (the same code on two fresh installs of this
+    machine's pinned packages moved them by up to 0.015 while every other metric agreed to 1e-6)."""
+    return dict(rel=0, abs=0.05) if metric.startswith("entropy_reward_corr") else dict(rel=1e-6, abs=1e-9)
+
+
 def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
     """The CPU RL step as recorded in tests/data/golden/rl_steps.json: the default run (one fused update per step)
     and a variant with old logprobs recomputed, two epochs x two mini-batches, sequence aggregation, truncated IS
@@ -451,7 +465,8 @@ def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
     for run in ("default", "variant"):
         assert got[run]["dumps"] == want[run]["dumps"], run
         assert len(got[run]["metrics"]) == len(want[run]["metrics"])
+        off = []  # every metric off, so a failure shows the whole difference at once
         for step, (g, w) in enumerate(zip(got[run]["metrics"], want[run]["metrics"]), 1):
-            assert g.keys() == w.keys(), (run, step, set(g) ^ set(w))
-            for k in w:
-                assert g[k] == pytest.approx(w[k], rel=1e-6, abs=1e-9), (run, step, k)
+            off += [(step, k, g[k], w[k]) for k in w if k in g and g[k] != pytest.approx(w[k], **_tolerance(k))]
+            off += [(step, k, "only one side has it") for k in set(g) ^ set(w)]
+        assert not off, (run, off)

@@ -50,6 +50,21 @@ def test_three_steps_metrics_checkpoint_export(data_dir, tmp_path):
         assert (record["stage"], record["reward_conditioned"], record["init"]) == ("rctp", True, "tiny-qwen2")
 
 
+def test_a_token_budget_trains_the_same_steps_as_single_example_micro_batches(data_dir, tmp_path):
+    """trainer.micro_batch_tokens: the global batch of 4 runs in micro-batches filled to 3600 positions (its rows
+    packed or their shared system prompt run once) and each step's loss and gradient norm equal those of four
+    single-example micro-batches (the loss is normalised over the whole batch)."""
+    from nemo_rcgrpo.train import main
+
+    common = ("trainer.max_steps=2", "trainer.global_batch_size=4", "trainer.export_hf=false")
+    assert main(_args(data_dir, tmp_path / "one", *common)) == 0
+    assert main(_args(data_dir, tmp_path / "budget", *common, "trainer.micro_batch_tokens=3600")) == 0
+    for a, b in zip(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "budget"), strict=True):
+        assert a["micro_batches"] == 4.0 and b["micro_batches"] < 4.0
+        assert a["tokens"] == b["tokens"] and b["tokens_total"] == a["tokens_total"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
 def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     from nemo_rcgrpo.train import main
 

@@ -201,6 +201,13 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "rl.loss.clip_high=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.clip_high=0"),
     ([], "rl.loss.kl_beta=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.kl_beta=0"),
     ([], "trainer.max_steps=null", "stage=rcgrpo needs trainer.max_steps (RL steps)", None),
+    ([], "trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens=0: must be an integer > 0 or null", None),
+    ([], "trainer.micro_batch_tokens=2.5", "trainer.micro_batch_tokens=2.5 must be an integer or null", None),
+    (["rl.max_total_tokens=4096"], "trainer.micro_batch_tokens=4095", "trainer.micro_batch_tokens=4095: must be >= "
+     "rl.max_total_tokens=4096 (a rollout is never split", "trainer.micro_batch_tokens=4096"),
+    # a token budget decides the micro-batches at each step: no count to check rl.mini_batches against
+    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096"], "rl.mini_batches=0",
+     "rl.mini_batches=0: must be an integer >= 1", "rl.mini_batches=11"),
 ]
 
 
@@ -252,6 +259,19 @@ def test_a_stage_1_dataset_must_match_the_stages_conditioning(overrides, message
         TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", overrides))
     assert str(e.value).startswith(message), str(e.value)
     TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", [overrides[0], "data.dataset=null"]))
+
+
+def test_a_stage_1_token_budget_holds_the_longest_example():
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", ["chat.max_length=900", "trainer.micro_batch_tokens=899"]))
+    assert str(e.value) == ("trainer.micro_batch_tokens=899: must be >= chat.max_length=900 (an example is never split "
+                            "across micro-batches), or null")
+    # the budget replaces the micro-batch count: global_batch_size need not be a multiple of micro_batch_size
+    TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", ["chat.max_length=900", "trainer.micro_batch_tokens=900",
+                                                            "trainer.global_batch_size=3", "trainer.micro_batch_size=2"]))
 
 
 def test_a_model_parallel_run_started_by_hand_is_not_held_to_the_layouts_gpus():

@@ -162,6 +162,8 @@ class _StepPolicy(_RecordingPolicy):
     def sync_hf_model(self):
         self.events.append("sync")
 
+    share_prefix, packs = True, False
+
     def layout(self, batch):  # shares what the rows of a micro-batch start with, as the torch backend does
         from nemo_rcgrpo.models.shared_prefix import share_layout
 
@@ -179,14 +181,16 @@ class _VersionedGenerator:
         self.versions.append(version)
 
 
-def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True):
-    """An RLTrainer after ``step`` steps, with a recording policy and a generator that shares its weights."""
+def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True, budget=None):
+    """An RLTrainer after ``step`` steps, with a recording policy and a generator that shares its weights; groups
+    of 2, micro-batches of 2 rollouts or filled to ``budget`` positions (trainer.micro_batch_tokens)."""
     trainer = RLTrainer.__new__(RLTrainer)
     loss = types.SimpleNamespace(clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token",
                                  tis_cap=None, policy_loss="clipped")
     trainer.cfg = types.SimpleNamespace(
-        rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss),
-        trainer=types.SimpleNamespace(micro_batch_size=2))
+        rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss,
+                                 group_size=2),
+        trainer=types.SimpleNamespace(micro_batch_size=2, micro_batch_tokens=budget))
     trainer.updates, trainer.step = updates, step
     trainer.flop_shape = (1000, 2, 8)
     trainer.tokenizer = types.SimpleNamespace(pad_token_id=0)
@@ -239,6 +243,25 @@ def test_a_step_trains_then_hands_the_generator_the_next_version(updates, old_lo
     assert metrics["reward_mean"] == 0.5 and metrics["loss"] == pytest.approx(1.0 if updates == 1 else 1.5)
     for key in ("logprob_seconds", "train_seconds", "weight_sync_seconds"):
         assert 0.0 <= metrics[key] < 60.0
+
+
+@pytest.mark.parametrize("budget, firsts", [
+    (18, [0]),  # both groups in one micro-batch: the tree's root 2 + 4 suffixes of 4 = 18 positions
+    (10, [0, 2]),  # one group each (6 and 8 positions)
+    (7, [0, 2, 3]),  # the second group (8) fits neither beside the first nor alone: one rollout each
+])
+def test_micro_batches_filled_to_a_token_budget_counted_as_the_policy_runs_them(budget, firsts):
+    """trainer.micro_batch_tokens: the micro-batches are runs of rollouts filled to the budget, whole groups where they
+    fit, counted through the policy's prefix tree; the tokens, the normaliser and the metrics see the same rows."""
+    trainer, _ = _step_trainer(0, budget=budget)
+    adv = torch.tensor([[-1.0, 1.0], [-1.0, 1.0]])
+    metrics = trainer.train_step(_groups(), torch.tensor([[0.0, 1.0], [0.0, 1.0]]), adv, {})
+    assert [f for f, _ in trainer.policy.given[0]] == firsts
+    assert trainer.policy.calls[0][1] == 10.0 and trainer.policy.calls[0][2] == 4.0  # tokens and sequences
+    assert metrics["tokens"] == 10.0 and metrics["micro_batches"] == float(len(firsts))
+    # positions run against the padded micro-batches' B x T (one micro-batch: 18 of 24)
+    if budget == 18:
+        assert metrics["forward_positions_saved"] == pytest.approx(1 - 18 / 24)
 
 
 @pytest.mark.parametrize("resumed", [0, 7])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-ORDER = ["preflight", "setup", "b_megatron", "a_stage1", "e_torch_vs_bare", "d_resume", "c_rl_torch"]
+ORDER = ["preflight", "setup", "b_megatron", "a_stage1", "e_torch_vs_bare", "d_resume", "c_rl_torch", "f_shared_prefix"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_dry_run_passes_here():
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run"], capture_output=True,
                           text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"7 steps ({', '.join(ORDER)}), limits 530 s of 540 s; plan ok" in proc.stdout
+    assert f"8 steps ({', '.join(ORDER)}), limits 530 s of 540 s; plan ok" in proc.stdout
 
 
 def test_dry_run_catches_each_planted_blocker(gpu_check, tmp_path, monkeypatch):

@@ -1,0 +1,136 @@
+"""models/packed.py: a micro-batch's rows packed as one sequence give the padded forward's logprobs, entropies
+and every parameter's gradient (float64 to 1e-10, float32 to 1e-5 relative) on tiny Llama and Qwen2 shapes;
+which platforms pack; where a policy packs."""
+
+import pytest
+import torch
+
+from nemo_rcgrpo.data.packing import Packed
+from nemo_rcgrpo.models.packed import packs
+from nemo_rcgrpo.models.torch_policy import token_logprobs
+from tests.unit.models.test_shared_prefix import _float64, _gradients_at_the_step, _group, _policy
+
+
+def _both(model, ids, attention, loss_mask, packed):
+    """(padded, packed) logprobs, entropies and the flat gradient of sum(logprobs x weights)."""
+    weights = torch.linspace(-1.0, 2.0, ids.numel()).reshape(ids.shape).to(next(model.parameters()).dtype)
+    out = []
+    for layout in (None, packed):
+        model.zero_grad(set_to_none=True)
+        ent = []
+        lp = token_logprobs(model, ids, attention, loss_mask, ent, layout=layout)
+        (lp * weights).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        out.append((lp.detach(), ent[0], grads))
+    return out
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_float64_packed_rows_equal_the_padded_forward(name):
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model(name))
+    rows, ids, attention, loss_mask = _group(1)
+    packed = Packed(tuple(len(r) for r in rows))
+    (lp, ent, grad), (lp_p, ent_p, grad_p) = _both(model, ids, attention, loss_mask, packed)
+    assert (lp != 0).sum() == loss_mask[:, 1:].sum()
+    assert torch.allclose(lp_p, lp, rtol=0, atol=1e-10) and torch.allclose(ent_p, ent, rtol=0, atol=1e-10)
+    assert grad.abs().max() > 0 and torch.allclose(grad_p, grad, rtol=0, atol=1e-10)
+
+
+def test_float32_packed_rows_equal_the_padded_forward_to_1e_5_relative():
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = load_model("tiny-llama").eval()
+    rows, ids, attention, loss_mask = _group(2, two_level=False)
+    (lp, ent, grad), (lp_p, ent_p, grad_p) = _both(model, ids, attention, loss_mask,
+                                                   Packed(tuple(len(r) for r in rows)))
+    assert torch.allclose(lp_p, lp, rtol=1e-5, atol=1e-6) and torch.allclose(ent_p, ent, rtol=1e-5, atol=1e-6)
+    assert (grad_p - grad).norm() <= 1e-5 * grad.norm()
+
+
+def test_a_pack_that_lets_rows_see_each_other_fails_the_comparison(monkeypatch):
+    """Planted: positions that run on across rows (one long causal sequence, each row seeing the rows before it)
+    and a cache that turns transformers' boundary detection off must each change the logprobs."""
+    import nemo_rcgrpo.models.packed as packed_mod
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model("tiny-llama"))
+    rows, ids, attention, loss_mask = _group(1)
+    packed = Packed(tuple(len(r) for r in rows))
+    good = token_logprobs(model, ids, attention, loss_mask, layout=packed).detach()
+    monkeypatch.setattr(packed_mod, "packed_positions", lambda p: torch.arange(p.tokens))
+    running_on = token_logprobs(model, ids, attention, loss_mask, layout=packed).detach()
+    monkeypatch.undo()
+    decoder = model.get_decoder()
+    real = decoder.forward
+    monkeypatch.setattr(decoder, "forward", lambda **kw: real(**{**kw, "use_cache": True}))
+    cached = token_logprobs(model, ids, attention, loss_mask, layout=packed).detach()
+    rest = loss_mask[1:, 1:].bool()  # the rows after the first, which see rows before them when boundaries are lost
+    assert (running_on - good)[1:, 1:][rest].abs().max() > 1e-3
+    assert (cached - good)[1:, 1:][rest].abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("device, attention, expected", [
+    ("cpu", "sdpa", True), ("cpu", "eager", True), ("cpu", "flash_attention_2", True),
+    ("cuda", "flash_attention_2", True), ("cuda", "flash_attention_3", True), ("cuda", "flex_attention", True),
+    ("cuda", "sdpa", False), ("cuda", "eager", False),  # a dense N x N mask: not on a GPU
+    ("cpu", None, False), ("cpu", "paged|sdpa", False),  # unknown: rows stay padded
+])
+def test_which_platforms_pack(device, attention, expected):
+    assert packs(device, attention) is expected
+
+
+@pytest.mark.parametrize("setting, expected", [
+    (dict(pack_sequences=True), True), (dict(pack_sequences=False), False),
+    (dict(pack_sequences=True, gradient_checkpointing=True), True),  # no cache needed: packing still runs
+])
+def test_where_a_policy_packs(setting, expected):
+    from nemo_rcgrpo.data.batch import MicroBatch
+    from nemo_rcgrpo.models.hf import load_model
+
+    policy = _policy(load_model("tiny-llama"), share_prefix=False, **setting)
+    assert policy.packs is expected
+    apart = MicroBatch(torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+                       torch.ones(2, 4, dtype=torch.long))
+    assert policy.layout(apart) == (Packed((4, 2)) if expected else None)
+    full = MicroBatch(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.long),
+                      torch.ones(2, 2, dtype=torch.long))
+    assert policy.layout(full) is None  # no padding to drop
+
+
+def test_a_policy_update_is_the_same_with_packing_on_and_off():
+    """TorchPolicy with trainer.pack_sequences (and no prefix tree): the reference, old logprobs, entropies, loss
+    records and the gradient of a GRPO step equal the padded policy's (float32, 1e-5 relative)."""
+    import copy
+
+    from nemo_rcgrpo.algorithms.losses import GRPOLoss
+    from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    base = load_model("tiny-qwen2")
+    rows, ids, attention, loss_mask = _group(3, two_level=False)
+    tokens = MicroBatch(ids, attention, loss_mask)
+    results = []
+    for pack in (True, False):
+        policy = _policy(copy.deepcopy(base), share_prefix=False, pack_sequences=pack)
+        assert isinstance(policy.layout(tokens), Packed) is pack
+        ref = policy.frozen_reference()(tokens)
+        old, ent = policy.logprobs(tokens, with_entropy=True)
+        batch = RLMicroBatch(ids, attention, loss_mask, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]),
+                             ref_logprobs=ref, sampler_logprobs=old.clone(), old_logprobs=old, first=0)
+        grads = _gradients_at_the_step(policy)
+        out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
+                                float(loss_mask.sum()), with_entropy=True)
+        results.append((ref, old, ent, out, grads[0]))
+    (ref, old, ent, out, g), (ref0, old0, ent0, out0, g0) = results
+    for a, b in ((ref, ref0), (old, old0), (ent, ent0), (out.entropy_sums[0], out0.entropy_sums[0])):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert out.stats[0].loss == pytest.approx(out0.stats[0].loss, rel=1e-5, abs=1e-7)
+    assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
+    # the gradient AdamW is given (its first step is about lr x sign(g): weights would magnify rounding where g ~ 0)
+    assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
