@@ -185,6 +185,10 @@ class TrainConfig:
         budget = t.micro_batch_tokens
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
             raise ConfigError(f"trainer.micro_batch_tokens={budget!r}: must be an integer > 0 or null")
+        if budget is not None and self.policy.backend == "megatron" and self.policy.megatron.pp > 1:
+            raise ConfigError(f"trainer.micro_batch_tokens={budget} with policy.megatron.pp={self.policy.megatron.pp}: "
+                              "pipeline stages exchange one activation shape, so every micro-batch would be padded "
+                              "to the largest rows x the longest row, past the budget; use trainer.micro_batch_size")
         if self.is_rl:
             self._validate_rl()
         else:
@@ -263,11 +267,15 @@ class TrainConfig:
             if value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
         budget = self.trainer.micro_batch_tokens
+        if budget is not None and rl.mini_batches > 1:
+            raise ConfigError(f"trainer.micro_batch_tokens={budget} with rl.mini_batches={rl.mini_batches}: a budget "
+                              "decides the micro-batches at each step, so the updates' slices (and their count) "
+                              "would vary; use trainer.micro_batch_size, or rl.mini_batches=1")
         if budget is not None and budget < rl.max_total_tokens:
             raise ConfigError(f"trainer.micro_batch_tokens={budget}: must be >= rl.max_total_tokens="
                               f"{rl.max_total_tokens} (a rollout is never split across micro-batches), or null")
         micro = -(-rl.tasks_per_step * rl.group_size // self.trainer.micro_batch_size)
-        if budget is None and rl.mini_batches > micro:
+        if rl.mini_batches > micro:
             raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
                               f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
         if rl.loss.tis_cap is not None and rl.loss.tis_cap <= 0:

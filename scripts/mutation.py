@@ -141,8 +141,8 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     ("packing", "positions_saved",
      "padded = sum(len(lengths) * max(lengths, default=(1)) for _, lengths in batches)", 1):
         "the default is read only for a micro-batch of no rows, and then multiplied by its 0 rows",
-    ("packing", "choose_layout", "cost = len(rows) * max(lengths, default=(1))", 1):
-        "the default is read only for no rows, and then multiplied by len(rows) = 0",
+    ("packing", "choose_layout", "width = max(lengths, default=(1))", 1):
+        "the default is read only for no rows: then the cost is 0 x width and nothing is packed or shared",
     ("packing", "choose_layout", "if share and (len(rows) >= 1):", 1):
         "a one-row tree runs all of its row (every row keeps a token of its own): never fewer than B x T",
     ("reward", "compute_reward",

@@ -7,7 +7,8 @@ A micro-batch's rows can run three ways, each giving the same logprobs on the sa
 - packed (``Packed``): the rows one after another as one sequence, each row's positions restarting at 0 and no
   token attending across a row boundary (sum of the row lengths, no padding at all).
 
-``choose_layout`` takes the one that runs the fewest positions among those the policy can run, and
+``choose_layout`` takes the one that runs the fewest positions among those the policy can run (packed rows behind
+a dense mask only where they also compute no more attention scores than the padded rows), and
 ``budget_batches`` fills micro-batches to a token budget counted the same way: whole groups where they fit,
 otherwise rollouts, each micro-batch a contiguous run of the step's rollouts.
 """
@@ -52,6 +53,8 @@ def packed_index(packed: Packed, width: int) -> torch.Tensor:
 
 
 Layout = GroupLayout | Packed | None  # how a micro-batch's forward runs (None: every row padded, in full)
+# how a policy's attention takes packed rows: a varlen kernel (no mask), or a dense N x N block mask (sdpa / eager)
+VARLEN, DENSE = "varlen", "dense"
 
 
 def positions(layout: Layout, lengths: Sequence[int]) -> int:
@@ -71,14 +74,18 @@ def positions_saved(batches: Sequence[tuple[Layout, Sequence[int]]]) -> float:
     return 1.0 - run / padded if padded else 0.0
 
 
-def choose_layout(rows: Sequence[Sequence[int]], share: bool, pack: bool) -> Layout:
+def choose_layout(rows: Sequence[Sequence[int]], share: bool, pack: str | None) -> Layout:
     """The layout that runs the fewest positions for these rows' token ids: the prefix tree (``share``), packed
-    rows (``pack``) or, where neither runs fewer than B x T, None. A tie keeps the simpler (padded, then packed)."""
+    rows (``pack``: VARLEN, or DENSE where the attention builds an N x N mask, so packed only where N^2 is also at
+    most the padded rows' B x T^2 scores) or, where neither runs fewer than B x T, None. A tie keeps the simpler
+    (padded, then packed)."""
     lengths = [len(r) for r in rows]
     best: Layout = None
-    cost = len(rows) * max(lengths, default=0)
-    if pack and sum(lengths) < cost:  # one row: never fewer
-        best, cost = Packed(tuple(lengths)), sum(lengths)
+    width = max(lengths, default=0)
+    cost = len(rows) * width
+    n = sum(lengths)
+    if pack and n < cost and (pack == VARLEN or n * n <= len(rows) * width * width):  # one row: never fewer
+        best, cost = Packed(tuple(lengths)), n
     if share and len(rows) > 1:
         tree = group_layout(rows)
         if padded_tokens(tree) < cost:
@@ -86,7 +93,7 @@ def choose_layout(rows: Sequence[Sequence[int]], share: bool, pack: bool) -> Lay
     return best
 
 
-def forward_cost(rows: Sequence[Sequence[int]], share: bool, pack: bool) -> int:
+def forward_cost(rows: Sequence[Sequence[int]], share: bool, pack: str | None) -> int:
     """The positions the forward runs for these rows' token ids under the layout ``choose_layout`` picks: what a
     token budget counts."""
     return positions(choose_layout(rows, share, pack), [len(r) for r in rows])

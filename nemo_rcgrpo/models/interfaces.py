@@ -49,7 +49,7 @@ class Policy(Protocol):
     # how its forward may run a micro-batch's rows besides padded (`data/packing.py: choose_layout`): what they
     # share computed once (the prefix tree), and the rows packed as one sequence without padding
     share_prefix: bool
-    packs: bool
+    packs: str | None  # "varlen" | "dense" (an N x N mask) | None
     distributed_rl: bool  # stage 2 may run in several processes (torchrun)
     # every rank takes part in export_weights / export_meta / state_dict (Megatron at world size > 1)
     export_is_collective: bool

@@ -5,7 +5,7 @@ The rows run one after another in a single row of the batch, without padding, ea
 (``masking_utils.find_packed_sequence_indices``) and lets no token attend across one: a block-diagonal causal
 mask for ``sdpa`` / ``eager`` (dense, N x N), the varlen kernels for FlashAttention (no mask at all).
 
-``packed_trained_logits`` gives the logits at the trained positions of the right-padded [B, T] grid, so
+``packed_position_logits`` gives the logits at chosen positions of the right-padded [B, T] grid, so
 ``torch_policy.token_logprobs(..., layout=Packed(...))`` returns the grid it returns unpacked.
 """
 
@@ -13,26 +13,27 @@ from __future__ import annotations
 
 import torch
 
-from nemo_rcgrpo.data.packing import Packed, packed_index, packed_positions
+from nemo_rcgrpo.data.packing import DENSE, VARLEN, Packed, packed_index, packed_positions
 
 # attention implementations that take packed rows without a dense mask (cumulative sequence lengths / block masks)
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flex_attention"})
 
 
-def packs(device_type: str, attn_implementation: str | None) -> bool:
-    """Whether a model on ``device_type`` with ``attn_implementation`` runs packed rows: a varlen kernel anywhere;
-    sdpa / eager build a dense N x N block mask, which a CPU affords and a GPU (at 16k-token packs, 256M entries
-    per layer call) is not given."""
+def packs(device_type: str, attn_implementation: str | None) -> str | None:
+    """How a model on ``device_type`` with ``attn_implementation`` runs packed rows: VARLEN with a varlen kernel,
+    anywhere; DENSE with sdpa / eager on CPU, which build a dense N x N block mask (`data/packing.py:
+    choose_layout` packs those only where they compute no more scores than padded rows); None on a GPU without a
+    varlen kernel (a 16k-token pack's mask: 256M entries per layer call) or with another attention."""
     if attn_implementation in VARLEN_ATTENTION:
-        return True
-    return device_type == "cpu" and attn_implementation in ("sdpa", "eager")
+        return VARLEN
+    return DENSE if device_type == "cpu" and attn_implementation in ("sdpa", "eager") else None
 
 
-def packed_trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                          packed: Packed) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """[N, V] logits (the model's dtype) at the positions t whose token t+1 ``loss_mask`` [B, T] trains, from one
-    packed pass over the rows of ``input_ids`` [B, T] (right-padded, ``packed.lengths`` real tokens each), and
-    those (rows, cols) in the shifted [B, T-1] grid: what `torch_policy._trained_logits` gives unpacked."""
+def packed_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, packed: Packed,
+                           rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits (the model's dtype) at the positions (rows[i], cols[i]) of ``input_ids`` [B, T] (right-padded,
+    ``packed.lengths`` real tokens each), from one packed pass over its rows: what `torch_policy.position_logits`
+    gives unpacked."""
     device = input_ids.device
     flat = torch.cat([input_ids[r, :n] for r, n in enumerate(packed.lengths)])[None]  # [1, N]
     pos = packed_positions(packed).to(device)[None]  # [1, N]
@@ -40,5 +41,4 @@ def packed_trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, loss_
     hidden = model.get_decoder()(input_ids=flat, position_ids=pos, attention_mask=None,
                                  use_cache=False).last_hidden_state[0]  # [N, H]
     index = packed_index(packed, input_ids.shape[1]).to(device)  # [B, T]
-    rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)  # position cols predicts token cols + 1
-    return model.get_output_embeddings()(hidden[index[rows, cols]]), (rows, cols)
+    return model.get_output_embeddings()(hidden[index[rows, cols]])

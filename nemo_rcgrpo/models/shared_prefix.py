@@ -6,7 +6,7 @@ to exactly its own root -> branch -> suffix path, causally, at the positions it 
 keys and values are the passes' own tensors (transformers' ``DynamicCache``, repeated and selected by row), so
 the backward pass carries every suffix's gradient into its branch and the root, which are computed once.
 
-``shared_trained_logits`` gives the logits at the trained positions of the unshared, right-padded micro-batch's
+``shared_position_logits`` gives the logits at chosen positions of the unshared, right-padded micro-batch's
 [B, T] grid, so ``torch_policy.token_logprobs(..., layout=...)`` returns the grid it returns without sharing
 and the loss and its normaliser are unchanged.
 """
@@ -84,19 +84,19 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
     return torch.cat(parts, dim=0)
 
 
-def shared_trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                          layout: GroupLayout) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """[N, V] logits (the model's dtype) at the positions t whose token t+1 ``loss_mask`` [B, T] trains, through the
-    prefix-once passes, and those (rows, cols) in the shifted [B, T-1] grid: what `torch_policy._trained_logits`
-    gives for the unshared micro-batch. A position the tree shares is computed once and read by each of its rows."""
+def shared_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout,
+                           rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits (the model's dtype) at the positions (rows[i], cols[i]) of the right-padded [B, T] micro-batch,
+    through the prefix-once passes: what `torch_policy.position_logits` gives unshared. A position the tree shares
+    is computed once and read by each of its rows."""
     flat = shared_hidden(model, input_ids, layout)  # [N_flat, H]
     index = hidden_index(layout, input_ids.shape[1]).to(input_ids.device)  # [B, T]
-    rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)  # position cols predicts token cols + 1
-    return model.get_output_embeddings()(flat[index[rows, cols]]), (rows, cols)
+    return model.get_output_embeddings()(flat[index[rows, cols]])
+
 
 
 def share_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True,
-                 pack: bool = False) -> Layout:
+                 pack: str | None = None) -> Layout:
     """How a right-padded micro-batch ([B, T] ids and attention mask) runs: `data/packing.py: choose_layout` over
     its rows (the prefix tree with ``share``, packed rows with ``pack``, whichever runs the fewest positions), or
     None where its rows are not right-padded or neither runs fewer positions than the B x T of the padded forward."""

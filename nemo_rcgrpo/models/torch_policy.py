@@ -26,8 +26,8 @@ from nemo_rcgrpo.data.packing import Layout, Packed
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
-from nemo_rcgrpo.models.packed import packed_trained_logits, packs
-from nemo_rcgrpo.models.shared_prefix import share_layout, shared_trained_logits, supports
+from nemo_rcgrpo.models.packed import packed_position_logits, packs
+from nemo_rcgrpo.models.shared_prefix import share_layout, shared_position_logits, supports
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
 ENTROPY_CHUNK = 256  # positions per chunk of the training pass's entropy
@@ -62,9 +62,14 @@ def gathers(model: torch.nn.Module) -> bool:
 
 
 def position_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[N, V] logits at the N positions (rows[i], cols[i]) of a [B, T] batch: the decoder runs on every token,
-    the output layer (over a 50k-150k vocabulary, most of a small model's cost) only on the positions asked for."""
+                    rows: torch.Tensor, cols: torch.Tensor, layout: Layout = None) -> torch.Tensor:
+    """[N, V] logits at the N positions (rows[i], cols[i]) of a [B, T] batch: the decoder runs on every token (or,
+    with ``layout``, the prefix tree's passes or the packed rows), the output layer (over a 50k-150k vocabulary,
+    most of a small model's cost) only on the positions asked for."""
+    if isinstance(layout, Packed):
+        return packed_position_logits(model, input_ids, layout, rows, cols)
+    if layout is not None:
+        return shared_position_logits(model, input_ids, layout, rows, cols)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     return model.get_output_embeddings()(hidden[rows, cols])  # [N, V]
 
@@ -77,22 +82,24 @@ class PositionHead(torch.nn.Module):
         self.lm = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
-                cols: torch.Tensor) -> torch.Tensor:
-        return position_logits(self.lm, input_ids, attention_mask, rows, cols)
+                cols: torch.Tensor, layout: Layout = None) -> torch.Tensor:
+        return position_logits(self.lm, input_ids, attention_mask, rows, cols, layout)
 
 
 def _trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    loss_mask: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
-    """[N, V] fp32 logits at the positions t whose token t+1 is trained, and those (rows, cols) in the shifted
-    [B, T-1] grid; None where the model cannot gather (a DDP model gathers only as a `PositionHead`)."""
+                    loss_mask: torch.Tensor, layout: Layout = None
+                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
+    """[N, V] fp32 logits at the positions t whose token t+1 is trained (through ``layout``'s passes where given),
+    and those (rows, cols) in the shifted [B, T-1] grid; None where the model cannot gather (a DDP model gathers
+    only as a `PositionHead`, which runs the layout inside DDP's forward, so the gradients synchronise)."""
     inner = model.module if isinstance(model, DDP) else model
     if not (isinstance(inner, PositionHead) or (inner is model and gathers(model))):
         return None
     rows, cols = loss_mask[:, 1:].nonzero(as_tuple=True)  # [N], [N]
     if isinstance(inner, PositionHead):
-        logits = model(input_ids, attention_mask, rows, cols)
+        logits = model(input_ids, attention_mask, rows, cols, layout)
     else:
-        logits = position_logits(model, input_ids, attention_mask, rows, cols)
+        logits = position_logits(model, input_ids, attention_mask, rows, cols, layout)
     return fp32_at_least(logits), (rows, cols)
 
 
@@ -123,9 +130,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     (``logits_to_keep``); positions not computed are 0.
     ``entropy_out`` (with ``loss_mask``): a list that receives the [B, T] entropies of the same forward pass
     (no gradient), so a training step needs no separate pass for them.
-    ``layout`` (with ``loss_mask``, a model that gathers, not DDP-wrapped): the rows' prefix tree, whose shared
-    prefixes are computed once (`models/shared_prefix.py`), or ``Packed`` rows run as one sequence without
-    padding (`models/packed.py`); the result is the same grid.
+    ``layout`` (with ``loss_mask``, a model that gathers, or its DDP-wrapped `PositionHead`): the rows' prefix
+    tree, whose shared prefixes are computed once (`models/shared_prefix.py`), or ``Packed`` rows run as one
+    sequence without padding (`models/packed.py`); the result is the same grid.
     """
     targets = input_ids[:, 1:]  # [B, T-1]
     if loss_mask is None and isinstance(model.module if isinstance(model, DDP) else model, PositionHead):
@@ -135,12 +142,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         lp = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         lp = lp.view(targets.shape)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
-    if layout is not None:
-        run = packed_trained_logits if isinstance(layout, Packed) else shared_trained_logits
-        logits, where = run(model, input_ids, loss_mask, layout)
-        gathered = fp32_at_least(logits), where
-    else:
-        gathered = _trained_logits(model, input_ids, attention_mask, loss_mask)
+    gathered = _trained_logits(model, input_ids, attention_mask, loss_mask, layout)
     if gathered is not None:
         logits, (rows, cols) = gathered  # [N, V]
         kept = -F.cross_entropy(logits, targets[rows, cols], reduction="none")  # [N]
@@ -204,15 +206,16 @@ class TorchPolicy:
             self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
         self.grad_clip = trainer.grad_clip
         self.base_lr = trainer.lr
-        # prefix-once passes (trainer.share_prefix): one process, a model whose decoder and output layer are called
-        # apart and whose cache keeps every key and value, its KV cache kept (gradient checkpointing drops it)
-        self.share_prefix = (trainer.share_prefix and dist.world_size == 1 and gathers(self.module)
-                             and supports(self.module) and not gradient_checkpointing)
-        # packed rows (trainer.pack_sequences): one process, a model that gathers, and an attention that takes
-        # packed rows on this device (`models/packed.py: packs`: a varlen kernel, or a dense block mask on CPU)
+        # prefix-once passes (trainer.share_prefix): a model whose decoder and output layer are called apart (under
+        # DDP inside its PositionHead) and whose cache keeps every key and value, its KV cache kept (gradient
+        # checkpointing drops it)
+        self.share_prefix = (trainer.share_prefix and gathers(self.module) and supports(self.module)
+                             and not gradient_checkpointing)
+        # packed rows (trainer.pack_sequences): a model that gathers, and an attention that takes packed rows on this
+        # device (`models/packed.py: packs`: a varlen kernel, or a dense block mask on CPU)
         attention = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
-        self.packs = (trainer.pack_sequences and dist.world_size == 1 and gathers(self.module)
-                      and supports(self.module) and packs(dist.device.type, attention))
+        self.packs = (packs(dist.device.type, attention) if trainer.pack_sequences and gathers(self.module)
+                      and supports(self.module) else None)
 
     def layout(self, batch: MicroBatch) -> Layout:
         """How the micro-batch's forward runs: its prefix tree, its rows packed, or None (every row padded), the

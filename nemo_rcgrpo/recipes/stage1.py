@@ -22,7 +22,7 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import reward_goal_of
 from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.data.packing import budget_batches, forward_cost
+from nemo_rcgrpo.data.packing import budget_batches, forward_cost, positions
 from nemo_rcgrpo.data.sft_data import Example, build_examples, collate, epoch_batches, load_records
 from nemo_rcgrpo.data.stage1_datasets import Prepared, stage1_dataset
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -34,7 +34,7 @@ from nemo_rcgrpo.utils.provenance import training_record
 
 
 def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int,
-                           budget: int | None = None, share: bool = False, pack: bool = False):
+                           budget: int | None = None, share: bool = False, pack: str | None = None):
     """Split a global batch (sorted by length) into micro-batches of ``micro`` examples, or filled to ``budget``
     forward positions as the policy runs them (its prefix tree with ``share``, packed rows with ``pack``); rank r
     takes every world_size-th. Under a budget the count is made a multiple of the world size (the largest
@@ -128,6 +128,10 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             mine, groups = micro_batches_for_rank(examples, batches[index], t.micro_batch_size, data_dist, pad_id,
                                                   t.micro_batch_tokens, policy.share_prefix, policy.packs)
             num_valid = float(sum(sum(examples[i].mask) for g in groups for i in g))
+            # the positions the forward runs (prefix tree, packed or padded rows) against the padded B x T
+            run_positions = dp_sum(float(sum(positions(policy.layout(mb), mb.attention_mask.sum(1).tolist())
+                                             for mb in mine)))
+            padded_positions = dp_sum(float(sum(mb.input_ids.numel() for mb in mine)))
             started = time.perf_counter()
             result = policy.train_step(mine, sft_loss, num_valid)
             elapsed = time.perf_counter() - started
@@ -137,7 +141,8 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             last = {"loss": nll / num_valid, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
                     "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen,
-                    "micro_batches": float(len(groups))}
+                    "micro_batches": float(len(groups)),
+                    "forward_positions_saved": 1.0 - run_positions / padded_positions if padded_positions else 0.0}
             loop.end_step(step, last, log=step % t.log_every == 0,
                           trainer_state={"tokens_seen": tokens_seen, "epoch": epoch})
             loop.bar.set_postfix(loss=f"{last['loss']:.4f}")

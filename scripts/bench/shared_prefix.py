@@ -111,7 +111,7 @@ def measure_side(args, trainer, groups, rewards, adv, stats) -> int:
     """One side's training parts (``--repeats`` of them, each from the same state): seconds, metrics, peak memory
     before and after, printed as one JSON line."""
     policy = trainer.policy
-    policy.share_prefix, policy.packs = args.side == "shared", False  # the tree against padded rows
+    policy.share_prefix, policy.packs = args.side == "shared", None  # the tree against padded rows
     state = copy.deepcopy(policy.state_dict())  # each repeat starts from it (the live tensors change)
     before = peak_gib()
     runs = []

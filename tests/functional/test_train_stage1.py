@@ -157,7 +157,11 @@ def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):
 
 
 def test_torchrun_ddp_matches_single_process(data_dir, tmp_path):
-    common = ["trainer.max_steps=2", "trainer.export_hf=false", "logging.tensorboard=false"]
+    """Two DDP ranks, each with a micro-batch of 2 of the global 4: the same losses and gradient norms as one
+    process, and each rank runs its rows as one process does (packed or their shared prefix once, inside DDP's
+    forward, so the gradients still synchronise)."""
+    common = ["trainer.max_steps=2", "trainer.export_hf=false", "logging.tensorboard=false",
+              "trainer.global_batch_size=4", "trainer.micro_batch_size=2"]
     single = _train(_args(data_dir, tmp_path / "one", *common))
     assert single.returncode == 0, single.stderr[-2000:]
     env = {"OMP_NUM_THREADS": "1"}
@@ -170,3 +174,5 @@ def test_torchrun_ddp_matches_single_process(data_dir, tmp_path):
     for x, y in zip(one, two):  # same global batch, split over two ranks
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5) and x["tokens"] == y["tokens"]
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+        assert x["micro_batches"] == y["micro_batches"] == 2.0
+        assert x["forward_positions_saved"] > 0 and y["forward_positions_saved"] == x["forward_positions_saved"]

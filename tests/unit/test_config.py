@@ -205,9 +205,12 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "trainer.micro_batch_tokens=2.5", "trainer.micro_batch_tokens=2.5 must be an integer or null", None),
     (["rl.max_total_tokens=4096"], "trainer.micro_batch_tokens=4095", "trainer.micro_batch_tokens=4095: must be >= "
      "rl.max_total_tokens=4096 (a rollout is never split", "trainer.micro_batch_tokens=4096"),
-    # a token budget decides the micro-batches at each step: no count to check rl.mini_batches against
-    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096"], "rl.mini_batches=0",
-     "rl.mini_batches=0: must be an integer >= 1", "rl.mini_batches=11"),
+    # a token budget decides the micro-batches at each step: one update per pass, every micro-batch in it
+    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096"], "rl.mini_batches=2",
+     "trainer.micro_batch_tokens=4096 with rl.mini_batches=2: a budget decides the micro-batches", "rl.mini_batches=1"),
+    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096", "policy.backend=megatron"],
+     "policy.megatron.pp=2", "trainer.micro_batch_tokens=4096 with policy.megatron.pp=2: pipeline stages exchange",
+     "policy.megatron.pp=1"),
 ]
 
 

@@ -64,7 +64,7 @@ def pad_micro_batches(batches: list[MicroBatch], same_shape: bool = True, multip
 class MegatronPolicy:
     sharded_checkpoints = True  # dist_checkpointing folders, written by every rank (save_sharded)
     fuses_old_logprobs = False  # old logprobs and entropies come from a pass of their own
-    share_prefix = packs = False  # every row runs padded, in full
+    share_prefix, packs = False, None  # every row runs padded, in full
     distributed_rl = True  # TP x PP x DP under torchrun
 
     def __init__(self, hf_model: torch.nn.Module, build, dist: DistInfo, total_steps: int):

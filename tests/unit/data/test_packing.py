@@ -19,7 +19,7 @@ def test_packed_rows_restart_their_positions_and_map_back_to_the_padded_grid():
 def test_positions_of_each_layout():
     assert positions(None, [4, 2, 3]) == 12  # padded: B x T
     assert positions(Packed((4, 2, 3)), [4, 2, 3]) == 9
-    tree = choose_layout([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], share=True, pack=False)
+    tree = choose_layout([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], share=True, pack=None)
     assert isinstance(tree, GroupLayout) and positions(tree, [5, 5]) == 4 + 2  # root 4, two suffixes of 1
     assert positions(None, []) == 0
     # a step: one micro-batch padded (8 of which 6 real), one tree (6 of 10)
@@ -30,18 +30,32 @@ def test_positions_of_each_layout():
 def test_the_layout_that_runs_fewest_positions():
     alike = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7], [1, 2, 3, 4, 8]]
     # tree: root 4, two branches padded to 1, three suffixes of 1 = 9 positions; packed 17; padded 18
-    assert positions(choose_layout(alike, share=True, pack=True), [6, 6, 5]) == 9
+    assert positions(choose_layout(alike, share=True, pack="varlen"), [6, 6, 5]) == 9
     apart = [[1, 2, 3, 4], [5, 6], [7]]  # nothing shared: packed 7 < 12 padded
     even = [[1, 2], [3, 4]]  # nothing to gain: no padding, nothing shared
-    assert isinstance(choose_layout(alike, share=True, pack=True), GroupLayout)
-    assert choose_layout(alike, share=False, pack=True) == Packed((6, 6, 5))
-    assert choose_layout(apart, share=True, pack=True) == Packed((4, 2, 1))
-    assert choose_layout(apart, share=True, pack=False) is None  # the tree of rows apart runs more than B x T
-    assert choose_layout(even, share=True, pack=True) is None
-    assert choose_layout(alike, share=False, pack=False) is None
-    assert choose_layout([[1, 2, 3]], share=True, pack=True) is None  # one row: nothing to share or pack
-    assert choose_layout([[1, 2, 3], [4]], share=False, pack=True) == Packed((3, 1))  # two rows: 4 < 6
-    assert choose_layout([], share=True, pack=True) is None
+    assert isinstance(choose_layout(alike, share=True, pack="varlen"), GroupLayout)
+    assert choose_layout(alike, share=False, pack="varlen") == Packed((6, 6, 5))
+    assert choose_layout(apart, share=True, pack="varlen") == Packed((4, 2, 1))
+    assert choose_layout(apart, share=True, pack=None) is None  # the tree of rows apart runs more than B x T
+    assert choose_layout(even, share=True, pack="varlen") is None
+    assert choose_layout(alike, share=False, pack=None) is None
+    assert choose_layout([[1, 2, 3]], share=True, pack="varlen") is None  # one row: nothing to share or pack
+    assert choose_layout([[1, 2, 3], [4]], share=False, pack="varlen") == Packed((3, 1))  # two rows: 4 < 6
+    assert choose_layout([], share=True, pack="varlen") is None
+
+
+def test_a_dense_mask_packs_only_where_it_computes_no_more_scores_than_padded_rows():
+    """sdpa / eager on CPU attend through an N x N mask: packed rows run fewer positions than padded ones but N^2
+    scores against B x T^2; packed only where both are no more."""
+    long_short = [[1] * 40, [2] * 5]  # N = 45: 2025 scores against 2 x 1600 = 3200 padded
+    two_long = [[1] * 40, [2] * 30]  # N = 70: 4900 against 3200
+    assert choose_layout(long_short, share=False, pack="dense") == Packed((40, 5))
+    assert choose_layout(two_long, share=False, pack="dense") is None
+    assert choose_layout(two_long, share=False, pack="varlen") == Packed((40, 30))  # no mask: fewer positions win
+    edge = [[1] * 4, [2] * 4, [3] * 4, [4] * 4, [5] * 4, [6] * 4, [7] * 4, [8] * 4, [9] * 16]  # N = 48, 9 x 16
+    assert choose_layout(edge, share=False, pack="dense") == Packed((4,) * 8 + (16,))  # 2304 = 9 x 256: the edge
+    assert forward_cost(two_long, False, "dense") == 80 and forward_cost(long_short, False, "dense") == 45
+
 
 
 def _lengths_cost(lengths):
@@ -81,10 +95,10 @@ def test_a_budget_counted_through_the_tree_fits_a_group_that_padded_rows_would_n
     seqs = [prompt + [1, 2], prompt + [3], prompt + [4, 5, 6]]
 
     def cost(share):
-        return lambda lo, hi: forward_cost(seqs[lo:hi], share, False)
+        return lambda lo, hi: forward_cost(seqs[lo:hi], share, None)
 
     assert cost(True)(0, 3) == 40 + 3 * 3 and cost(False)(0, 3) == 3 * 43
-    assert forward_cost(seqs, False, True) == 42 + 41 + 43 and forward_cost(seqs[:1], True, True) == 42
+    assert forward_cost(seqs, False, "varlen") == 42 + 41 + 43 and forward_cost(seqs[:1], True, "varlen") == 42
     assert budget_batches(3, 3, 60, cost(True)) == [(0, 3)]
     assert budget_batches(3, 3, 60, cost(False)) == [(0, 1), (1, 2), (2, 3)]
     assert torch.equal(packed_positions(Packed((2,))), torch.tensor([0, 1]))

@@ -75,18 +75,19 @@ def test_a_pack_that_lets_rows_see_each_other_fails_the_comparison(monkeypatch):
 
 
 @pytest.mark.parametrize("device, attention, expected", [
-    ("cpu", "sdpa", True), ("cpu", "eager", True), ("cpu", "flash_attention_2", True),
-    ("cuda", "flash_attention_2", True), ("cuda", "flash_attention_3", True), ("cuda", "flex_attention", True),
-    ("cuda", "sdpa", False), ("cuda", "eager", False),  # a dense N x N mask: not on a GPU
-    ("cpu", None, False), ("cpu", "paged|sdpa", False),  # unknown: rows stay padded
+    ("cpu", "sdpa", "dense"), ("cpu", "eager", "dense"), ("cpu", "flash_attention_2", "varlen"),
+    ("cuda", "flash_attention_2", "varlen"), ("cuda", "flash_attention_3", "varlen"),
+    ("cuda", "flex_attention", "varlen"),
+    ("cuda", "sdpa", None), ("cuda", "eager", None),  # a dense N x N mask: not on a GPU
+    ("cpu", None, None), ("cpu", "paged|sdpa", None),  # unknown: rows stay padded
 ])
 def test_which_platforms_pack(device, attention, expected):
     assert packs(device, attention) is expected
 
 
 @pytest.mark.parametrize("setting, expected", [
-    (dict(pack_sequences=True), True), (dict(pack_sequences=False), False),
-    (dict(pack_sequences=True, gradient_checkpointing=True), True),  # no cache needed: packing still runs
+    (dict(pack_sequences=True), "dense"), (dict(pack_sequences=False), None),
+    (dict(pack_sequences=True, gradient_checkpointing=True), "dense"),  # no cache needed: packing still runs
 ])
 def test_where_a_policy_packs(setting, expected):
     from nemo_rcgrpo.data.batch import MicroBatch
@@ -94,9 +95,10 @@ def test_where_a_policy_packs(setting, expected):
 
     policy = _policy(load_model("tiny-llama"), share_prefix=False, **setting)
     assert policy.packs is expected
-    apart = MicroBatch(torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]),
+    # 4 + 1 tokens: 25 scores packed against 2 x 16 padded (CPU sdpa's dense mask)
+    apart = MicroBatch(torch.tensor([[1, 2, 3, 4], [5, 0, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]),
                        torch.ones(2, 4, dtype=torch.long))
-    assert policy.layout(apart) == (Packed((4, 2)) if expected else None)
+    assert policy.layout(apart) == (Packed((4, 1)) if expected else None)
     full = MicroBatch(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.long),
                       torch.ones(2, 2, dtype=torch.long))
     assert policy.layout(full) is None  # no padding to drop
@@ -118,6 +120,10 @@ def test_a_policy_update_is_the_same_with_packing_on_and_off():
     results = []
     for pack in (True, False):
         policy = _policy(copy.deepcopy(base), share_prefix=False, pack_sequences=pack)
+        assert policy.packs == ("dense" if pack else None)
+        # five rows of 12-16 tokens: CPU sdpa's dense mask would compute more scores packed (70^2 > 5 x 16^2), so the
+        # policy would keep them padded; as a varlen attention would, pack them to run the packed update here
+        policy.packs = "varlen" if pack else None
         assert isinstance(policy.layout(tokens), Packed) is pack
         ref = policy.frozen_reference()(tokens)
         old, ent = policy.logprobs(tokens, with_entropy=True)
@@ -134,3 +140,39 @@ def test_a_policy_update_is_the_same_with_packing_on_and_off():
     assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
     # the gradient AdamW is given (its first step is about lr x sign(g): weights would magnify rounding where g ~ 0)
     assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
+
+
+@pytest.mark.parametrize("kind", ["tree", "packed"])
+def test_a_ddp_wrapped_head_runs_the_layout_inside_ddps_forward(kind, tmp_path, monkeypatch):
+    """Under torchrun the policy's model is DDP(PositionHead(model)): the layout's passes run inside DDP's forward
+    (so its gradient hooks fire), and the logprobs and gradients equal the padded forward's (float64, 1e-10)."""
+    import torch.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import nemo_rcgrpo.models.torch_policy as tp
+    from nemo_rcgrpo.data.prefix_tree import group_layout
+    from nemo_rcgrpo.models.hf import load_model
+
+    assert not tdist.is_initialized()
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = _float64(load_model("tiny-llama"))
+        rows, ids, attention, loss_mask = _group(1)
+        layout = group_layout(rows) if kind == "tree" else Packed(tuple(len(r) for r in rows))
+        ran = []
+        for name in ("shared_position_logits", "packed_position_logits"):
+            real = getattr(tp, name)
+            monkeypatch.setattr(tp, name, lambda *a, _real=real, _name=name: ran.append(_name) or _real(*a))
+        ddp = DDP(tp.PositionHead(model))
+        out = []
+        for wrapped, lay in ((ddp, layout), (model, None)):
+            model.zero_grad(set_to_none=True)
+            lp = token_logprobs(wrapped, ids, attention, loss_mask, layout=lay)
+            (lp * torch.linspace(-1.0, 2.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)).sum().backward()
+            out.append((lp.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters()])))
+        assert ran == ["shared_position_logits" if kind == "tree" else "packed_position_logits"]
+        (lp_d, g_d), (lp, g) = out
+        assert torch.allclose(lp_d, lp, rtol=0, atol=1e-10) and torch.allclose(g_d, g, rtol=0, atol=1e-10)
+    finally:
+        tdist.destroy_process_group()

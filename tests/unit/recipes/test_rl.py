@@ -162,7 +162,7 @@ class _StepPolicy(_RecordingPolicy):
     def sync_hf_model(self):
         self.events.append("sync")
 
-    share_prefix, packs = True, False
+    share_prefix, packs = True, None
 
     def layout(self, batch):  # shares what the rows of a micro-batch start with, as the torch backend does
         from nemo_rcgrpo.models.shared_prefix import share_layout

@@ -32,9 +32,9 @@ def test_a_budget_fills_micro_batches_by_positions_as_the_policy_runs_them():
     # padded rows, B x T <= 8: [4, 1] (2 x 2; with 3: 3 x 3), [3, 2] (2 x 4), [0] (with 5: 2 x 6), [5]
     assert _split(ex, list(range(6)), budget=8)[1] == [[4, 1], [3, 2], [0], [5]]
     # packed rows, sum of lengths <= 8: [4, 1, 3] (6; with 2: 10), [2] (with 0: 9), [0] (with 5: 11), [5]
-    assert _split(ex, list(range(6)), budget=8, pack=True)[1] == [[4, 1, 3], [2], [0], [5]]
-    assert _split(ex, list(range(6)), budget=10, pack=True)[1] == [[4, 1, 3, 2], [0], [5]]
-    mine, _ = _split(ex, list(range(6)), budget=10, pack=True)
+    assert _split(ex, list(range(6)), budget=8, pack="varlen")[1] == [[4, 1, 3], [2], [0], [5]]
+    assert _split(ex, list(range(6)), budget=10, pack="varlen")[1] == [[4, 1, 3, 2], [0], [5]]
+    mine, _ = _split(ex, list(range(6)), budget=10, pack="varlen")
     assert [b.rows for b in mine] == [4, 1, 1]
     # a 10-token system prompt shared by all four: the tree runs 10 + 4 suffixes of 3 = 22 positions; padded 2 x 12
     shared = _examples([12, 11, 13, 12], prefix=10)
