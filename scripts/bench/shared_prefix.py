@@ -183,7 +183,9 @@ def measured(args, cfg, groups) -> list[str]:
     same = abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])) and abs(a["entropy"] - b["entropy"]) <= 1e-4
     rows += ["", f"Same update on both sides: {'yes' if same else 'NO'} (loss {a['loss']:.7f} vs {b['loss']:.7f}, "
              f"entropy {a['entropy']:.5f} vs {b['entropy']:.5f}, grad norm {a['grad_norm']:.6f} vs "
-             f"{b['grad_norm']:.6f}).", "",
+             f"{b['grad_norm']:.6f})"
+             + (": every advantage was 0, so both losses and gradients are 0 and only the entropies compare (more "
+                "groups, --tasks, give mixed rewards)." if a["grad_norm"] == b["grad_norm"] == 0 else "."), "",
              f"Goal: the training part at most {TIME_GOAL}x the unshared one: "
              f"{'met' if ratio <= TIME_GOAL else 'NOT met'} ({ratio:.2f}x); peak memory "
              f"{'lower' if a['peak_gib'] < b['peak_gib'] else 'NOT lower'} ({a['peak_gib']:.1f} against "
