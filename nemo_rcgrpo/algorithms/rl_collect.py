@@ -18,7 +18,7 @@ from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
 from nemo_rcgrpo.config_schema import RLConfig
 from nemo_rcgrpo.registry import lookup
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
-from nemo_rcgrpo.stages import group_filter, has_variance, stage_of
+from nemo_rcgrpo.stages import Stage, group_filter, has_variance
 from nemo_rcgrpo.utils.banner import say
 
 
@@ -101,13 +101,13 @@ def rollout_specs(rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequenc
     return [RolloutSpec(suite[t], first_group + g, tok) for g, t in enumerate(task_ids) for tok in tokens[g]]
 
 
-def collect_groups(rl: RLConfig, stage: str, engine: RolloutEngine, suite: Any, task_ids: Sequence[str],
-                   cursor: int, step: int, rng: random.Random, seed: int) -> StepRollouts:
+def collect_groups(rl: RLConfig, spec: Stage, engine: RolloutEngine, suite: Any, task_ids: Sequence[str],
+                   cursor: int, step: int, rng: random.Random, seed: int, stage: str = "rl") -> StepRollouts:
     """``rl.tasks_per_step`` groups of G trajectories (fewer only when a group filter's rounds ran out and
     ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts. Tasks are
-    drawn from ``cursor`` on in the seeded per-epoch shuffle of ``task_ids`` (``shuffled_tasks``); the stage
-    (``stage``'s registered spec) says whether rollouts get reward tokens and which groups are kept."""
-    spec = stage_of(stage)
+    drawn from ``cursor`` on in the seeded per-epoch shuffle of ``task_ids`` (``shuffled_tasks``); the stage's
+    spec (``spec``, registered or not) says whether rollouts get reward tokens and which groups are kept;
+    ``stage``: its name in messages."""
     stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
              "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
     groups: list[RolloutGroup] = []

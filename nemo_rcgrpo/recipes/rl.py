@@ -144,8 +144,8 @@ class RLTrainer:
         (`algorithms/rl_collect.py`)."""
         cfg = self.cfg
         try:
-            return collect_groups(cfg.rl, cfg.stage, self.engine, self.suite, self.task_ids, self.task_cursor,
-                                  self.step, rng, cfg.seed)
+            return collect_groups(cfg.rl, cfg.stage_spec, self.engine, self.suite, self.task_ids, self.task_cursor,
+                                  self.step, rng, cfg.seed, stage=cfg.stage)
         except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
             g = self.cfg.rl.group_size
             trajs = e.trajectories

@@ -12,6 +12,7 @@ import pytest
 from nemo_rcgrpo.algorithms.rl_collect import (RolloutsFailed, check_failures, collect_groups, shuffled_tasks,
                                                stratified_sample)
 from nemo_rcgrpo.config_schema import RLConfig
+from nemo_rcgrpo.stages import Stage, stage_of
 
 TASKS = [f"t{i}" for i in range(7)]
 SUITE = {t: SimpleNamespace(id=t, category="base") for t in TASKS}
@@ -41,7 +42,8 @@ def _rl(**kw):
 
 
 def _collect(engine, stage="grpo", cursor=0, step=0, seed=3, **kw):
-    return collect_groups(_rl(**kw), stage, engine, SUITE, TASKS, cursor, step, random.Random(0), seed)
+    return collect_groups(_rl(**kw), stage_of(stage), engine, SUITE, TASKS, cursor, step, random.Random(0), seed,
+                          stage=stage)
 
 
 def test_the_cursor_flows_in_and_out_and_a_resumed_step_draws_the_same_tasks():
@@ -187,3 +189,17 @@ def test_rollout_seeds_differ_across_steps_and_rounds_and_repeat():
     epoch0 = shuffled_tasks(TASKS, 0, 7, 3)
     assert sorted(epoch0) == sorted(TASKS) and epoch0 == shuffled_tasks(TASKS, 0, 7, 3)
     assert shuffled_tasks(TASKS, 7, 7, 3) != epoch0 and shuffled_tasks(TASKS, 0, 7, 4) != epoch0
+
+
+def test_collection_takes_the_stages_spec_registered_or_not():
+    """The spec, not a name looked up inside: an unregistered stage's own keep_group decides which groups train,
+    and its name is the one the messages carry."""
+    drawn = shuffled_tasks(TASKS, 0, 2, 3)
+    engine = FakeEngine(varied=drawn[:1], flat=1.0)  # the first drawn task's group has a failure; the other pays 1
+    picky = Stage("rl", keep_group=lambda rewards: min(rewards) == 1.0, description="only all-successful groups")
+    out = collect_groups(_rl(dapo_max_rounds=0), picky, engine, SUITE, TASKS, 0, 0, random.Random(0), 3,
+                         stage="picky")
+    assert [g[0].task_id for g in out.groups] == drawn[1:] and out.stats["dropped_groups"] == 1.0
+    with pytest.raises(RolloutsFailed, match="^picky step 1: all 4 rollouts failed"):
+        collect_groups(_rl(), picky, FakeEngine(failing=TASKS), SUITE, TASKS, 0, 0, random.Random(0), 3,
+                       stage="picky")
