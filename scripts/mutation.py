@@ -87,7 +87,7 @@ TARGETS: dict[str, Target] = {
     "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py", ("tests/unit/data/test_prefix_tree.py",)),
     "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_packing.py",)),
     "stage1_batches": Target("nemo_rcgrpo/recipes/stage1.py", ("tests/unit/recipes/test_stage1.py",),
-                             scope=("micro_batches_for_rank", "cost_of"), glue=True),
+                             scope=("micro_batches_for_rank",), glue=True),
     "layout": Target("nemo_rcgrpo/layout.py", ("tests/unit/test_layout.py",), scope=("parallel_plan",), glue=True),
     "rl_recipe": Target("nemo_rcgrpo/recipes/rl.py", ("tests/unit/recipes/test_rl.py",),
                         scope=("step_rng", "eval_reward_token", "RLTrainer.train_step", "RLTrainer._mine", "RLTrainer._update",

@@ -52,16 +52,12 @@ def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int
             if not splittable:
                 raise ValueError(f"{len(batch)} examples cannot give each of {dist.world_size} data-parallel "
                                  "replicas as many micro-batches")
-            k = max(splittable, key=lambda j: cost_of(groups[j], examples))
+            k = max(splittable, key=lambda j: positions(None, [len(examples[i]) for i in groups[j]]))  # B x T
             g = groups.pop(k)
             groups[k:k] = [g[:len(g) // 2], g[len(g) // 2:]]
     mine = groups[dist.rank::dist.world_size]
     return [collate([examples[i] for i in g], pad_id) for g in mine], groups
 
-
-def cost_of(group: list[int], examples: list[Example]) -> int:
-    """The padded positions of a micro-batch of ``examples[group]`` (B x T): which to split first."""
-    return len(group) * max(len(examples[i]) for i in group)
 
 
 def run_stage1(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import torch
 from nemo_rcgrpo.data.packing import Packed
 from nemo_rcgrpo.models.packed import packs
 from nemo_rcgrpo.models.torch_policy import token_logprobs
-from tests.unit.models.test_shared_prefix import _float64, _gradients_at_the_step, _group, _policy
+from tests.unit.models.test_shared_prefix import _assert_same_step, _float64, _grpo_step, _group, _policy
 
 
 def _both(model, ids, attention, loss_mask, packed):
@@ -109,8 +109,7 @@ def test_a_policy_update_is_the_same_with_packing_on_and_off():
     records and the gradient of a GRPO step equal the padded policy's (float32, 1e-5 relative)."""
     import copy
 
-    from nemo_rcgrpo.algorithms.losses import GRPOLoss
-    from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+    from nemo_rcgrpo.data.batch import MicroBatch
     from nemo_rcgrpo.models.hf import load_model
 
     torch.manual_seed(0)
@@ -125,21 +124,8 @@ def test_a_policy_update_is_the_same_with_packing_on_and_off():
         # policy would keep them padded; as a varlen attention would, pack them to run the packed update here
         policy.packs = "varlen" if pack else None
         assert isinstance(policy.layout(tokens), Packed) is pack
-        ref = policy.frozen_reference()(tokens)
-        old, ent = policy.logprobs(tokens, with_entropy=True)
-        batch = RLMicroBatch(ids, attention, loss_mask, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]),
-                             ref_logprobs=ref, sampler_logprobs=old.clone(), old_logprobs=old, first=0)
-        grads = _gradients_at_the_step(policy)
-        out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
-                                float(loss_mask.sum()), with_entropy=True)
-        results.append((ref, old, ent, out, grads[0]))
-    (ref, old, ent, out, g), (ref0, old0, ent0, out0, g0) = results
-    for a, b in ((ref, ref0), (old, old0), (ent, ent0), (out.entropy_sums[0], out0.entropy_sums[0])):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
-    assert out.stats[0].loss == pytest.approx(out0.stats[0].loss, rel=1e-5, abs=1e-7)
-    assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
-    # the gradient AdamW is given (its first step is about lr x sign(g): weights would magnify rounding where g ~ 0)
-    assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
+        results.append(_grpo_step(policy, tokens))
+    _assert_same_step(*results)
 
 
 @pytest.mark.parametrize("kind", ["tree", "packed"])

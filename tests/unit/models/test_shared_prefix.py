@@ -126,13 +126,40 @@ def _gradients_at_the_step(policy) -> list:
     return seen
 
 
+def _grpo_step(policy, tokens) -> tuple:
+    """A GRPO step of ``policy`` on the micro-batch ``tokens`` (5 rows, mixed advantages): the reference, old
+    logprobs and entropies, the step's result and the gradient the optimizer was given."""
+    from nemo_rcgrpo.algorithms.losses import GRPOLoss
+    from nemo_rcgrpo.data.batch import RLMicroBatch
+
+    ref = policy.frozen_reference()(tokens)
+    old, ent = policy.logprobs(tokens, with_entropy=True)
+    batch = RLMicroBatch(tokens.input_ids, tokens.attention_mask, tokens.loss_mask,
+                         advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]), ref_logprobs=ref,
+                         sampler_logprobs=old.clone(), old_logprobs=old, first=0)
+    grads = _gradients_at_the_step(policy)
+    out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
+                            float(tokens.loss_mask.sum()), with_entropy=True)
+    return ref, old, ent, out, grads[0]
+
+
+def _assert_same_step(first: tuple, second: tuple) -> None:
+    """Two `_grpo_step` results agree (float32, 1e-5 relative)."""
+    (ref, old, ent, out, g), (ref0, old0, ent0, out0, g0) = first, second
+    for a, b in ((ref, ref0), (old, old0), (ent, ent0), (out.entropy_sums[0], out0.entropy_sums[0])):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert out.stats[0].loss == pytest.approx(out0.stats[0].loss, rel=1e-5, abs=1e-7)
+    assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
+    # the gradient AdamW is given (its first step is about lr x sign(g): weights would magnify rounding where g ~ 0)
+    assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
+
+
 def test_a_policy_update_is_the_same_with_sharing_on_and_off():
     """TorchPolicy with trainer.share_prefix: the reference, old logprobs, entropies, loss records and the
     gradient of a GRPO step on a mixed-reward group equal the unshared policy's (float32, 1e-5 relative)."""
     import copy
 
-    from nemo_rcgrpo.algorithms.losses import GRPOLoss
-    from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+    from nemo_rcgrpo.data.batch import MicroBatch
     from nemo_rcgrpo.models.hf import load_model
 
     torch.manual_seed(0)
@@ -143,21 +170,8 @@ def test_a_policy_update_is_the_same_with_sharing_on_and_off():
     for share in (True, False):
         policy = _policy(copy.deepcopy(base), share_prefix=share, pack_sequences=False)
         assert (policy.layout(tokens) is not None) is share
-        ref = policy.frozen_reference()(tokens)
-        old, ent = policy.logprobs(tokens, with_entropy=True)
-        batch = RLMicroBatch(ids, attention, loss_mask, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]),
-                             ref_logprobs=ref, sampler_logprobs=old.clone(), old_logprobs=old, first=0)
-        grads = _gradients_at_the_step(policy)
-        out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
-                                float(loss_mask.sum()), with_entropy=True)
-        results.append((ref, old, ent, out, grads[0]))
-    (ref, old, ent, out, g), (ref0, old0, ent0, out0, g0) = results
-    for a, b in ((ref, ref0), (old, old0), (ent, ent0), (out.entropy_sums[0], out0.entropy_sums[0])):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
-    assert out.stats[0].loss == pytest.approx(out0.stats[0].loss, rel=1e-5, abs=1e-7)
-    assert out.grad_norm == pytest.approx(out0.grad_norm, rel=1e-5)
-    # the gradient AdamW is given (its first step is about lr x sign(g): weights would magnify rounding where g ~ 0)
-    assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
+        results.append(_grpo_step(policy, tokens))
+    _assert_same_step(*results)
 
 
 def test_only_a_cache_that_keeps_every_key_is_shared():
