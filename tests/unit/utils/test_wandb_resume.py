@@ -1,5 +1,7 @@
 """W&B: a resumed run continues the same W&B run; name, entity, group and tags are settable."""
 
+import re
+
 from nemo_rcgrpo.config_schema import WandbConfig
 from nemo_rcgrpo.utils.logging import MetricsLogger, wandb_init_args
 
@@ -26,4 +28,5 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
         logger.close()
     runs = sorted(p.name for p in (run / "wandb").glob("offline-run-*"))
     wanted = (run / "wandb_id").read_text().strip()
-    assert len(runs) == 2 and all(name.endswith("-" + wanted) for name in runs), runs
+    # offline-run-<time>-<id>; two invocations within one second get "-1" after the second folder's name
+    assert len(runs) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{wanted}(-\d+)?", n) for n in runs), runs
