@@ -444,14 +444,17 @@ def _recorded(run_dir) -> dict:
     return {"metrics": metrics, "dumps": dumps}
 
 
-def _agrees(metric: str, got: float, want: float) -> bool:
-    """Every metric to float rounding, but the entropy-reward correlations, which are only checked to be one: over
-    8 rollouts of a tiny random model whose mean entropies all lie close to 10.777, the log of its vocabulary (the
-    token mean and the mean of per-rollout means agree to 2e-5), they are ill-conditioned (two fresh installs of this machine's pinned packages gave values 0.05
-    apart while every other metric agreed to 1e-6). Their arithmetic is tested by hand in test_rl_batch.py."""
+def _agrees(metric: str, got: float, want: float, step: int) -> bool:
+    """Step 1's metrics to float rounding (1e-6); later steps' to 1e-4. Adam's first step moves every weight by
+    about lr * sign(g), also where |g| is near 1e-8 and its sign is rounding: a fresh install of the same pinned
+    packages gave step 2's and 3's grad_norm and kl 1e-5 apart (relative) from the recorded run, with step 1 and
+    every rollout dump the same. The entropy-reward correlations are only checked to lie in [-1, 1]: over 8 rollouts of a tiny
+    random model whose mean entropies all lie close to 10.777, the log of its vocabulary (the token mean and the
+    mean of per-rollout means agree to 2e-5), they are ill-conditioned (two fresh installs gave values 0.05 apart
+    while every other metric agreed to 1e-6). Their arithmetic is tested by hand in test_rl_batch.py."""
     if metric.startswith("entropy_reward_corr"):
         return -1.0 <= got <= 1.0
-    return got == pytest.approx(want, rel=1e-6, abs=1e-9)
+    return got == pytest.approx(want, rel=1e-6 if step == 1 else 1e-4, abs=1e-9)
 
 
 def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
@@ -470,6 +473,6 @@ def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
         assert len(got[run]["metrics"]) == len(want[run]["metrics"])
         off = []  # every metric off, so a failure shows the whole difference at once
         for step, (g, w) in enumerate(zip(got[run]["metrics"], want[run]["metrics"]), 1):
-            off += [(step, k, g[k], w[k]) for k in w if k in g and not _agrees(k, g[k], w[k])]
+            off += [(step, k, g[k], w[k]) for k in w if k in g and not _agrees(k, g[k], w[k], step)]
             off += [(step, k, "only one side has it") for k in set(g) ^ set(w)]
         assert not off, (run, off)
