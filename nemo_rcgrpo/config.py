@@ -16,8 +16,8 @@ from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
 from nemo_rcgrpo.layout import ParallelPlan, parallel_plan
@@ -49,7 +49,7 @@ class PolicySetup:
     chat: ChatConfig = ChatConfig()
     reward_tokens: RewardTokensConfig = RewardTokensConfig()
     generation: GenerationConfig = GenerationConfig()
-    env: BFCLEnvConfig = BFCLEnvConfig()  # the tasks played (the scripted generator plays their ground truth)
+    env: EnvConfig = EnvConfig()  # the tasks played (the scripted generator plays their ground truth)
     run_dir: str = "runs/default"  # a started vLLM server keeps its weight folder under it
     generation_gpus: int = 0  # layout.generation_gpus of a training job (the server's GPUs); 0 elsewhere
 
@@ -95,9 +95,11 @@ class PolicySetup:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    # a registered stage: sft (expert data) | rctp (reward-conditioned mixed data) | grpo (no tokens) | rcgrpo |
+    # dapo_filter (GRPO + zero-variance filtering) | a plugin's (nemo_rcgrpo/stages.py)
     stage: str = "sft"
-    seed: int = 1234
-    run_dir: str = "runs/default"
+    seed: int = 1234  # data order, sampling, model initialisation of added rows
+    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, tensorboard/, rollouts/, hf/ (the recipes: runs/<stage>)
     overwrite: bool = False  # with trainer.resume=false: remove the run already in run_dir and start over
     plugins: tuple[str, ...] = ()  # modules imported before validation: their @register entries (nemo_rcgrpo.registry)
     model: ModelConfig = ModelConfig()
@@ -108,9 +110,9 @@ class TrainConfig:
     policy: PolicyConfig = PolicyConfig()
     reward_tokens: RewardTokensConfig = RewardTokensConfig()
     rl: RLConfig = RLConfig()
-    env: BFCLEnvConfig = BFCLEnvConfig()
+    env: EnvConfig = EnvConfig()  # the environment, its tasks and its settings (nemo_rcgrpo/envs/config.py)
     generation: GenerationConfig = GenerationConfig()
-    layout: LayoutConfig = LayoutConfig()
+    layout: LayoutConfig = LayoutConfig()  # GPU jobs: where processes go (read by `rcgrpo layout` and scripts/slurm/)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "TrainConfig":
@@ -323,7 +325,9 @@ def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):
         if dataclasses.is_dataclass(default):
             if not isinstance(value, dict):
                 raise ConfigError(f"{prefix}{f.name} must be a section (mapping), got {value!r}")
-            value = _build(type(default), value, f"{prefix}{f.name}.")
+            # a section that builds itself (env: env.settings is the class env.name registers); others field by field
+            build = getattr(type(default), "from_mapping", None)
+            value = build(value, f"{prefix}{f.name}") if build else _build(type(default), value, f"{prefix}{f.name}.")
         elif isinstance(default, tuple) and isinstance(value, list):
             value = tuple(value)
         values[f.name] = value

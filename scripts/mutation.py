@@ -72,6 +72,8 @@ TARGETS: dict[str, Target] = {
     "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",),
                          glue=True),
     "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", ("tests/unit/algorithms/test_rl_batch.py",), glue=True),
+    "rl_tasks": Target("nemo_rcgrpo/data/rl_tasks.py", ("tests/unit/data/test_rl_tasks.py",),
+                       scope=("stratified_sample", "load_rl_tasks"), glue=True),
     "sft_data": Target("nemo_rcgrpo/data/sft_data.py", ("tests/unit/data/test_sft_data.py",),
                        scope=("build_examples", "epoch_batches", "collate"), glue=True),
     "dataset": Target("nemo_rcgrpo/data/dataset.py", ("tests/unit/data/test_dataset.py",),
@@ -179,7 +181,7 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
      "trajs, timings = engine.rollout_timed(specs, seed=seed + (100004) * step + 1_009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
     ("rl_collect", "collect_groups",
      "trajs, timings = engine.rollout_timed(specs, seed=seed + 100_003 * step + (1010) * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "stratified_sample", "if (k > len(task_ids)):", 1):
+    ("rl_tasks", "stratified_sample", "if (k > len(task_ids)):", 1):
         "with k equal to the number of ids every category's share is all of it: the same ids in the same order",
     ("rl_collect", "collect_groups", "rounds = 1 + (rl.dapo_max_rounds if filtering else (1))", 1):
         "without a filter the first round keeps every group, and the loop stops at `need <= 0` before a second",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup
 from nemo_rcgrpo.config_schema import RLConfig
@@ -65,29 +65,6 @@ def shuffled_tasks(task_ids: Sequence[str], cursor: int, n: int, seed: int) -> l
         random.Random(seed * 7_919 + epoch).shuffle(order)
         out.append(order[index])
     return out
-
-
-def stratified_sample(task_ids: Sequence[str], category_of: Callable[[str], str], k: int, seed: int) -> list[str]:
-    """``k`` of ``task_ids`` (all of them when there are fewer), stratified by ``category_of``: each category gets
-    its share ``k * n_c / n`` rounded down, the ``k`` left over go to the largest remainders (ties: the category
-    named first), and each category's picks are a seeded shuffle's first ones. Returned in ``task_ids``' order, so
-    the sample depends only on the set of ids, their categories, ``k`` and ``seed``."""
-    if k >= len(task_ids):
-        return list(task_ids)
-    by_category: dict[str, list[str]] = {}
-    for task_id in task_ids:
-        by_category.setdefault(category_of(task_id), []).append(task_id)
-    total = len(task_ids)
-    share = {c: k * len(ids) // total for c, ids in by_category.items()}
-    left = k - sum(share.values())
-    for c in sorted(by_category, key=lambda c: (-(k * len(by_category[c]) % total), c))[:left]:
-        share[c] += 1
-    picked: set[str] = set()
-    for c, ids in sorted(by_category.items()):
-        order = sorted(ids)
-        random.Random(f"{seed}:{c}").shuffle(order)
-        picked.update(order[: share[c]])
-    return [t for t in task_ids if t in picked]
 
 
 def rollout_specs(rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequence[str], first_group: int,

@@ -17,7 +17,7 @@ checked by ``tests/unit/data/test_official_templates.py``):
 JSON is written as the templates' ``tojson`` writes it (``ensure_ascii=False``).
 Deliberate differences, each an option that no 7B/8B recipe uses: the compact
 tool list (``chat.tool_description=compact``, CPU recipes), and a conversation
-with no system message (``env.system_prompt=''``), for which the Qwen template
+with no system message (``env.settings.system_prompt=''``), for which the Qwen template
 writes its own identity line and the project writes no system block.
 
 A conversation renders as a concatenation of per-message *pieces*; each piece

@@ -16,10 +16,14 @@ A row that does not fit is a `DataSchemaError` of one line naming the file, the 
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from nemo_rcgrpo.data.consistency import check_task_source
 from nemo_rcgrpo.data.dataset import DataSchemaError, jsonl_objects, open_table
+from nemo_rcgrpo.envs.sources import make_suite
 
 FIELDS = ("task_id", "category", "env", "task_source", "mode")
 
@@ -79,3 +83,50 @@ def task_ids(data_dir: str | Path, split: str, required: bool = True) -> list[st
                                     f"`rcgrpo prepare-data out_dir={data_dir}`")
         return []
     return list(load_pointers(path)["task_id"])
+
+
+def stratified_sample(task_ids: Sequence[str], category_of: Callable[[str], str], k: int, seed: int) -> list[str]:
+    """``k`` of ``task_ids`` (all of them when there are fewer), stratified by ``category_of``: each category gets
+    its share ``k * n_c / n`` rounded down, the ``k`` left over go to the largest remainders (ties: the category
+    named first), and each category's picks are a seeded shuffle's first ones. Returned in ``task_ids``' order, so
+    the sample depends only on the set of ids, their categories, ``k`` and ``seed``."""
+    if k >= len(task_ids):
+        return list(task_ids)
+    by_category: dict[str, list[str]] = {}
+    for task_id in task_ids:
+        by_category.setdefault(category_of(task_id), []).append(task_id)
+    total = len(task_ids)
+    share = {c: k * len(ids) // total for c, ids in by_category.items()}
+    left = k - sum(share.values())
+    for c in sorted(by_category, key=lambda c: (-(k * len(by_category[c]) % total), c))[:left]:
+        share[c] += 1
+    picked: set[str] = set()
+    for c, ids in sorted(by_category.items()):
+        order = sorted(ids)
+        random.Random(f"{seed}:{c}").shuffle(order)
+        picked.update(order[: share[c]])
+    return [t for t in task_ids if t in picked]
+
+
+@dataclass(frozen=True)
+class RLTasks:
+    """What stage 2 rolls out and evaluates: the task source's suite, the training tasks (the ``rl_<split>``
+    pointers that the suite holds, in their order) and the held-out sample (``rl_test``'s, stratified by category:
+    the test split's order would favour its first category)."""
+
+    suite: Any
+    train: list[str]
+    held_out: list[str]
+
+
+def load_rl_tasks(data_dir: str | Path, split: str, env: Any, eval_tasks: int, seed: int) -> RLTasks:
+    """The run's tasks from ``data_dir``'s pointers and the env section (``task_source``, ``categories``); refuses,
+    in one line, data prepared from another task source and pointers of which the suite holds none."""
+    check_task_source(data_dir, env.task_source)
+    suite = make_suite(env.task_source, env.categories)
+    train = [t for t in task_ids(data_dir, split) if t in suite.tasks]
+    if not train:
+        raise ValueError(f"no task of the rl_{split} pointers in {data_dir} is in task source {env.task_source} "
+                         f"(categories {list(env.categories)})")
+    test = [t for t in task_ids(data_dir, "test", required=False) if t in suite.tasks]
+    return RLTasks(suite, train, stratified_sample(test, lambda t: suite[t].category, eval_tasks, seed))

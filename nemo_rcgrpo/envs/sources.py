@@ -10,13 +10,19 @@ Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (1,320 s
 file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
 `rcgrpo eval` all build their suite through `make_suite`, so one name picks the tasks everywhere.
 
-An environment is a factory of the env settings and the suite that returns an opener (`envs/interfaces.py`):
+An environment is a factory of its settings and the suite that returns an opener (`envs/interfaces.py`); its
+settings are a dataclass registered under the same name, ``env.settings`` of a run (`envs/config.py`):
+
+    @register("env_settings", "my_env")
+    @dataclass(frozen=True)
+    class MySettings:
+        max_steps: int = 8             # env.settings.max_steps
 
     @register("env", "my_env")
-    def my_env(config, suite):         # config: the run's env section; -> .open(task) -> (Env, opening messages)
-        return MyOpener(suite, max_steps=config.max_steps)
+    def my_env(settings, suite):       # settings: a MySettings; -> .open(task) -> (Env, opening messages)
+        return MyOpener(suite, max_steps=settings.max_steps)
 
-Shipped: ``bfcl``. `examples/plugins/kv_store/` trains a key-value-store environment of its own from the CLI.
+Shipped: ``bfcl`` (settings `envs/bfcl/config.py: BFCLSettings`). `examples/plugins/kv_store/` trains a key-value-store environment of its own from the CLI.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from pathlib import Path
 from typing import Iterable
 
 from nemo_rcgrpo.registry import error_line, lookup, plugin_frame, register
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.contract import PluginContractError, check_suite, where
+
+register("env_settings", "bfcl")(BFCLSettings)
 
 
 @register("task_source", "bfcl")
@@ -43,12 +52,12 @@ def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
 
 
 @register("env", "bfcl")
-def bfcl_env(config, suite):
-    """BFCL's executable environment (`envs/bfcl/env.py`) with ``config``'s settings, reset with the suite's
-    memoised gold replay: the task sources ``bfcl``, ``bfcl_micro`` and any BFCL-like suite (``.gold``)."""
+def bfcl_env(settings: BFCLSettings, suite):
+    """BFCL's executable environment (`envs/bfcl/env.py`) with these settings, reset with the suite's memoised
+    gold replay: the task sources ``bfcl``, ``bfcl_micro`` and any BFCL-like suite (``.gold``)."""
     from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
 
-    return BFCLOpener(config, suite)
+    return BFCLOpener(settings, suite)
 
 
 def _shipped(fn) -> bool:
@@ -56,11 +65,11 @@ def _shipped(fn) -> bool:
 
 
 def make_opener(config, suite):
-    """What the rollout engine opens its environments with: the ``env.name`` entry, given the env settings and the
-    suite of ``env.task_source``."""
+    """What the rollout engine opens its environments with: the ``env.name`` entry, given ``env.settings`` (an
+    `envs/config.py: EnvConfig`'s) and the suite of ``env.task_source``."""
     factory = lookup("env", config.name, setting="env.name")
     try:
-        return factory(config, suite)
+        return factory(config.settings, suite)
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
         if _shipped(factory) or plugin_frame(e) is None:  # this package's own errors: as they are
             raise

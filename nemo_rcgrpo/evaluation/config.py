@@ -8,7 +8,7 @@ from typing import Any
 
 from nemo_rcgrpo.config import PolicySetup, _build, _choice
 from nemo_rcgrpo.config_schema import ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.config import EnvConfig, build_settings, settings_class
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
@@ -19,7 +19,7 @@ PROTOCOLS = ("paper", "bfcl")
 class CheckpointPolicyConfig:
     """policy=checkpoint: an HF folder, a model name, or a run dir (its hf/ export or newest checkpoint)."""
 
-    path: str | None = None
+    path: str | None = None  # HF folder, model name (smollm2), run dir (its hf/ or newest checkpoint) or checkpoints/step_N
     step: int | None = None  # a run dir's checkpoints/step_N instead of the newest
 
 
@@ -43,25 +43,31 @@ class EndpointPolicyConfig:
 
 @dataclass
 class EvalConfig:
-    policy: str = "oracle"  # oracle | null | checkpoint | endpoint | a plugin's (kind eval_policy)
+    # oracle (ground truth, 100%) | null (no calls, 0%) | checkpoint | endpoint | a plugin's (kind eval_policy)
+    policy: str = "oracle"
     protocol: str = "paper"  # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
-    out_dir: str | None = None
-    overwrite: bool = False
+    out_dir: str | None = None  # required: episodes.jsonl, summary.json
+    overwrite: bool = False  # remove an evaluation already in out_dir first
     resume: bool = False  # finish an incomplete evaluation in out_dir (episodes already scored are kept)
     seed: int = 1234
-    plugins: tuple[str, ...] = ()  # modules imported before validation (nemo_rcgrpo.registry)
+    plugins: tuple[str, ...] = ()  # modules to import first: their @register entries (rcgrpo plugins lists them)
     # which tasks
     data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)
     split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
-    test_fraction: float = 0.1
+    test_fraction: float = 0.1  # paper, without data_dir: the held-out share of that split
     categories: tuple[str, ...] = CATEGORIES
-    task_source: str = "bfcl"  # a registered task source (bfcl | bfcl_micro | a plugin's); as the run was trained on
+    # a registered task source (bfcl (BFCL v4) | bfcl_micro (docs/experiments.md) | a plugin's), as the run was
+    # trained on
+    task_source: str = "bfcl"
     env: str = "bfcl"  # a registered environment (bfcl | a plugin's), as the run was trained on (its env.name)
-    reward: str = "state_x_action"  # BFCL's env: the registered reward scored (the paper's; state | action: ablations)
-    tasks: tuple[str, ...] | None = None  # explicit task ids (overrides the protocol's task set)
+    # BFCL's env: the registered reward scored (the paper's R_state x R_action, success = 1; state | action: ablations)
+    reward: str = "state_x_action"
+    tasks: tuple[str, ...] | None = None  # explicit task ids, e.g. [multi_turn_base_0] (overrides the protocol's)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
     # conditioning and sampling
-    reward_token: str = "auto"  # checkpoint and endpoint: auto (high if trained with reward conditioning, else none) | high | low | none
+    # checkpoint and endpoint: auto (high if trained with reward conditioning: its training record, else none) | high |
+    # low | none
+    reward_token: str = "auto"
     samples: int = 1  # rollouts per task; > 1 needs temperature > 0 (pass@k and mean accuracy)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -69,13 +75,13 @@ class EvalConfig:
     max_turns: int = 20  # assistant messages per episode
     max_total_tokens: int = 16384  # context budget of a token-level episode (checkpoint policy)
     max_steps: int = 20  # tool-calling steps per turn (bfcl) / per episode (paper); BFCL's limit is 20
-    progress: bool = True
+    progress: bool = True  # a progress bar over the episodes
     # policy settings
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
     endpoint: EndpointPolicyConfig = EndpointPolicyConfig()
     model: ModelConfig = ModelConfig()  # dtype, reward_tokens of the checkpoint policy
     chat: ChatConfig = ChatConfig()
-    generation: GenerationConfig = GenerationConfig()
+    generation: GenerationConfig = GenerationConfig()  # checkpoint: generation=vllm runs it through a vLLM server
     reward_tokens: RewardTokensConfig = RewardTokensConfig()
 
     @classmethod
@@ -139,10 +145,13 @@ class EvalConfig:
             if e.timeout <= 0 or e.max_retries < 0 or e.backoff < 0 or e.concurrency < 1:
                 raise ConfigError("endpoint.timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1")
 
-    def env_config(self) -> BFCLEnvConfig:
-        """The environment of the episodes: the task source, protocol's episode shape, categories and step limit."""
-        return BFCLEnvConfig(name=self.env, task_source=self.task_source, mode=self.mode,
-                             categories=tuple(self.categories), max_steps=self.max_steps, reward=self.reward)
+    def env_config(self) -> EnvConfig:
+        """The environment of the episodes: the task source, categories, and the env's settings, of which the
+        protocol's episode shape (``mode``), ``max_steps`` and ``reward`` where the env's settings have them."""
+        given = {"mode": self.mode, "max_steps": self.max_steps, "reward": self.reward}
+        known = {f.name for f in dataclasses.fields(settings_class(self.env))}
+        return EnvConfig(name=self.env, task_source=self.task_source, categories=tuple(self.categories),
+                         settings=build_settings(self.env, {k: v for k, v in given.items() if k in known}))
 
     def policy_setup(self, model_path: str | None = None) -> PolicySetup:
         """What a checkpoint policy is built from, as in training: model loading, chat format, generator, tasks."""

@@ -95,7 +95,7 @@ class MessagePolicy:
 
         def one(index: int, task_id: str) -> dict:
             task = suite[task_id]
-            env = env_cfg.make_env()
+            env = env_cfg.settings.make_env()
             opening = env.reset(task, gold=suite.gold(task))
             if self.reward_token is not None:
                 opening = self.goal.apply(opening, self.reward_token)

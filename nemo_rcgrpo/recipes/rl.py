@@ -5,7 +5,7 @@ One step (the RC-GRPO paper, "The method"):
   1. take ``tasks_per_step`` training tasks; G rollouts each;
   2. a conditioned stage (rcgrpo): sample a reward token per rollout (iid with P(high) = p, or
      stratified) and put it into the rollout's first user message;
-  3. roll out all of them together (`rollout/multi_turn.py`), the env's reward (BFCL's: env.reward, by default
+  3. roll out all of them together (`rollout/multi_turn.py`), the env's reward (BFCL's: env.settings.reward, by default
      the paper's R = R_state x R_action);
   4. group advantages over the whole group regardless of token;
      with a group filter (rl.group_filter, or the stage's keep_group; dapo_filter: DAPO's dynamic sampling,
@@ -27,10 +27,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,13 +42,13 @@ from nemo_rcgrpo.data.prefix_tree import step_savings
 from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
                                              write_rollouts)
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
-from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups, stratified_sample
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
 from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.data.consistency import check_prompt_prefix, check_task_source, reward_goal_of
-from nemo_rcgrpo.data.rl_tasks import task_ids as rl_task_ids
-from nemo_rcgrpo.envs.sources import make_opener, make_suite
+from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
+from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
+from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
@@ -80,9 +78,15 @@ class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
         self.cfg, self.dist, self.recipe = cfg, dist, recipe
         self.run_dir = Path(cfg.run_dir)
-        seed_everything(cfg.seed)
         ensure_data(cfg, dist)
+        # what the data decides, checked before the model loads: the tasks (of the env section's task source), the
+        # reward goal stage 1 was prepared with (template, position, separator; not a default copy), the env opener
+        tasks = load_rl_tasks(cfg.data.dir, cfg.rl.split, cfg.env, cfg.rl.eval_tasks, cfg.seed)
+        self.suite, self.task_ids, self.eval_ids = tasks.suite, tasks.train, tasks.held_out
+        goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
+        opener = make_opener(cfg.env, self.suite)
         setup = cfg.policy_setup()
+        seed_everything(cfg.seed)  # before the model is built (a tiny model's random init) and anything samples
         self.tokenizer, model = load_tokenizer_and_model(setup)
         self.renderer = make_renderer(setup, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
@@ -93,6 +97,7 @@ class RLTrainer:
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
         self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
                                       conditioned=cfg.stage_spec.conditioned)
+        self.record["reward_goal"] = dataclasses.asdict(goal)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(cfg.policy_build(), model, dist, cfg.trainer.max_steps * self.updates)
@@ -101,13 +106,6 @@ class RLTrainer:
                              "processes use policy.backend=megatron")
         self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = self.policy.data_parallel()
-        check_task_source(cfg.data.dir, cfg.env.task_source)
-        self.suite = make_suite(cfg.env.task_source, cfg.env.categories)
-        # the RL task pointers through `datasets` (JSONL, Parquet or a saved Dataset: data/rl_tasks.py)
-        self.task_ids = [t for t in rl_task_ids(cfg.data.dir, cfg.rl.split) if t in self.suite.tasks]
-        if not self.task_ids:
-            raise ValueError(f"no task of the rl_{cfg.rl.split} pointers in {cfg.data.dir} is in task source "
-                             f"{cfg.env.task_source} (categories {list(cfg.env.categories)})")
         rl = cfg.rl
         self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
         # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
@@ -115,22 +113,14 @@ class RLTrainer:
         if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
             self.policy.module.to(self.policy.device)
         self.shares_weights = bool(all_reduce_sum(float(shares), dist))
-        # the reward goal the stage-1 data was prepared with (template, position, separator), not a default copy
-        goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
-        self.record["reward_goal"] = dataclasses.asdict(goal)
-        self.engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
-                                    SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
-                                                   temperature=rl.sampling.temperature, top_p=rl.sampling.top_p),
+        sampling = SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature,
+                                  top_p=rl.sampling.top_p)
+        self.engine = RolloutEngine(self.generator, self.renderer, opener, sampling,
                                     max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
                                     name=cfg.env.name, rejected_message=cfg.chat.rejected_message)
-        self.eval_engine = RolloutEngine(self.generator, self.renderer, make_opener(cfg.env, self.suite),
-                                         SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0),
-                                         max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
-                                         name=cfg.env.name, rejected_message=cfg.chat.rejected_message)
-        # held-out tasks: a seeded sample stratified by category (the test split's order would favour its first one)
-        self.eval_ids = stratified_sample([t for t in rl_task_ids(cfg.data.dir, "test", required=False)
-                                           if t in self.suite.tasks],
-                                          lambda t: self.suite[t].category, rl.eval_tasks, cfg.seed)
+        # held-out episodes: greedy, the rest as in training
+        self.eval_engine = self.engine.with_sampling(SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
+                                                                    temperature=0.0))
         self.step, self.task_cursor = 0, 0
         # the env opens a training task with checked messages and tools, or the run stops here in one line
         self.engine.opening(self.suite[self.task_ids[0]], None)
@@ -369,25 +359,8 @@ class RLTrainer:
         return box[0]
 
 
-def maybe_run_stage1(cfg: TrainConfig) -> None:
-    """rl.stage1_recipe: train the initial model first when model.path does not exist yet."""
-    if cfg.rl.stage1_recipe is None or Path(cfg.model.path).exists():
-        return
-    from nemo_rcgrpo.recipes.stage1 import run_stage1
-    from nemo_rcgrpo.utils.config import compose
-
-    run_dir = Path(cfg.model.path).parent
-    overrides = [f"run_dir={run_dir}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
-                 f"logging.progress={str(cfg.logging.progress).lower()}", f"plugins=[{','.join(cfg.plugins)}]",
-                 *cfg.rl.stage1_overrides]
-    stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
-    if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
-        print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
-    run_stage1(stage1, recipe=cfg.rl.stage1_recipe)
-
-
 def run_rl(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:
-    maybe_run_stage1(cfg)
+    """Stage 2 on model.path, which exists (`loops.rl_loop` trains it first from rl.stage1_recipe where it does not)."""
     dist = init_distributed()
     try:
         return RLTrainer(cfg, dist, recipe).run()

@@ -31,6 +31,7 @@ environment that cannot open a task stops the run with one line naming the env a
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -161,6 +162,13 @@ class RolloutEngine:
         self.max_total_tokens = max_total_tokens
         self.reward_goal = reward_goal or RewardGoal()
         self.parse = renderer.spec.parse
+
+    def with_sampling(self, sampling: SamplingParams) -> "RolloutEngine":
+        """This engine (generator, renderer, envs, limits, reward goal) with other sampling settings: the greedy
+        engine of in-training evaluation beside the training one."""
+        other = copy.copy(self)
+        other.sampling = SamplingParams(**{**sampling.__dict__, "stop_token_ids": tuple(self.renderer.stop_ids)})
+        return other
 
     def opening(self, task: Task, reward_token: bool | None):
         """(env, opening messages with the rollout's reward goal, tools offered) of a new rollout of ``task``."""

@@ -1,22 +1,29 @@
 """Self-describing config commands (`rcgrpo train|eval|prepare-data|layout`).
 
-``--help`` lists the recipes in ``conf/`` (with the first line of each file's comment) and the main settings
-with their defaults and one-line meanings, read from the defaults YAML and its comments (the one place they are
-written); ``--cfg job`` prints the resolved config and exits; a command with no sensible default recipe
-(``train``, ``layout``) refuses to run without ``--config-name`` and lists the recipes instead.
+``--help`` lists the recipes in ``conf/`` (with the first line of each file's comment), every setting with its
+default and one-line meaning, read from the schema dataclass and the comments of its fields (the one place they are
+written), then what the base files change (their values and comments); ``--cfg job`` prints the resolved config and
+exits; a command with no sensible default recipe (``train``, ``layout``) refuses to run without ``--config-name``
+and lists the recipes instead.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
+import inspect
+import io
 import re
+import textwrap
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
-from nemo_rcgrpo.utils.config import ConfigError, add_config_dir, compose, conf_dir, config_dirs, split_argv
-from nemo_rcgrpo.utils.run_dir import flat_config
+from nemo_rcgrpo.utils.config import ConfigError, add_config_dir, compose, conf_dir, config_dirs, plain, split_argv
 
 
 @dataclass(frozen=True)
@@ -24,29 +31,27 @@ class Command:
     usage: str
     root: str  # the defaults file every recipe of this command builds on
     default_name: str | None  # None: --config-name is required
-    # (title, defaults file relative to conf/, key prefix the file's keys live under, key prefixes shown or () for all)
-    settings: tuple[tuple[str, str, str, tuple[str, ...]], ...]
-    schema: str | None = None  # "module:Class" whose defaults fill in the keys no YAML file writes
+    schema: str  # "module:Class": the defaults and their meanings (the comments of its fields)
+    # (title, YAML file relative to conf/, key prefix the file's keys live under): what a base file changes
+    changes: tuple[tuple[str, str, str], ...] = ()
+    only: tuple[str, ...] = ()  # key prefixes shown (() for all)
 
 
-_TRAIN_SETTINGS = (
-    ("stage 1 and shared (conf/stage1_defaults.yaml)", "stage1_defaults", "", ()),
-    ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", "", ()),
-    ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation.", ()),
-    ("generation=scripted (conf/generation/scripted.yaml)", "generation/scripted", "generation.", ()),
-)
 COMMANDS = {
     "train": Command("rcgrpo train --config-name RECIPE [key=value ...]   (also: torchrun nemo_rcgrpo/train.py ...)",
-                     "stage1_defaults", None, _TRAIN_SETTINGS, "nemo_rcgrpo.config:TrainConfig"),
+                     "stage1_defaults", None, "nemo_rcgrpo.config:TrainConfig",
+                     (("every recipe (conf/stage1_defaults.yaml)", "stage1_defaults", ""),
+                      ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", ""),
+                      ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation."),
+                      ("generation=scripted (conf/generation/scripted.yaml)", "generation/scripted", "generation."))),
     "layout": Command("rcgrpo layout --config-name RECIPE [key=value ...] [--json]", "stage1_defaults", None,
-                      (("GPU layout (conf/stage1_defaults.yaml)", "stage1_defaults", "", ("layout.", "policy.")),
-                       ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation.",
-                        ("generation.vllm.tp", "generation.vllm.devices", "generation.vllm.url")))),
+                      "nemo_rcgrpo.config:TrainConfig", (),
+                      ("layout.", "policy.", "generation.backend", "generation.vllm.tp", "generation.vllm.devices",
+                       "generation.vllm.url")),
     "eval": Command("rcgrpo eval [--config-name RECIPE] policy=oracle|null|checkpoint|endpoint out_dir=PATH "
-                    "[key=value ...]", "eval", "eval", (("evaluation (conf/eval.yaml)", "eval", "", ()),),
-                    "nemo_rcgrpo.evaluation.config:EvalConfig"),
+                    "[key=value ...]", "eval", "eval", "nemo_rcgrpo.evaluation.config:EvalConfig"),
     "prepare-data": Command("rcgrpo prepare-data [key=value ...]", "prepare_data", "prepare_data",
-                            (("data preparation (conf/prepare_data.yaml)", "prepare_data", "", ()),)),
+                            "nemo_rcgrpo.prepare_data:PrepareDataConfig"),
 }
 
 
@@ -169,11 +174,47 @@ def documented_settings(path: Path, prefix: str = "") -> list[tuple[str, str, st
     return out
 
 
-def _schema_defaults(spec: str) -> dict[str, Any]:
-    import importlib
+def field_comments(cls: type) -> dict[str, str]:
+    """{field: its meaning} of a dataclass, read from its source: the comment lines right above a field, then the
+    comment on the field's own lines (the one place a default's meaning is written)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, a line of its own)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = (tok.string.lstrip("#").strip(), tok.line.strip().startswith("#"))
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above, line = [], node.lineno - 1
+        while line in comments and comments[line][1]:
+            above.insert(0, comments[line][0])
+            line -= 1
+        trailing = [comments[n][0] for n in range(node.lineno, node.end_lineno + 1)
+                    if n in comments and not comments[n][1]][:1]
+        out[node.target.id] = " ".join(p for p in above + trailing if p)
+    return out
 
+
+def schema_settings(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, meaning) of every leaf of a config dataclass, in field order; a section (a field whose
+    default is a dataclass, e.g. env.settings: the default env's) is walked into."""
+    instance, comments, out = cls(), field_comments(cls), []
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            out += schema_settings(type(value), f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, plain(value), comments.get(f.name, "")))
+    return out
+
+
+def _schema_class(spec: str) -> type:
     module, name = spec.split(":")
-    return flat_config(getattr(importlib.import_module(module), name)().to_dict())
+    return getattr(importlib.import_module(module), name)
 
 
 def help_text(command: str, directory: Path | None = None) -> str:
@@ -188,20 +229,17 @@ def help_text(command: str, directory: Path | None = None) -> str:
         width = max((len(n) for n, _ in found), default=0)
         lines += [f"  {n.ljust(width)}  {d}" for n, d in found]
         lines.append("")
-    shown: set[str] = set()
-    for title, file, prefix, only in spec.settings:
-        rows = [r for r in documented_settings(directory / f"{file}.yaml", prefix) if not only or r[0].startswith(only)]
-        shown |= {k for k, _, _ in rows}
-        lines.append(f"settings, {title}: key=default  meaning")
-        width = min(max((len(k) + len(v) for k, v, _ in rows), default=0) + 1, 52)
-        lines += [f"  {f'{k}={v}'.ljust(width)}  {c}".rstrip() for k, v, c in rows]
+    rows = [(k, _written(v), c) for k, v, c in schema_settings(_schema_class(spec.schema))
+            if not spec.only or k.startswith(spec.only)]
+    sections = [(f"settings, the defaults (schema {spec.schema.replace(':', '.')}): key=default  meaning", rows)]
+    for title, file, prefix in spec.changes:
+        sections.append((f"what {title} changes: key=value  meaning", documented_settings(directory / f"{file}.yaml",
+                                                                                          prefix)))
+    for title, section in sections:
+        lines.append(title)
+        width = min(max((len(k) + len(v) for k, v, _ in section), default=0) + 1, 52)
+        lines += [f"  {f'{k}={v}'.ljust(width)}  {c}".rstrip() for k, v, c in section]
         lines.append("")
-    if spec.schema and command != "layout":
-        rest = {k: v for k, v in _schema_defaults(spec.schema).items() if k not in shown}
-        if rest:
-            lines.append(f"settings no YAML file writes (defaults of {spec.schema.replace(':', '.')}):")
-            lines += [f"  {k}={_written(v)}" for k, v in rest.items()]
-            lines.append("")
     lines.append("Overrides are Hydra's: key=value for a known key, +key=value to add one; a wrong key gets a one-line "
                  "error with the nearest known keys.")
     return "\n".join(lines)

@@ -73,12 +73,62 @@ def config_dirs() -> list[Path]:
     return [*_USER_DIRS, conf_dir()]
 
 
+# The schemas whose defaults the recipes build on, as config nodes (``defaults: [train_schema, ...]`` in
+# conf/stage1_defaults.yaml, conf/eval.yaml, conf/prepare_data.yaml): the dataclasses state every default once, and a
+# YAML file states only what it changes. "module:Class" of a dataclass whose every field has a default.
+SCHEMAS = {"train_schema": "nemo_rcgrpo.config:TrainConfig",
+           "eval_schema": "nemo_rcgrpo.evaluation.config:EvalConfig",
+           "prepare_data_schema": "nemo_rcgrpo.prepare_data:PrepareDataConfig"}
+# sections whose keys are another registered part's (env.settings: the env's own dataclass, chosen by env.name): the
+# schema node leaves them empty, the recipe's keys are merged in, and ``section.key=value`` adds or replaces a key
+OPEN_SECTIONS = ("env.settings",)
+
+
+def schema_defaults(spec: str) -> dict[str, Any]:
+    """The defaults of the schema ``spec`` ("module:Class") as a plain nested dict."""
+    import dataclasses
+    import importlib
+
+    module, name = spec.split(":")
+    return plain(dataclasses.asdict(getattr(importlib.import_module(module), name)()))
+
+
+def _store_schemas() -> None:
+    """The schema nodes, stored once per process (the dataclasses' defaults do not change while it runs)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    if all(f"{name}.yaml" in store.repo for name in SCHEMAS):
+        return
+    for name, spec in SCHEMAS.items():
+        node = schema_defaults(spec)
+        for dotted in OPEN_SECTIONS:
+            parent, _, leaf = dotted.rpartition(".")
+            section = node
+            for part in parent.split("."):
+                section = section.get(part) if isinstance(section, dict) else None
+            if isinstance(section, dict) and leaf in section:
+                section[leaf] = {}
+        store.store(name=name, node=node)
+
+
+def _open_override(override: str) -> str:
+    """``env.settings.mode=x`` as ``++env.settings.mode=x`` (add or replace: the section's keys are the env's)."""
+    if override.startswith(("+", "~")):
+        return override
+    key = override.split("=", 1)[0]
+    return "++" + override if any(key.startswith(s + ".") for s in OPEN_SECTIONS) else override
+
+
 def compose(config_name: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The composed config as a plain dict (interpolations resolved)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    _store_schemas()
+    overrides = [_open_override(o) for o in overrides]
 
     dirs = config_dirs()
     primary = next((d for d in dirs if (d / f"{config_name}.yaml").is_file()), None)
@@ -136,6 +186,10 @@ def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | 
     section = key.rsplit(".", 1)[0] if "." in key else ""
     siblings = sorted(k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == section
                       and k != section)
+    leaf = key.rsplit(".", 1)[-1]
+    moved = f"{section}.settings.{leaf}"  # env.mode: the default env's settings are env.settings.*
+    if f"{section}.settings" in OPEN_SECTIONS and any(moved in _flat_keys(schema_defaults(s)) for s in SCHEMAS.values()):
+        close = [moved]
     hint = f"did you mean {close[0]}? " if close else ""
     return f"unknown setting {key}; {hint}known in {section or 'the top level'}: {siblings}"
 

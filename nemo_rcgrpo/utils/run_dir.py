@@ -51,10 +51,16 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
                                               # a label (the model group's); the paths it makes are compared
                                               "model.name": (None, "llama8b", "qwen7b"),
                                               # registered parts chosen by name: the values that mean what ran before
-                                              "env.reward": ("state_x_action",), "rl.group_filter": (None,),
+                                              "env.settings.reward": ("state_x_action",), "rl.group_filter": (None,),
                                               "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,),
                                               # runs before it answered a rejected message with error observations
                                               "chat.rejected_message": ("error",)}
+
+# settings that moved: a run saved under the old key resumes when the new key holds the same value (BFCL's env
+# settings went from env.* to env.settings.* when each env got a settings section of its own)
+RENAMED = {f"env.{key}": f"env.settings.{key}" for key in (
+    "mode", "max_steps", "max_calls_per_step", "arg_types", "on_parse_failure", "tool_response", "system_prompt",
+    "holdout_tools_in_message", "max_observation_chars", "reward")}
 
 # settings only an RL stage reads: a stage-1 run saved without one resumes whatever its value now
 RL_ONLY = ("chat.rejected_message",)
@@ -97,7 +103,7 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[str, ...]) -> list[str]:
-    a, b = flat_config(saved), flat_config(now)
+    a, b = {RENAMED.get(k, k): v for k, v in flat_config(saved).items()}, flat_config(now)
     allowed = RESUME_FREE + tuple(may_change)
     out = []
     for key in sorted(set(a) | set(b)):

@@ -36,7 +36,8 @@ from _common import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
@@ -81,7 +82,7 @@ def main() -> int:
     renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
     suite = BFCLSuite(["base"])
     gen = Recording(HFGenerator(model, tokenizer.pad_token_id or tokenizer.eos_token_id))
-    engine = RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode="merged"), suite),
+    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
                            SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0),
                            max_turns=args.max_turns, max_total_tokens=4096)
     specs = [RolloutSpec(suite[t], g, j % 2 == 0) for g, t in enumerate(args.tasks) for j in range(args.group_size)]

@@ -32,7 +32,8 @@ from _common import cpu_name, dist_version, emit  # noqa: E402
 from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
@@ -69,7 +70,7 @@ def main() -> int:
     hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
 
     def engine(gen):
-        return RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode="merged"), suite),
+        return RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
                              SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
                              max_turns=args.max_turns, max_total_tokens=4096)
 

@@ -18,9 +18,9 @@ def _error(capsys):
 
 
 def test_a_changed_system_prompt_is_refused(data_dir, tmp_path, capsys):
-    assert main(_rl(data_dir, tmp_path / "r", "+env.system_prompt='Be brief.'")) == 2
+    assert main(_rl(data_dir, tmp_path / "r", "env.settings.system_prompt='Be brief.'")) == 2
     err = _error(capsys)
-    assert err.startswith("error: the RL prompt of multi_turn_base_") and "check env.system_prompt" in err, err
+    assert err.startswith("error: the RL prompt of multi_turn_base_") and "check env.settings.system_prompt" in err, err
 
 
 def test_reward_tokens_other_than_the_data_s_are_refused(data_dir, tmp_path, capsys):
@@ -99,7 +99,7 @@ def test_rows_that_carry_only_reward_pass_the_prefix_check(tmp_path):
             {"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 1}]
     (tmp_path / "rctp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     suite = {"t0": SimpleNamespace(id="t0", category="c")}
-    env = SimpleNamespace(mode="merged", name="toy")
+    env = SimpleNamespace(name="toy", settings=SimpleNamespace(mode="merged"))  # not BFCL's: its mode is its own
     assert check_prompt_prefix(engine, renderer, suite, tmp_path, ["t0"], env, conditioned=True) == "t0"
     # what stage 1 trained on: the rctp dataset's rendering of the reward-1 row, with the high goal
     prepared = stage1_dataset("rctp").prepare(rows[1], engine.reward_goal)

@@ -20,7 +20,8 @@ RCGRPO = [sys.executable, "-m", "nemo_rcgrpo.cli"]
 
 
 @pytest.mark.parametrize("command,expected", [
-    ("train", ["smoke_rl", "rcgrpo_smollm_cpu", "rl.group_size=5", "trainer.lr=1.0e-5", "model.path=smollm2"]),
+    ("train", ["smoke_rl", "rcgrpo_smollm_cpu", "rl.group_size=5", "trainer.lr=1.0e-05", "model.path=smollm2",
+               "env.settings.mode=merged", "trainer.lr=1.0e-6"]),
     ("eval", ["eval_smollm_cpu", "protocol=paper", "max_turns=20"]),
     ("prepare-data", ["seed=1234", "test_fraction=0.1"]),
     ("layout", ["rcgrpo_llama8b", "layout.nodes=1", "policy.megatron.tp=1"]),
@@ -36,9 +37,12 @@ def test_help_lists_recipes_and_settings_with_defaults(command, expected, capsys
         not_recipes = {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "paper_rl_defaults", "paper_stage1_defaults",
                        "eval", "eval_smollm_cpu", "prepare_data"}
         assert {p.stem for p in conf_dir().glob("*.yaml")} - not_recipes <= set(lines)  # every train recipe listed
-        # the meaning is the YAML comment, the one place it is written
-        settings = {k: (v, c) for k, v, c in documented_settings(conf_dir() / "rl_defaults.yaml")}
-        assert settings["rl.group_size"] == ("5", "G") and settings["rl.loss.kl_beta"] == ("0.1", "")  # flow maps as leaves
+        # the meaning is the comment of the schema's field, the one place it is written; a base file's change is
+        # listed with its own comment
+        assert re.search(r"^  rl\.group_size=5 +G rollouts per task$", out, re.M)
+        assert re.search(r"^  trainer\.max_steps=400 +RL steps$", out, re.M)
+        changes = {k: (v, c) for k, v, c in documented_settings(conf_dir() / "rl_defaults.yaml")}
+        assert changes["trainer.max_steps"] == ("400", "RL steps") and "rl.group_size" not in changes
 
 
 def test_train_without_a_recipe_refuses_and_lists_them(capsys):

@@ -47,7 +47,7 @@ def test_rc_grpo_raises_held_out_success(one_folder_plugin, one_folder_rctp, tmp
     assert main(["--config-name=micro_rcgrpo", f"model.path={stage1}", f"data.dir={data}",
                  f"run_dir={tmp_path / 'rl'}", "trainer.max_steps=16", "trainer.lr=5e-4", "rl.tasks_per_step=4",
                  "rl.eval_every=0", f"rl.sampling.max_new_tokens={BUDGET['max_new_tokens']}",
-                 f"rl.max_turns={BUDGET['max_turns']}", "env.max_steps=2", *ONE_FOLDER]) == 0
+                 f"rl.max_turns={BUDGET['max_turns']}", "env.settings.max_steps=2", *ONE_FOLDER]) == 0
     metrics = [json.loads(l) for l in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 16 and any(m["zero_variance_fraction"] < 1.0 for m in metrics)  # some groups had variance
     after = _success(tmp_path / "rl" / "hf", data, tmp_path / "after")

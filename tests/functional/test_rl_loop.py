@@ -424,6 +424,7 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
     finally:
         for name in ("always_paid_example", "step_raises_example"):
             registry.table("env").pop(name, None)
+            registry.table("env_settings").pop(name, None)
         registry._loaded.discard("misbehaving_env_example")
         sys.modules.pop("misbehaving_env_example", None)
 

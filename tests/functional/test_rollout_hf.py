@@ -3,7 +3,8 @@
 import math
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.hf_local import HFGenerator
@@ -16,7 +17,7 @@ def test_hf_generator_rollouts_are_consistent_and_seeded(suite):
     add_reward_tokens(tok, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tok, "hermes", tool_description="compact")
     engine = RolloutEngine(HFGenerator(model, tok.eos_token_id), renderer,
-                           make_opener(BFCLEnvConfig(mode="merged"), suite),
+                           make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
                            SamplingParams(max_new_tokens=24, temperature=1.0), max_turns=2, max_total_tokens=2048)
     specs = [RolloutSpec(suite[t], g, tk) for g, t in enumerate(["multi_turn_base_0", "multi_turn_miss_func_2"])
              for tk in (True, False)]

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig, ConfigError
+from nemo_rcgrpo.envs.config import EnvConfig
+from nemo_rcgrpo.utils.config import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -14,13 +15,13 @@ def _env_cfg(*overrides):
     from nemo_rcgrpo.utils.config import compose as compose_recipe
 
     given = [f"+env.{o[1:]}" if o.startswith("+") else f"env.{o}" for o in overrides]
-    return BFCLEnvConfig.from_mapping(compose_recipe("rl_defaults", given)["env"])
+    return EnvConfig.from_mapping(compose_recipe("rl_defaults", given)["env"])
 
 
 def test_shipped_env_config_composes_and_builds_an_env(suite):
     cfg = _env_cfg()
-    assert cfg == BFCLEnvConfig()  # the recipe's env section restates no default differently
-    env = _env_cfg("mode=per_turn", "arg_types=strict").make_env()
+    assert cfg == EnvConfig()  # the recipe's env section restates no default differently
+    env = _env_cfg("settings.mode=per_turn", "settings.arg_types=strict").settings.make_env()
     assert (env.mode, env.arg_types) == ("per_turn", "strict")
     env.reset(suite["multi_turn_base_0"])
 
@@ -28,11 +29,13 @@ def test_shipped_env_config_composes_and_builds_an_env(suite):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("mode=turnwise", "env.mode='turnwise': choose one of"),
-        ("max_steps=0", "env.max_steps=0: must be a positive integer"),
+        ("settings.mode=turnwise", "env.settings.mode='turnwise': choose one of"),
+        ("settings.max_steps=0", "env.settings.max_steps=0: must be a positive integer"),
         ("categories=[base,web_search]", "use a non-empty subset"),
         ("+temperature=1.0", "unknown setting env.temperature"),
-        ("arg_types=loose", "env.arg_types='loose'"),
+        ("+settings.temperature=1.0", "unknown setting env.settings.temperature"),
+        ("settings.arg_types=loose", "env.settings.arg_types='loose'"),
+        ("settings=3", "env.settings must be a section (mapping), got 3"),
     ],
 )
 def test_bad_settings_are_explained(override, message):
@@ -49,7 +52,9 @@ def test_bad_settings_are_explained(override, message):
     ("train", ["rl.group_size=true"], "rl.group_size=True must be an integer"),  # a boolean is not an integer
     ("train", ["logging.wandb.enabled=no"], "logging.wandb.enabled='no' must be a boolean"),
     ("train", ["logging.wandb.enabled=yes"], "logging.wandb.enabled='yes' must be a boolean"),
-    ("train", ["env.max_steps=many"], "env.max_steps='many' must be an integer"),
+    ("train", ["env.settings.max_steps=many"], "env.settings.max_steps='many' must be an integer"),
+    ("train", ["env.mode=per_turn"], "unknown setting env.mode; did you mean env.settings.mode?"),
+    ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),
     ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
     ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
     ("train", ["policy.megatron.spec=fast"], "policy.megatron.spec='fast'"),

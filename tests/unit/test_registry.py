@@ -343,7 +343,7 @@ def test_a_plugin_that_raises_at_import_names_its_file_line_and_function(tmp_pat
         with pytest.raises(PluginContractError, match=r"^env broken_env_example: its factory .*broken_env "
                                                       r"\(test_registry.py:\d+\) failed: RuntimeError: no store "
                                                       r"\(at .*test_registry.py:\d+ in broken_env\)$"):
-            make_opener(type("EnvSection", (), {"name": "broken_env_example"})(), None)
+            make_opener(type("EnvSection", (), {"name": "broken_env_example", "settings": None})(), None)
     finally:
         table("task_source").pop("broken_source_example", None)
         table("env").pop("broken_env_example", None)

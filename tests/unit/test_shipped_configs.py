@@ -43,7 +43,7 @@ def test_train_recipe_validates(name, monkeypatch):
         return
     assert cfg.stage == name.split("_")[0]
     if cfg.stage in ("grpo", "rcgrpo"):
-        assert cfg.env.mode == "merged" and cfg.rl.group_size == 5
+        assert cfg.env.settings.mode == "merged" and cfg.rl.group_size == 5
         return
     if name.endswith(("qwen7b", "llama8b")):  # Appendix E
         assert (cfg.trainer.lr, cfg.trainer.global_batch_size, cfg.model.dtype) == (1e-5, 16, "bfloat16")
@@ -100,40 +100,63 @@ def test_gpu_recipe_layouts_add_up(name):
 
 
 def _stated(yaml_section, defaults, prefix=""):
-    """(key, stated value, dataclass default) for every value a YAML file states, nested sections walked."""
+    """(key, stated value, schema default) for every value a YAML file states, nested sections walked."""
     for key, value in yaml_section.items():
         if key == "defaults":
             continue
-        default = defaults.get(key, "<not a field>")
-        if isinstance(value, dict) and isinstance(default, dict):
+        default = defaults.get(key, "<not a field>") if isinstance(defaults, dict) else "<not a field>"
+        if isinstance(value, dict) and isinstance(default, dict) and value:
             yield from _stated(value, default, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value, list(default) if isinstance(default, tuple) else default
 
 
-@pytest.mark.parametrize("name", ["stage1_defaults.yaml", "rl_defaults.yaml", "generation/hf.yaml",
-                                  "generation/scripted.yaml", "generation/vllm.yaml"])
-def test_the_default_files_state_the_schema_defaults(name):
-    """conf/stage1_defaults.yaml, the rl section of conf/rl_defaults.yaml and the generation group restate the
-    dataclass defaults for reading: they may not drift from them (the schema, nemo_rcgrpo/config_schema.py, is the
-    one source; interpolations aside)."""
-    import dataclasses
+# (file, the schema node its recipes build on, the key prefix of a group member's keys)
+BASES = [("stage1_defaults.yaml", "train_schema", ""), ("rl_defaults.yaml", "train_schema", ""),
+         ("generation/hf.yaml", "train_schema", "generation"), ("generation/scripted.yaml", "train_schema", "generation"),
+         ("generation/vllm.yaml", "train_schema", "generation"), ("eval.yaml", "eval_schema", ""),
+         ("prepare_data.yaml", "prepare_data_schema", "")]
 
+
+@pytest.mark.parametrize("name,node,prefix", BASES, ids=[b[0] for b in BASES])
+def test_the_base_files_state_only_what_they_change(name, node, prefix):
+    """The schema dataclasses state every default once (their node in the config store: train_schema, ...); the base
+    files of conf/ state only what they change, so no value there equals the schema's (rl_defaults.yaml sits on
+    stage1_defaults.yaml, which changes only run_dir), and every key they state is one of the schema's."""
     import yaml
 
-    from nemo_rcgrpo.config_schema import GenerationConfig, RLConfig
+    from nemo_rcgrpo.utils.config import SCHEMAS, schema_defaults
 
-    stated = yaml.safe_load((conf_dir() / name).read_text())
-    if name == "rl_defaults.yaml":  # its other sections are stage 2's own values over stage 1's (lr 1e-6, ...)
-        stated, schema = stated["rl"], dataclasses.asdict(RLConfig())
-    else:
-        schema = dataclasses.asdict(TrainConfig() if name == "stage1_defaults.yaml" else GenerationConfig())
-    if name not in ("stage1_defaults.yaml", "rl_defaults.yaml"):
-        stated = {k: v for k, v in stated.items() if k != "backend"}  # the one key a group member chooses
-    # an interpolation (run_dir: runs/${stage}, an environment variable) is resolved by Hydra, not a default
-    drift = [(k, v, d) for k, v, d in _stated(stated, schema) if v != d and "${" not in str(v)]
-    assert not drift, f"{name}: (key, YAML, dataclass) {drift}"
-    assert len(list(_stated(stated, schema))) >= (20 if name == "stage1_defaults.yaml" else 0)
+    stated = yaml.safe_load((conf_dir() / name).read_text()) or {}
+    schema = schema_defaults(SCHEMAS[node])
+    for part in filter(None, prefix.split(".")):
+        schema = schema[part]
+    rows = list(_stated(stated, schema))
+    unknown = [k for k, _, d in rows if d == "<not a field>"]
+    assert not unknown, f"{name} states keys the schema does not have: {unknown}"
+    restated = [(k, v) for k, v, d in rows if v == d]
+    assert not restated, f"{name} restates schema defaults (state only what it changes): {restated}"
+    if not prefix and name != "rl_defaults.yaml":  # a root: it builds on the schema's node
+        assert stated["defaults"][0] == node
+
+
+def test_the_help_prints_every_default_the_schema_has():
+    """--help's defaults are the schema's, every one of them (env.settings: the default env's), with the meaning
+    written beside the field; --cfg job prints the same keys."""
+    from nemo_rcgrpo.utils.cli_help import field_comments, help_text, schema_settings
+    from nemo_rcgrpo.utils.run_dir import flat_config
+
+    rows = schema_settings(TrainConfig)
+    assert [k for k, _, _ in rows] == list(flat_config(TrainConfig().to_dict()))
+    assert "env.settings.mode" in dict((k, v) for k, v, _ in rows)
+    text = help_text("train")
+    for key, value, meaning in rows:
+        line = next((l for l in text.splitlines() if l.strip().startswith(f"{key}=")), None)
+        assert line is not None and (not meaning or meaning in line), (key, line)
+    from nemo_rcgrpo.config_schema import RLConfig
+
+    assert field_comments(RLConfig)["group_size"] == "G rollouts per task"
+    assert field_comments(RLConfig)["tasks_per_step"].startswith("groups per optimizer step")
 
 
 def test_the_hardware_group_composes_and_a_users_machine_is_a_file(tmp_path, monkeypatch):

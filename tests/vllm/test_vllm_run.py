@@ -84,7 +84,7 @@ def test_rc_grpo_with_vllm_learns_from_mixed_rewards(one_folder_plugin, one_fold
     run = tmp_path / "rl"
     args = ["--config-name=micro_rcgrpo", f"model.path={stage1}", f"data.dir={data}", f"run_dir={run}",
             "trainer.max_steps=2", "trainer.lr=5e-4", "rl.tasks_per_step=4", "rl.eval_every=0",
-            "rl.sampling.max_new_tokens=48", "rl.max_turns=2", "env.max_steps=2", "trainer.export_hf=false",
+            "rl.sampling.max_new_tokens=48", "rl.max_turns=2", "env.settings.max_steps=2", "trainer.export_hf=false",
             "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1", *ONE_FOLDER]
     assert main(args) == 0
     metrics = read_metrics(run)

@@ -4,6 +4,7 @@ Registered by name when imported (``plugins=[kv_store]`` with this folder on PYT
 
     task_source  kv_store   360 generated tasks of one or two calls (put / get / delete) on a small store
     env          kv_store   one store per rollout; the reward is the final store against the task's target
+    env_settings kv_store   its settings, env.settings of a run (max_steps)
 
 Nothing here imports BFCL: the rollout engine meets this environment only through the Protocols of
 `nemo_rcgrpo/envs/interfaces.py` (an opener's ``open(task)`` -> (Env, opening messages); ``Env.step(calls)``).
@@ -172,6 +173,18 @@ def kv_tasks(categories, data_dir=None) -> KVSuite:
     return KVSuite(categories)
 
 
+@register("env_settings", "kv_store")
+@dataclass(frozen=True)
+class KVSettings:
+    """``env.settings`` of a run with ``env.name=kv_store`` (a recipe gives ``env: {settings: {max_steps: 4}}``)."""
+
+    max_steps: int = 8  # tool-calling steps per episode; one more cuts the episode (reward 0)
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"env.settings.max_steps={self.max_steps}: must be >= 1")
+
+
 @register("env", "kv_store")
-def kv_env(config, suite) -> KVOpener:
-    return KVOpener(max_steps=config.max_steps)  # the run's env.max_steps: tool-calling steps per episode
+def kv_env(settings: KVSettings, suite) -> KVOpener:
+    return KVOpener(max_steps=settings.max_steps)

@@ -157,7 +157,7 @@ def compute_reward(
     return dataclasses.replace(components, value=value)
 
 
-# The rewards BFCL's env can pay (``env.reward``): each ``fn(components: RewardInfo) -> float`` from the paper's
+# The rewards BFCL's env can pay (``env.settings.reward``): each ``fn(components: RewardInfo) -> float`` from the paper's
 # two components, called once by compute_reward (which pays 0 for a truncated episode whatever the reward).
 @register("reward", "state_x_action")
 def state_x_action(info: RewardInfo) -> float:

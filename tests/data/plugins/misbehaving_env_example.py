@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from nemo_rcgrpo import register
-from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
+from nemo_rcgrpo.envs.bfcl.config import BFCLOpener, BFCLSettings
 from nemo_rcgrpo.types import RewardInfo
 
 
@@ -68,3 +68,8 @@ def always_paid(config, suite):
 @register("env", "step_raises_example")
 def step_raises(config, suite):
     return _Wrapping(config, suite, StepRaises)
+
+
+# BFCL's settings for both: env.settings is built as BFCLSettings (mode, max_steps, ...) and given to BFCLOpener
+register("env_settings", "always_paid_example")(BFCLSettings)
+register("env_settings", "step_raises_example")(BFCLSettings)

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_rcgrpo.algorithms.rl_collect import (RolloutsFailed, check_failures, collect_groups, shuffled_tasks,
-                                               stratified_sample)
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, check_failures, collect_groups, shuffled_tasks
 from nemo_rcgrpo.config_schema import RLConfig
 from nemo_rcgrpo.stages import Stage, stage_of
 
@@ -147,29 +146,6 @@ def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed(
                                              r"rollouts/step_3.jsonl$") as e:
         check_failures("rcgrpo", 3, trajs, 1.0)
     assert e.value.trajectories == trajs
-
-
-def test_eval_tasks_are_a_seeded_sample_stratified_by_category():
-    # 6 of category a, 3 of b, 1 of c (10 in all), in the split's order: a-first, as BFCL's test split is
-    ids = [f"a{i}" for i in range(6)] + [f"b{i}" for i in range(3)] + ["c0"]
-    category = lambda t: t[0]  # noqa: E731
-    counts = lambda sample: {c: sum(t[0] == c for t in sample) for c in "abc"}  # noqa: E731
-    # k=5: shares 3.0 / 1.5 / 0.5 -> 3 / 1 / 0, one left over -> b (remainder 5 of 10; c's is also 5, b is named first)
-    five = stratified_sample(ids, category, 5, seed=0)
-    assert counts(five) == {"a": 3, "b": 2, "c": 0} and len(set(five)) == 5
-    # k=4: 2.4 / 1.2 / 0.4 -> 2 / 1 / 0, one left over -> a (remainder 4 of 10, as c's; a is named first)
-    assert counts(stratified_sample(ids, category, 4, seed=0)) == {"a": 3, "b": 1, "c": 0}
-    # k=7: 4.2 / 2.1 / 0.7 -> 4 / 2 / 0, one left over -> c (remainder 7 beats 2 and 1)
-    assert counts(stratified_sample(ids, category, 7, seed=0)) == {"a": 4, "b": 2, "c": 1}
-    # never the split's first k (what slicing did), in the split's order, the same for the same seed
-    assert any(stratified_sample(ids, category, 5, seed=s) != ids[:5] for s in range(3))
-    assert five == [t for t in ids if t in five] == stratified_sample(ids, category, 5, seed=0)
-    # the seed decides which: over seeds every task of a category is drawn
-    assert {t for s in range(20) for t in stratified_sample(ids, category, 5, seed=s)} == set(ids) - {"c0"}
-    # the order the ids come in does not change the sample's set
-    assert set(stratified_sample(ids[::-1], category, 5, seed=0)) == set(five)
-    # k at least the number of ids: all of them
-    assert stratified_sample(ids, category, 10, seed=1) == ids == stratified_sample(ids, category, 99, seed=1)
 
 
 def test_rollout_seeds_differ_across_steps_and_rounds_and_repeat():

@@ -166,7 +166,8 @@ def test_parallel_turns_split_by_call_id():
 def test_llama3_json_rollouts_refuse_parallel_calls(suite):
     """A served Llama conversation cannot continue after a message with two calls (its template refuses to
     render it), so the engine answers such a message with an error instead of running the calls."""
-    from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+    from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+    from nemo_rcgrpo.envs.config import EnvConfig
     from nemo_rcgrpo.envs.sources import make_opener
     from nemo_rcgrpo.generation.base import Completion, SamplingParams
     from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
@@ -186,7 +187,7 @@ def test_llama3_json_rollouts_refuse_parallel_calls(suite):
         def update_weights(self, weights, version):
             pass
 
-    engine = RolloutEngine(Two(), renderer, make_opener(BFCLEnvConfig(mode="merged"), suite),
+    engine = RolloutEngine(Two(), renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
                            SamplingParams(max_new_tokens=64), max_turns=1)
     (traj,) = engine.rollout([RolloutSpec(suite["multi_turn_base_0"], 0)])
     assert traj.calls[0] == [{"error": traj.calls[0][0]["error"], "raw": traj.calls[0][0]["raw"]}]

@@ -5,7 +5,8 @@ import pytest
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.scripted import ScriptedGenerator
@@ -31,7 +32,7 @@ def base_suite():
 
 def _engine(renderer, suite, **kw):  # the suite the generator knows
     gen = ScriptedGenerator(renderer, suite, **kw)
-    engine = RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(categories=("base",)), suite),
+    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(categories=("base",)), suite),
                            SamplingParams(max_new_tokens=2048), max_turns=12, max_total_tokens=8192,
                            reward_goal=RewardGoal())
     return gen, engine

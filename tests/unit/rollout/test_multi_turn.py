@@ -6,7 +6,8 @@ import pytest
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.trajectories import gold_plan
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.models.hf import load_tokenizer
@@ -59,7 +60,7 @@ def _hermes_calls(calls):
 def _engine(renderer, suite, scripts, mode="merged", **kw):
     header = renderer.generation_prompt_ids()
     gen = ScriptedGenerator(renderer, scripts, header)
-    engine = RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode=mode), suite), SamplingParams(max_new_tokens=512),
+    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode=mode)), suite), SamplingParams(max_new_tokens=512),
                            **kw)
     return engine, gen
 
@@ -260,7 +261,7 @@ def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
     assert first.observations[0] == ["ok"] and first.official_valid is True
     assert second.reward == 0.0 and second.tool_errors == 1 and second.observations[0][0].startswith("error")
     assert isinstance(KVEnv(tasks[0]), Env)
-    bfcl_env, messages = make_opener(BFCLEnvConfig(), suite).open(suite["multi_turn_base_0"])
+    bfcl_env, messages = make_opener(EnvConfig(), suite).open(suite["multi_turn_base_0"])
     assert isinstance(bfcl_env, Env) and messages[-1]["role"] == "user"
 
 

@@ -107,24 +107,39 @@ def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
 
 
 def test_a_run_saved_before_the_registered_choices_existed_resumes_with_their_defaults():
-    """env.reward, rl.group_filter, rl.loss.policy_loss and data.dataset name registered parts; a run saved
+    """env.settings.reward, rl.group_filter, rl.loss.policy_loss and data.dataset name registered parts; a run saved
     before them resumes at the values that mean what it did, and is refused at any other."""
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.utils.config import compose
 
     now = TrainConfig.from_dict(compose("smoke_rl", [])).to_dict()
     saved = {k: dict(v) if isinstance(v, dict) else v for k, v in now.items()}
-    saved["env"] = {k: v for k, v in now["env"].items() if k != "reward"}
+    saved["env"] = {**now["env"], "settings": {k: v for k, v in now["env"]["settings"].items() if k != "reward"}}
     saved["data"] = {k: v for k, v in now["data"].items() if k != "dataset"}
     saved["rl"] = {k: v for k, v in now["rl"].items() if k != "group_filter"}
     saved["rl"]["loss"] = {k: v for k, v in now["rl"]["loss"].items() if k != "policy_loss"}
     assert differences(saved, now, ()) == []
-    for key, section, value in (("env.reward", "env", "state"), ("rl.group_filter", "rl", "has_variance"),
-                                ("data.dataset", "data", "rctp")):
+    state = {**now, "env": {**now["env"], "settings": {**now["env"]["settings"], "reward": "state"}}}
+    assert differences(saved, state, ()) == ["env.settings.reward is '<unset>' there and 'state' now"]
+    for key, section, value in (("rl.group_filter", "rl", "has_variance"), ("data.dataset", "data", "rctp")):
         changed = {**now, section: {**now[section], key.split(".")[1]: value}}
         assert differences(saved, changed, ()) == [f"{key} is '<unset>' there and {value!r} now"]
     unclipped = {**now, "rl": {**now["rl"], "loss": {**now["rl"]["loss"], "policy_loss": "unclipped"}}}
     assert differences(saved, unclipped, ()) == ["rl.loss.policy_loss is '<unset>' there and 'unclipped' now"]
+
+
+def test_a_run_saved_with_the_env_settings_at_the_top_of_env_resumes():
+    """BFCL's settings were env.mode, env.max_steps, ... before each env had env.settings: a run saved so resumes
+    when they hold the same values under env.settings, and a changed one is named by its new key."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose
+
+    now = TrainConfig.from_dict(compose("smoke_rl", [])).to_dict()
+    old = {k: v for k, v in now["env"].items() if k != "settings"}
+    saved = {**now, "env": {**old, **now["env"]["settings"]}}
+    assert "mode" in saved["env"] and differences(saved, now, ()) == []
+    per_turn = {**now, "env": {**now["env"], "settings": {**now["env"]["settings"], "mode": "per_turn"}}}
+    assert differences(saved, per_turn, ()) == ["env.settings.mode is 'merged' there and 'per_turn' now"]
 
 
 def test_a_run_saved_before_chat_rejected_message_resumes_as_it_ran():

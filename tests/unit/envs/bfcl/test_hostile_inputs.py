@@ -12,7 +12,8 @@ import pytest
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.tool_parsers import parse_hermes, parse_llama3_json
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.envs.bfcl.calls import to_tool_call
 from nemo_rcgrpo.types import valid_text
@@ -80,7 +81,7 @@ def test_one_failing_rollout_does_not_take_down_its_batch(suite, renderer, monke
     hostile = SURROGATES[0][0]
     good = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
     gen = FixedGenerator(renderer, [(markers[0], hostile), (markers[1], good)])
-    engine = RolloutEngine(gen, renderer, make_opener(BFCLEnvConfig(mode="merged"), suite), SamplingParams(max_new_tokens=64),
+    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite), SamplingParams(max_new_tokens=64),
                            max_turns=2)
     trajs = engine.rollout([RolloutSpec(tasks[0], 0), RolloutSpec(tasks[1], 1)])
     assert [t.error for t in trajs] == [None, None]  # surrogates are now plain escape text

@@ -11,7 +11,7 @@ from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
 from nemo_rcgrpo.data.failures import make_failure
 from nemo_rcgrpo.data.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl import micro
-from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.registry import names, register, table
@@ -85,9 +85,9 @@ def test_the_reward_is_the_real_state_and_action_check(suite):
 
 def test_task_source_is_a_registered_choice(tmp_path):
     assert {"bfcl", "bfcl_micro"} <= set(names("task_source"))
-    assert BFCLEnvConfig(task_source="bfcl_micro").task_source == "bfcl_micro"
+    assert EnvConfig(task_source="bfcl_micro").task_source == "bfcl_micro"
     with pytest.raises(ConfigError, match=r"env.task_source='nope': no task_source of that name; registered: \['bfcl', 'bfcl_micro'"):
-        BFCLEnvConfig(task_source="nope")
+        EnvConfig(task_source="nope")
     (tmp_path / "config.yaml").write_text("task_source: bfcl_micro\n")
     check_task_source(tmp_path, "bfcl_micro")
     with pytest.raises(DataMismatchError, match="env.task_source=bfcl but .* prepared with task_source=bfcl_micro"):
@@ -108,7 +108,7 @@ def test_a_users_task_source_is_used_by_name(suite):
         register("task_source", "three_example")(lambda categories: Three(categories))
         mine = make_suite("three_example", ["base"])
         assert list(mine.tasks) == [t.id for t in picked] and mine.gold(picked[0]).actions
-        assert BFCLEnvConfig(task_source="three_example").task_source == "three_example"
+        assert EnvConfig(task_source="three_example").task_source == "three_example"
     finally:
         table("task_source").pop("three_example", None)
 

@@ -210,7 +210,7 @@ def test_official_verdict_names_the_failing_turn(suite, turns, turn, error_type)
     ("action", [0.0, 0.0, 1.0, 1.0]),
 ])
 def test_env_reward_picks_a_registered_reward(suite, reward, expected):
-    """env.reward names what the env pays, from the same components; a truncated episode pays 0 under each."""
+    """env.settings.reward names what the env pays, from the same components; a truncated episode pays 0 under each."""
     cases = [_edit(3, 1, "cp(source='previous_report.pdf',destination='temp')"), _edit(1, 1),
              _edit(2, 1, "touch(file_name='temp.log')", insert=True), _edit(2, 0, "ls(a=True)", insert=True)]
     got = [run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], t).reward().value
@@ -221,20 +221,20 @@ def test_env_reward_picks_a_registered_reward(suite, reward, expected):
     assert env.reward().value == 0.0
 
 
-def test_a_plugin_reward_is_chosen_by_env_reward(suite):
+def test_a_plugin_reward_is_chosen_by_env_settings_reward(suite):
     from nemo_rcgrpo import register
-    from nemo_rcgrpo.envs.bfcl.config import BFCLEnvConfig
+    from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
     from nemo_rcgrpo.registry import table
     from nemo_rcgrpo.utils.config import ConfigError
 
     register("reward", "test_half_credit")(lambda info: 0.5 * info.state_ok + 0.5 * info.actions_ok)
     try:
-        env = BFCLEnvConfig(mode="per_turn", reward="test_half_credit").make_env()
+        env = BFCLSettings(mode="per_turn", reward="test_half_credit").make_env()
         env = run_turns(env, suite["multi_turn_base_0"], _edit(1, 1))
         assert env.reward().value == 0.5
-        with pytest.raises(ConfigError, match=r"env.reward='nope': no reward of that name; registered: \['state_x_action', 'state', "
+        with pytest.raises(ConfigError, match=r"env.settings.reward='nope': no reward of that name; registered: \['state_x_action', 'state', "
                                               r"'action', 'test_half_credit'\]"):
-            BFCLEnvConfig(reward="nope")
+            BFCLSettings(reward="nope")
     finally:
         table("reward").pop("test_half_credit")
 
