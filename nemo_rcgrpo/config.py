@@ -16,6 +16,7 @@ from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
@@ -86,6 +87,9 @@ class PolicySetup:
 
     def _validate_scripted(self) -> None:
         s = self.generation.scripted
+        if not isinstance(self.env.settings, BFCLSettings):
+            raise ConfigError(f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
+                              f"{self.env.name} is another environment: use generation.backend=hf (or vllm)")
         lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
         for key in ("success_rate", "success_high", "success_low"):
             value = getattr(s, key)
@@ -280,8 +284,12 @@ class TrainConfig:
         if rl.mini_batches > micro:
             raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
                               f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
-        if rl.loss.tis_cap is not None and rl.loss.tis_cap <= 0:
-            raise ConfigError(f"rl.loss.tis_cap={rl.loss.tis_cap}: must be > 0 or null")
+        correction = lookup("sampler_correction", rl.loss.correction, setting="rl.loss.correction")
+        if not rl.loss.correction_cap > 0.0:
+            raise ConfigError(f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 0")
+        if getattr(correction, "keeps_within_cap", False) and not rl.loss.correction_cap > 1.0:
+            raise ConfigError(f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 1 with "
+                              f"rl.loss.correction={rl.loss.correction} (it keeps the ratios in [1/C, C])")
         if not 0.0 <= rl.max_failed_share <= 1.0:
             raise ConfigError(f"rl.max_failed_share={rl.max_failed_share}: must be in [0, 1] (the share of a step's "
                               "rollouts that may fail before the step warns)")

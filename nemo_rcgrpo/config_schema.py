@@ -187,7 +187,10 @@ class LossConfig:
     kl_beta: float = 0.1
     kl_estimator: str = "k3"  # k1 | k2 | k3
     aggregation: str = "token"  # token | sequence
-    tis_cap: float | None = None  # truncated importance sampling: weight min(p_trainer / p_sampler, cap); null: off
+    # a registered sampler correction, weighing the policy loss for the sampler's gap r = p_trainer_old / p_sampler:
+    # none | token_tis (min(r, cap)) | sequence_tis | token_mask | geometric_mask | a plugin's (algorithms/corrections.py)
+    correction: str = "none"
+    correction_cap: float = 2.0  # C: the truncated weights are at most C; the masks keep ratios in [1/C, C]
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ class RLConfig:
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run, e.g. [trainer.max_steps=4]
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
-    eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (rl_collect.stratified_sample)
+    eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (data/rl_tasks.py: stratified_sample)
     eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()

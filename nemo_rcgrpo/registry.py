@@ -41,6 +41,8 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "policy_loss": ("rl.loss.policy_loss", "fn(ratio [B, T], advantages [B, 1], clip_low, clip_high) -> "
                                            "(per-token loss [B, T], clipped [B, T] bool)"),
     "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
+    "sampler_correction": ("rl.loss.correction", "fn(gap [B, T] = old - sampler logprobs, mask [B, T], cap) -> "
+                                                 "weights [B, T] on the policy loss (nemo_rcgrpo.algorithms.corrections)"),
     "loss_aggregation": ("rl.loss.aggregation",
                          "fn(per_token [B, T], mask [B, T], num_valid_tokens, num_sequences) -> scalar loss"),
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
@@ -68,7 +70,7 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages"
              "eval_policy": "nemo_rcgrpo.evaluation.policies",
              "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
              "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
-             "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl",
+             "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl", "sampler_correction": "nemo_rcgrpo.algorithms.corrections",
              "policy_loss": "nemo_rcgrpo.algorithms.losses",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
              "policy_backend": "nemo_rcgrpo.models.factory",

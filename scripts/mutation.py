@@ -68,6 +68,7 @@ TARGETS: dict[str, Target] = {
     "losses": Target("nemo_rcgrpo/algorithms/losses.py",
                      ("tests/unit/algorithms/test_losses.py",)),
     "kl": Target("nemo_rcgrpo/algorithms/kl.py", ("tests/unit/algorithms/test_kl.py", "tests/unit/algorithms/test_losses.py")),
+    "corrections": Target("nemo_rcgrpo/algorithms/corrections.py", ("tests/unit/algorithms/test_losses.py",)),
     "reward_tokens": Target("nemo_rcgrpo/algorithms/reward_tokens.py", ("tests/unit/algorithms/test_reward_tokens.py",)),
     "rl_collect": Target("nemo_rcgrpo/algorithms/rl_collect.py", ("tests/unit/algorithms/test_rl_collect.py",),
                          glue=True),

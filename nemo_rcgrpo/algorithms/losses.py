@@ -85,6 +85,9 @@ class PolicyLossStats(LossStats):
     tokens: float = 0.0
     sampler_abs_diff_sum: float = 0.0
     sampler_mult_err_sum: float = 0.0
+    corrected_tokens: float = 0.0  # the tokens a sampler correction weighed (0 with none)
+    correction_weight_sum: float = 0.0
+    correction_dropped: float = 0.0  # tokens it gave weight 0
 
 
 RATIOS = ("old", "current")
@@ -102,7 +105,8 @@ class GRPOLoss:
 
         ratio_t = exp(logp_t - old_t)
         pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)   (policy_loss: clipped)
-        pg_t   *= min(exp(old_t - sampler_t), tis_cap)                  (tis_cap set: truncated IS)
+        pg_t   *= w_t(old - sampler)                 (correction: none | token_tis | sequence_tis | token_mask |
+                                                      geometric_mask | a plugin's, cap C: algorithms/corrections.py)
         loss_t  = pg_t + beta * KL_t(policy || ref)
         token:    sum_t mask * loss_t / num_valid_tokens          (the update's token count)
         sequence: sum_b [sum_t mask * loss_t / len_b] / num_sequences
@@ -113,7 +117,8 @@ class GRPOLoss:
     kl_beta: float = 0.1
     kl_estimator: str = "k3"
     aggregation: str = "token"
-    tis_cap: float | None = None
+    correction: str = "none"
+    correction_cap: float = 2.0
     policy_loss: str = "clipped"
     ratio: str = "old"
     num_sequences: float | None = None
@@ -126,8 +131,8 @@ class GRPOLoss:
     def from_config(cls, loss_cfg, ratio: str) -> "GRPOLoss":
         """From the ``rl.loss`` section, with the loop's choice of ratio."""
         return cls(clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, kl_beta=loss_cfg.kl_beta,
-                   kl_estimator=loss_cfg.kl_estimator, aggregation=loss_cfg.aggregation, tis_cap=loss_cfg.tis_cap,
-                   policy_loss=loss_cfg.policy_loss, ratio=ratio)
+                   kl_estimator=loss_cfg.kl_estimator, aggregation=loss_cfg.aggregation,
+                   correction=loss_cfg.correction, correction_cap=loss_cfg.correction_cap, policy_loss=loss_cfg.policy_loss, ratio=ratio)
 
     def __call__(self, token_logprobs: torch.Tensor, batch: RLMicroBatch,
                  num_valid_tokens: float) -> tuple[torch.Tensor, PolicyLossStats]:
@@ -142,8 +147,15 @@ class GRPOLoss:
         ratio = torch.exp((token_logprobs - old) * mask)  # [B, T]
         pg, is_clipped = lookup("policy_loss", self.policy_loss)(ratio, adv, self.clip_low, self.clip_high)  # [B, T]
         gap = (old - batch.sampler_logprobs.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
-        if self.tis_cap is not None:
-            pg = pg * torch.exp(gap).clamp(max=self.tis_cap)  # [B, T]
+        weights = None
+        if self.correction != "none":
+            weights = lookup("sampler_correction", self.correction)(gap, mask, self.correction_cap)  # [B, T]
+            if not (isinstance(weights, torch.Tensor) and weights.shape == gap.shape):
+                raise ValueError(f"sampler_correction {self.correction} returned "
+                                 f"{getattr(weights, 'shape', type(weights).__name__)}, not weights of shape "
+                                 f"{tuple(gap.shape)}")
+            weights = weights.detach().to(pg.dtype)
+            pg = pg * weights  # [B, T]
         kl = lookup("kl_estimator", self.kl_estimator)(token_logprobs, batch.ref_logprobs) * mask  # [B, T]
         per_token = pg + self.kl_beta * kl  # [B, T]
         loss = lookup("loss_aggregation", self.aggregation)(per_token, mask, num_valid_tokens, self.num_sequences)
@@ -153,5 +165,8 @@ class GRPOLoss:
                 clipped_tokens=float((is_clipped.to(mask.dtype) * mask).sum()), ratio_sum=float((ratio * mask).sum()),
                 tokens=float(mask.sum()), sampler_abs_diff_sum=float((gap.abs() * mask).sum()),
                 # as NeMo-RL's token_mult_prob_error: mean exp(|trainer - generator logprob|)
-                sampler_mult_err_sum=float((torch.exp(gap.abs()) * mask).sum()))
+                sampler_mult_err_sum=float((torch.exp(gap.abs()) * mask).sum()),
+                **({} if weights is None else dict(
+                    corrected_tokens=float(mask.sum()), correction_weight_sum=float((weights * mask).sum()),
+                    correction_dropped=float(((weights == 0).to(mask.dtype) * mask).sum()))))
         return loss, stats

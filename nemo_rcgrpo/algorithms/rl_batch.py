@@ -99,6 +99,9 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
     if stats.sampler_mult_err_sum > 0:  # the generator's logprobs against the trainer's, before the update
         m["sampler_logprob_abs_diff"] = stats.sampler_abs_diff_sum / max(stats.tokens, 1.0)
         m["token_mult_prob_error"] = stats.sampler_mult_err_sum / max(stats.tokens, 1.0)
+    if stats.corrected_tokens > 0:  # rl.loss.correction's weights: their mean, and the share of tokens it dropped
+        m["correction_weight_mean"] = stats.correction_weight_sum / stats.corrected_tokens
+        m["correction_dropped_fraction"] = stats.correction_dropped / stats.corrected_tokens
     # Pearson correlation of a trajectory's mean token entropy with its reward (the paper's rho), overall and
     # among the rollouts of each reward token
     corr = pearson(entropies, r)

@@ -67,6 +67,7 @@ class Env(Protocol):
 
 class EnvOpener(Protocol):
     """What an ``env`` factory returns. ``open`` is called once per rollout (and once before training, on the first
-    training task, to check it): return a new Env each time, never one shared by two rollouts."""
+    training task, to check it): return a new Env each time, never one shared by two rollouts. One opener serves a
+    run's training rollouts and its held-out evaluation episodes alike: keep per-episode state in the Env."""
 
     def open(self, task: Any) -> tuple[Env, list[Message]]: ...  # a fresh env reset on task; its opening messages

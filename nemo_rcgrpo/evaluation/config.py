@@ -51,7 +51,7 @@ class EvalConfig:
     resume: bool = False  # finish an incomplete evaluation in out_dir (episodes already scored are kept)
     seed: int = 1234
     plugins: tuple[str, ...] = ()  # modules to import first: their @register entries (rcgrpo plugins lists them)
-    # which tasks
+    # -- which tasks --
     data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)
     split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
     test_fraction: float = 0.1  # paper, without data_dir: the held-out share of that split
@@ -64,7 +64,7 @@ class EvalConfig:
     reward: str = "state_x_action"
     tasks: tuple[str, ...] | None = None  # explicit task ids, e.g. [multi_turn_base_0] (overrides the protocol's)
     limit: int | None = None  # at most this many tasks per category (small smoke runs)
-    # conditioning and sampling
+    # -- conditioning and sampling --
     # checkpoint and endpoint: auto (high if trained with reward conditioning: its training record, else none) | high |
     # low | none
     reward_token: str = "auto"
@@ -76,7 +76,7 @@ class EvalConfig:
     max_total_tokens: int = 16384  # context budget of a token-level episode (checkpoint policy)
     max_steps: int = 20  # tool-calling steps per turn (bfcl) / per episode (paper); BFCL's limit is 20
     progress: bool = True  # a progress bar over the episodes
-    # policy settings
+    # -- policy settings --
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
     endpoint: EndpointPolicyConfig = EndpointPolicyConfig()
     model: ModelConfig = ModelConfig()  # dtype, reward_tokens of the checkpoint policy

@@ -40,12 +40,10 @@ from nemo_rcgrpo.data.failures import make_failure
 from nemo_rcgrpo.data.chat_format import one_call_per_message
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.data.trajectories import gold_plan, play
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
-from nemo_rcgrpo.utils.config import ConfigError
 
 FINAL_TEXT = "I have completed the request."
 
@@ -186,9 +184,7 @@ def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGen
     from nemo_rcgrpo.envs.sources import make_suite
 
     s = cfg.generation.scripted
-    if not isinstance(cfg.env.settings, BFCLSettings):
-        raise ConfigError(f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name={cfg.env.name} "
-                          "is another environment: use generation.backend=hf (or vllm)")
+    # BFCL's env and settings: PolicySetup._validate_scripted refuses another env in one line at start
     return ScriptedGenerator(make_renderer(cfg, tokenizer), make_suite(cfg.env.task_source, cfg.env.categories),
                              mode=cfg.env.settings.mode,
                              success_rate=s.success_rate, success_high=s.success_high, success_low=s.success_low,

@@ -78,6 +78,7 @@ class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
         self.cfg, self.dist, self.recipe = cfg, dist, recipe
         self.run_dir = Path(cfg.run_dir)
+        seed_everything(cfg.seed)  # first: whatever a task source, an env or the model draws is seeded
         ensure_data(cfg, dist)
         # what the data decides, checked before the model loads: the tasks (of the env section's task source), the
         # reward goal stage 1 was prepared with (template, position, separator; not a default copy), the env opener
@@ -85,8 +86,9 @@ class RLTrainer:
         self.suite, self.task_ids, self.eval_ids = tasks.suite, tasks.train, tasks.held_out
         goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
         opener = make_opener(cfg.env, self.suite)
-        setup = cfg.policy_setup()
-        seed_everything(cfg.seed)  # before the model is built (a tiny model's random init) and anything samples
+        # the two views of the config the policy side is built from: the model, chat and generation (setup); the
+        # policy, trainer and precision sections (build)
+        setup, build = cfg.policy_setup(), cfg.policy_build()
         self.tokenizer, model = load_tokenizer_and_model(setup)
         self.renderer = make_renderer(setup, self.tokenizer)
         self.fingerprint = model_fingerprint(model, cfg.model.path)
@@ -100,7 +102,7 @@ class RLTrainer:
         self.record["reward_goal"] = dataclasses.asdict(goal)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
-        self.policy = make_policy(cfg.policy_build(), model, dist, cfg.trainer.max_steps * self.updates)
+        self.policy = make_policy(build, model, dist, cfg.trainer.max_steps * self.updates)
         if dist.world_size > 1 and not self.policy.distributed_rl:
             raise ValueError(f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
                              "processes use policy.backend=megatron")

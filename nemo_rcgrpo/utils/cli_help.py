@@ -176,7 +176,8 @@ def documented_settings(path: Path, prefix: str = "") -> list[tuple[str, str, st
 
 def field_comments(cls: type) -> dict[str, str]:
     """{field: its meaning} of a dataclass, read from its source: the comment lines right above a field, then the
-    comment on the field's own lines (the one place a default's meaning is written)."""
+    comment on the field's own lines (the one place a default's meaning is written). A section heading
+    (``# -- which tasks --``) belongs to no field."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -190,7 +191,7 @@ def field_comments(cls: type) -> dict[str, str]:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         above, line = [], node.lineno - 1
-        while line in comments and comments[line][1]:
+        while line in comments and comments[line][1] and not comments[line][0].startswith("--"):
             above.insert(0, comments[line][0])
             line -= 1
         trailing = [comments[n][0] for n in range(node.lineno, node.end_lineno + 1)

@@ -83,6 +83,9 @@ SCHEMAS = {"train_schema": "nemo_rcgrpo.config:TrainConfig",
 # schema node leaves them empty, the recipe's keys are merged in, and ``section.key=value`` adds or replaces a key
 OPEN_SECTIONS = ("env.settings",)
 
+# settings that became others, named in the error of a command line that still gives them
+MOVED = {"rl.loss.tis_cap": "rl.loss.correction=token_tis rl.loss.correction_cap=<the cap> (null: rl.loss.correction=none)"}
+
 
 def schema_defaults(spec: str) -> dict[str, Any]:
     """The defaults of the schema ``spec`` ("module:Class") as a plain nested dict."""
@@ -176,6 +179,8 @@ def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | 
     if not m:
         return None
     key = m.group(1)
+    if key in MOVED:
+        return f"unknown setting {key}: it is now {MOVED[key]}"
     try:
         keys = _flat_keys(compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]))
     except ConfigError:

@@ -53,6 +53,7 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
                                               # registered parts chosen by name: the values that mean what ran before
                                               "env.settings.reward": ("state_x_action",), "rl.group_filter": (None,),
                                               "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,),
+                                              "rl.loss.correction": ("none",), "rl.loss.correction_cap": (2.0,),
                                               # runs before it answered a rejected message with error observations
                                               "chat.rejected_message": ("error",)}
 
@@ -61,6 +62,19 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
 RENAMED = {f"env.{key}": f"env.settings.{key}" for key in (
     "mode", "max_steps", "max_calls_per_step", "arg_types", "on_parse_failure", "tool_response", "system_prompt",
     "holdout_tools_in_message", "max_observation_chars", "reward")}
+
+
+def _upgraded(flat: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's flat settings in today's keys: the renamed ones, and ``rl.loss.tis_cap`` (null: off), which
+    became ``rl.loss.correction`` (token_tis where a cap was set) and ``rl.loss.correction_cap``."""
+    out = {RENAMED.get(k, k): v for k, v in flat.items()}
+    if "rl.loss.tis_cap" in out:
+        cap = out.pop("rl.loss.tis_cap")
+        out["rl.loss.correction"] = "none" if cap is None else "token_tis"
+        if cap is not None:
+            out["rl.loss.correction_cap"] = cap
+    return out
+
 
 # settings only an RL stage reads: a stage-1 run saved without one resumes whatever its value now
 RL_ONLY = ("chat.rejected_message",)
@@ -103,7 +117,9 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[str, ...]) -> list[str]:
-    a, b = {RENAMED.get(k, k): v for k, v in flat_config(saved).items()}, flat_config(now)
+    a, b = _upgraded(flat_config(saved)), flat_config(now)
+    # the old env section held BFCL's settings whatever the env: those today's env does not take were never read
+    a = {k: v for k, v in a.items() if k in b or k not in RENAMED.values()}
     allowed = RESUME_FREE + tuple(may_change)
     out = []
     for key in sorted(set(a) | set(b)):

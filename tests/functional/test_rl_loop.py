@@ -431,7 +431,7 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
 
 GOLDEN = REPO / "tests" / "data" / "golden" / "rl_steps.json"
 VARIANT = ("trainer.max_steps=2", "rl.ppo_epochs=2", "rl.mini_batches=2", "rl.loss.aggregation=sequence",
-           "rl.loss.tis_cap=2.0", "rl.loss.kl_estimator=k1")
+           "rl.loss.correction=token_tis", "rl.loss.correction_cap=2.0", "rl.loss.kl_estimator=k1")
 
 
 def _recorded(run_dir) -> dict:

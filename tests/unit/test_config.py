@@ -54,6 +54,8 @@ def test_bad_settings_are_explained(override, message):
     ("train", ["logging.wandb.enabled=yes"], "logging.wandb.enabled='yes' must be a boolean"),
     ("train", ["env.settings.max_steps=many"], "env.settings.max_steps='many' must be an integer"),
     ("train", ["env.mode=per_turn"], "unknown setting env.mode; did you mean env.settings.mode?"),
+    ("train", ["rl.loss.tis_cap=2"], "unknown setting rl.loss.tis_cap: it is now rl.loss.correction=token_tis "
+     "rl.loss.correction_cap=<the cap>"),
     ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),
     ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
     ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
@@ -77,6 +79,23 @@ def test_every_command_checks_types_and_names_at_start(command, overrides, messa
     err = capfd.readouterr().err.strip()
     assert err == f"error: {err[7:]}" and message in err and "\n" not in err, err
     assert not Path("/nonexistent").exists()
+
+
+def test_the_scripted_generator_is_refused_for_an_env_that_is_not_bfcls():
+    """generation=scripted replays BFCL's gold plans through BFCL's env: another env (settings not BFCL's) is refused
+    when the config is built, in one line, before anything loads."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.registry import register, table
+    from nemo_rcgrpo.utils.config import compose
+
+    try:
+        register("env", "not_bfcl_example")(lambda settings, suite: None)
+        with pytest.raises(ConfigError, match=r"^generation.backend=scripted plays BFCL's tasks through BFCL's env; "
+                                              r"env.name=not_bfcl_example is another environment"):
+            TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=scripted", "env.name=not_bfcl_example"]))
+        TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=hf", "env.name=not_bfcl_example"]))
+    finally:
+        table("env").pop("not_bfcl_example", None)
 
 
 def test_valid_types_still_pass():
@@ -190,7 +209,13 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "rl.ppo_epochs=0", "rl.ppo_epochs=0: must be an integer >= 1", "rl.ppo_epochs=1"),
     ([], "rl.mini_batches=0", "rl.mini_batches=0: must be an integer >= 1", None),
     ([], "rl.mini_batches=11", "rl.mini_batches=11 exceeds the 10 micro-batches of a step", "rl.mini_batches=10"),
-    ([], "rl.loss.tis_cap=0", "rl.loss.tis_cap=0.0: must be > 0 or null", "rl.loss.tis_cap=0.5"),
+    ([], "rl.loss.correction_cap=0", "rl.loss.correction_cap=0.0: must be > 0", "rl.loss.correction_cap=0.5"),
+    (["rl.loss.correction=token_mask"], "rl.loss.correction_cap=1", "rl.loss.correction_cap=1.0: must be > 1 with "
+     "rl.loss.correction=token_mask", "rl.loss.correction_cap=1.001"),
+    (["rl.loss.correction=geometric_mask"], "rl.loss.correction_cap=0.5", "rl.loss.correction_cap=0.5: must be > 1 "
+     "with rl.loss.correction=geometric_mask", "rl.loss.correction_cap=1.001"),
+    ([], "rl.loss.correction=tis", "rl.loss.correction='tis': no sampler_correction of that name; registered: "
+     "['none', 'token_tis', 'sequence_tis', 'token_mask', 'geometric_mask']", "rl.loss.correction=token_tis"),
     ([], "rl.max_failed_share=1.01", "rl.max_failed_share=1.01: must be in [0, 1]", "rl.max_failed_share=1"),
     ([], "rl.max_failed_share=-0.01", "rl.max_failed_share=-0.01: must be in [0, 1]", "rl.max_failed_share=0"),
     ([], "rl.eval_every=-1", "rl.eval_every must be >= 0 and rl.eval_tasks > 0", "rl.eval_every=0"),
@@ -237,7 +262,7 @@ def _with(extra, override):
 def test_a_bound_set_on_the_composed_recipe_is_what_the_command_line_gives():
     from nemo_rcgrpo.utils.config import compose as compose_recipe
 
-    for override in ("rl.p_high=0.25", "reward_tokens.high=''", "trainer.max_steps=null", "rl.loss.tis_cap=0.5"):
+    for override in ("rl.p_high=0.25", "reward_tokens.high=''", "trainer.max_steps=null", "rl.loss.correction_cap=1.5"):
         assert _with([], override) == compose_recipe(_RL, [override]), override
 
 

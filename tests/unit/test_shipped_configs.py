@@ -157,6 +157,12 @@ def test_the_help_prints_every_default_the_schema_has():
 
     assert field_comments(RLConfig)["group_size"] == "G rollouts per task"
     assert field_comments(RLConfig)["tasks_per_step"].startswith("groups per optimizer step")
+    # a section heading (# -- which tasks --) is no field's meaning
+    from nemo_rcgrpo.evaluation.config import EvalConfig
+
+    eval_comments = field_comments(EvalConfig)
+    assert eval_comments["data_dir"].startswith("paper: the split.json") and eval_comments["checkpoint"] == ""
+    assert eval_comments["reward_token"].startswith("checkpoint and endpoint: auto")
 
 
 def test_the_hardware_group_composes_and_a_users_machine_is_a_file(tmp_path, monkeypatch):

@@ -265,11 +265,13 @@ def test_the_loss_is_built_from_its_settings():
     from nemo_rcgrpo.config_schema import LossConfig
 
     section = LossConfig(policy_loss="unclipped", clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1",
-                         aggregation="sequence", tis_cap=2.5)
+                         aggregation="sequence", correction="geometric_mask", correction_cap=2.5)
     loss = GRPOLoss.from_config(section, ratio="current")
     assert loss == GRPOLoss(clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1", aggregation="sequence",
-                            tis_cap=2.5, policy_loss="unclipped", ratio="current")
+                            correction="geometric_mask", correction_cap=2.5, policy_loss="unclipped", ratio="current")
     assert {f for f in dataclasses.asdict(section)} <= set(dataclasses.asdict(loss))  # no setting left behind
+    # the loss's defaults are the section's
+    assert GRPOLoss.from_config(LossConfig(), ratio="old") == GRPOLoss()
 
 
 def test_loss_stats_add_and_total():
@@ -288,7 +290,7 @@ def test_loss_stats_add_and_total():
     assert len(calls) == 1 and calls[0].dtype == torch.float64
     assert PolicyLossStats.total([], reduce) == PolicyLossStats()  # a replica without micro-batches adds zeros
     # a record starts from zeros: a replica's total of one record is that record
-    assert NLLStats().values() == (0.0, 0.0, 0.0) and PolicyLossStats().values() == (0.0,) * 8
+    assert NLLStats().values() == (0.0, 0.0, 0.0) and PolicyLossStats().values() == (0.0,) * 11
     one = NLLStats(loss=0.5, nll_sum=4.0, tokens=8.0)
     assert NLLStats.total([one]) == one and NLLStats.total([one], lambda v: v * 3) == NLLStats(1.5, 12.0, 24.0)
     with pytest.raises(TypeError, match="PolicyLossStats.total got a NLLStats"):
@@ -398,11 +400,101 @@ def test_sampler_gap_metrics_and_truncated_importance_sampling():
     # trainer - sampler on the 5 masked tokens: 0, 0.5, -1.0 | 0, -0.5
     assert m.sampler_abs_diff_sum == pytest.approx(2.0)
     assert m.sampler_mult_err_sum == pytest.approx(2 * 1 + 2 * math.exp(0.5) + math.exp(1.0))
-    loss, _ = GRPOLoss(kl_beta=0.0, tis_cap=1.2)(lp, batch, 5.0)
+    loss, _ = GRPOLoss(kl_beta=0.0, correction="token_tis", correction_cap=1.2)(lp, batch, 5.0)
     # weights min(exp(gap), 1.2): 1, 1.2 (e^0.5 = 1.65 capped), e^-1 | 1, e^-0.5; pg = -A * w at ratio 1
     w = [1.0, 1.2, math.exp(-1.0), 1.0, math.exp(-0.5)]
     expected = -(1.0 * (w[0] + w[1] + w[2]) - 0.5 * (w[3] + w[4])) / 5
     assert loss.item() == pytest.approx(expected)
+
+
+# the gaps old - sampler on the 5 generated tokens: row 0 (A = 1) 0.1, 0.5, -1.0; row 1 (A = -0.5) 0.5, 0.4; C = 1.5
+# (log C = 0.405): weights by hand, one row per correction
+GAP_ROWS = [[0.0, 0.1, 0.5, -1.0], [0.0, 0.5, 0.4, 0.0]]
+GAPS = torch.tensor(GAP_ROWS)
+HAND_WEIGHTS = {
+    "none": [1.0, 1.0, 1.0, 1.0, 1.0],
+    "token_tis": [math.exp(0.1), 1.5, math.exp(-1.0), 1.5, math.exp(0.4)],  # e^0.5 = 1.65 capped
+    "sequence_tis": [math.exp(-0.4)] * 3 + [1.5] * 2,  # row sums -0.4 and 0.9 (e^0.9 = 2.46 capped)
+    "token_mask": [1.0, 0.0, 0.0, 0.0, 1.0],  # |0.5| and |-1.0| > log 1.5; 0.4 is within
+    "geometric_mask": [1.0] * 3 + [0.0] * 2,  # row means -0.133 and 0.45 (> log 1.5: the row is dropped)
+}
+
+
+@pytest.mark.parametrize("correction", list(HAND_WEIGHTS))
+def test_each_sampler_correction_weighs_the_loss_and_its_gradient_by_hand(correction):
+    """pg_t = -A_b * w_t at ratio 1 (old = this pass), token mean over the 5 tokens: the loss is
+    -(sum_row0 w - 0.5 sum_row1 w) / 5 and d loss / d logp_t = -A_b w_t / 5; the weights carry no gradient."""
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]], requires_grad=True)
+    batch = _two_rows(old_logprobs=lp.detach().clone(), sampler_logprobs=lp.detach() - GAPS)
+    loss, stats = GRPOLoss(kl_beta=0.0, correction=correction, correction_cap=1.5)(lp, batch, 5.0)
+    loss.backward()
+    w = HAND_WEIGHTS[correction]
+    assert loss.item() == pytest.approx(-(sum(w[:3]) - 0.5 * sum(w[3:])) / 5, abs=1e-7)
+    expected = torch.tensor([[0.0, -w[0], -w[1], -w[2]], [0.0, 0.5 * w[3], 0.5 * w[4], 0.0]]) / 5
+    assert torch.allclose(lp.grad, expected, atol=1e-7), (lp.grad, expected)
+    if correction == "none":  # measured only: no correction statistics
+        assert (stats.corrected_tokens, stats.correction_weight_sum, stats.correction_dropped) == (0.0, 0.0, 0.0)
+    else:
+        assert stats.corrected_tokens == 5.0 and stats.correction_weight_sum == pytest.approx(sum(w))
+        assert stats.correction_dropped == sum(x == 0.0 for x in w)
+
+
+def test_the_corrections_by_themselves_and_at_their_edges():
+    """Each registered function on the hand-made gaps (float64): the hand weights on the generated tokens; a gap of
+    exactly log C is kept by the masks (|gap| <= log C), one just beyond is dropped; a one-token rollout's mean is
+    its one gap (0.6 > log 1.5: dropped) and a rollout without generated tokens divides by 1, not 0."""
+    from nemo_rcgrpo.registry import lookup
+
+    mask = torch.tensor(TWO_ROWS_MASK, dtype=torch.float64)
+    on = mask.bool()
+    for name, w in HAND_WEIGHTS.items():
+        got = lookup("sampler_correction", name)(torch.tensor(GAP_ROWS, dtype=torch.float64), mask, 1.5)
+        assert got.shape == GAPS.shape and got[on].tolist() == pytest.approx(w, abs=1e-12), name
+    edge = math.log(1.5)
+    beyond = math.nextafter(edge, 1.0)
+    gaps = torch.tensor([[edge, -edge, beyond, -beyond]], dtype=torch.float64)
+    assert lookup("sampler_correction", "token_mask")(gaps, torch.ones_like(gaps), 1.5).tolist() == [[1, 1, 0, 0]]
+    for g, kept in ((edge, 1.0), (-edge, 1.0), (beyond, 0.0)):
+        rows = torch.tensor([[g, g, 0.0]], dtype=torch.float64)
+        assert lookup("sampler_correction", "geometric_mask")(rows, torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64),
+                                                              1.5).tolist() == [[kept] * 3], g
+    # the masks declare that their cap must exceed 1 (the config refuses C <= 1 for them); the truncations do not
+    assert {n for n in HAND_WEIGHTS if getattr(lookup("sampler_correction", n), "keeps_within_cap", False)} == {
+        "token_mask", "geometric_mask"}
+    one = torch.tensor([[0.6, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    one_mask = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    assert lookup("sampler_correction", "geometric_mask")(one, one_mask, 1.5).tolist() == [[0, 0], [1, 1]]
+
+
+def test_without_a_correction_the_loss_is_the_uncorrected_one_whatever_the_sampler_says():
+    """correction none: the loss and gradient do not depend on the sampler's logprobs (only its metrics do)."""
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]], requires_grad=True)
+    grads, losses = [], []
+    for sampler in (lp.detach().clone(), lp.detach() - GAPS):
+        loss, _ = GRPOLoss()(lp, _two_rows(old_logprobs=(lp.detach() - 0.1), sampler_logprobs=sampler), 5.0)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(lp.grad.clone())
+        lp.grad = None
+    assert losses[0] == losses[1] and torch.equal(grads[0], grads[1])
+
+
+def test_a_registered_correction_is_used_and_a_wrong_shape_refused():
+    from nemo_rcgrpo.registry import register, table
+
+    lp = torch.tensor([[0.0, -0.5, -1.0, -2.0], [0.0, -0.3, -0.7, 0.0]])
+    batch = _two_rows(old_logprobs=lp, sampler_logprobs=lp - GAPS)
+    try:
+        register("sampler_correction", "halve_example")(lambda gap, mask, cap: torch.full_like(gap, 0.5))
+        register("sampler_correction", "row_example")(lambda gap, mask, cap: gap[:, :1])
+        loss, _ = GRPOLoss(kl_beta=0.0, correction="halve_example")(lp, batch, 5.0)
+        assert loss.item() == pytest.approx(0.5 * -(3 - 0.5 * 2) / 5)
+        with pytest.raises(ValueError, match=r"sampler_correction row_example returned torch.Size\(\[2, 1\]\), not "
+                                             r"weights of shape \(2, 4\)"):
+            GRPOLoss(correction="row_example")(lp, batch, 5.0)
+    finally:
+        table("sampler_correction").pop("halve_example", None)
+        table("sampler_correction").pop("row_example", None)
 
 
 # -------------------- `make mutation`'s survivors killed (docs/testing.md); each test names its mutants

@@ -96,7 +96,7 @@ def test_a_run_loads_the_tasks_its_suite_holds(micro_data_dir, tmp_path):
     test = task_ids(micro_data_dir, "test")
     assert len(tasks.held_out) == 8 and set(tasks.held_out) <= set(test)
     assert tasks.held_out == stratified_sample(test, lambda t: tasks.suite[t].category, 8, 0) != test[:8]
-    # a category the pointers lack: the suite holds none of them
+    # pointers to tasks the suite does not hold (ids renamed): none is left to train on
     data = tmp_path / "d"
     shutil.copytree(micro_data_dir, data)
     lines = (data / "rl_train.jsonl").read_text().splitlines()

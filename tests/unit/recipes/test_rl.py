@@ -40,7 +40,7 @@ def test_updates_of_a_batch(epochs, minis, replicas):
         trainer = RLTrainer.__new__(RLTrainer)
         trainer.cfg = types.SimpleNamespace(rl=types.SimpleNamespace(
             ppo_epochs=epochs, mini_batches=minis, loss=types.SimpleNamespace(
-                clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token", tis_cap=None)))
+                clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token", correction="none", correction_cap=2.0)))
         trainer.updates = epochs * minis
         trainer.policy = _RecordingPolicy()
         trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
@@ -186,7 +186,7 @@ def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True, budget=None)
     of 2, micro-batches of 2 rollouts or filled to ``budget`` positions (trainer.micro_batch_tokens)."""
     trainer = RLTrainer.__new__(RLTrainer)
     loss = types.SimpleNamespace(clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token",
-                                 tis_cap=None, policy_loss="clipped")
+                                 correction="none", correction_cap=2.0, policy_loss="clipped")
     trainer.cfg = types.SimpleNamespace(
         rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss,
                                  group_size=2),

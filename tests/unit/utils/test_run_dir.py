@@ -142,6 +142,42 @@ def test_a_run_saved_with_the_env_settings_at_the_top_of_env_resumes():
     assert differences(saved, per_turn, ()) == ["env.settings.mode is 'merged' there and 'per_turn' now"]
 
 
+def test_a_run_saved_with_rl_loss_tis_cap_resumes_as_its_correction():
+    """rl.loss.tis_cap (null: off) became rl.loss.correction + rl.loss.correction_cap: a run saved with a cap resumes
+    as token_tis at that cap, one saved with null as none, and any other choice is named by its new key."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose
+
+    now = TrainConfig.from_dict(compose("smoke_rl", [])).to_dict()
+    loss = {k: v for k, v in now["rl"]["loss"].items() if k not in ("correction", "correction_cap")}
+
+    def saved(cap):
+        return {**now, "rl": {**now["rl"], "loss": {**loss, "tis_cap": cap}}}
+
+    def with_loss(**kw):
+        return {**now, "rl": {**now["rl"], "loss": {**now["rl"]["loss"], **kw}}}
+
+    assert now["rl"]["loss"]["correction"] == "none" and differences(saved(None), now, ()) == []
+    assert differences(saved(1.5), with_loss(correction="token_tis", correction_cap=1.5), ()) == []
+    assert differences(saved(1.5), with_loss(correction="token_tis"), ()) == [
+        "rl.loss.correction_cap is 1.5 there and 2.0 now"]
+    assert differences(saved(1.5), now, ()) == ["rl.loss.correction is 'token_tis' there and 'none' now",
+                                                "rl.loss.correction_cap is 1.5 there and 2.0 now"]
+    assert differences(saved(None), with_loss(correction="geometric_mask"), ()) == [
+        "rl.loss.correction is 'none' there and 'geometric_mask' now"]
+
+
+def test_a_plugin_env_run_saved_with_bfcls_settings_at_the_top_of_env_resumes():
+    """Before env.settings, every env's section held BFCL's settings (env.mode, ...), read only by BFCL's env: a
+    plugin env's run saved so resumes on the settings its env takes, and a changed one is still named."""
+    saved = {"stage": "rcgrpo", "env": {"name": "kv", "task_source": "kv", "mode": "merged", "arg_types": "strict",
+                                        "max_steps": 4}}
+    now = {"stage": "rcgrpo", "env": {"name": "kv", "task_source": "kv", "settings": {"max_steps": 4}}}
+    assert differences(saved, now, ()) == []
+    now["env"]["settings"]["max_steps"] = 8
+    assert differences(saved, now, ()) == ["env.settings.max_steps is 4 there and 8 now"]
+
+
 def test_a_run_saved_before_chat_rejected_message_resumes_as_it_ran():
     """RL runs saved before the setting answered rejected messages with error observations: they resume with
     chat.rejected_message=error and are refused (the line says how it ran) with the new default; a stage-1 run,
