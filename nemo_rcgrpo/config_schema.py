@@ -67,12 +67,13 @@ class TrainerConfig:
     resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run resumed, e.g. [trainer.max_steps]
     bucket_by_length: bool = True  # stage 1: micro-batches of examples of similar length (less padding)
     # rows of a micro-batch that start alike (a group's prompt, a stage-1 batch's system prompt and tools) run their
-    # shared prefix once (torch backend; the same logprobs and gradients up to rounding): false runs
-    # every row in full
+    # shared prefix once (the torch backend; Megatron's local spec on the CPU; the same logprobs and gradients up to
+    # rounding): false runs every row in full
     share_prefix: bool = True
     # rows of a micro-batch run one after another as one sequence, without padding, where that runs fewer positions
-    # than the prefix tree and the padded rows (torch backend, an attention that takes packed rows on
-    # its device: a varlen kernel, or sdpa / eager on CPU; the same logprobs and gradients up to rounding)
+    # than the prefix tree and the padded rows (torch backend with an attention that takes packed rows on its device: a
+    # varlen kernel, or sdpa / eager on CPU; Megatron's local spec on the CPU; the same logprobs and gradients up to
+    # rounding)
     pack_sequences: bool = True
     export_hf: bool = True  # write run_dir/hf at the end: transformers / vLLM loadable, tokenizer included
 

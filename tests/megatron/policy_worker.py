@@ -12,6 +12,7 @@ the torch policy's weights; logprobs of both backends are compared before and
 after the step; a sharded checkpoint is loaded into a fresh policy.
 """
 
+import contextlib
 import copy
 import json
 import shutil
@@ -100,6 +101,112 @@ def stream_counts(policy, dist) -> dict:
     return out
 
 
+def _right_padded(rows: list[list[int]], loss_from: int) -> MicroBatch:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
+    loss_mask = mask.clone()
+    loss_mask[:, :loss_from] = 0
+    return MicroBatch(ids, mask, loss_mask)
+
+
+def _gradients(policy) -> list[torch.Tensor]:
+    return [p.main_grad.detach().clone() for p in policy.ddp.module.parameters()]
+
+
+@contextlib.contextmanager
+def _rows_padded(policy, padded: bool = True):
+    """While inside, ``policy`` runs every micro-batch padded (with ``padded``)."""
+    saved = policy.share_prefix, policy.packs
+    if padded:
+        policy.share_prefix, policy.packs = False, None
+    try:
+        yield
+    finally:
+        policy.share_prefix, policy.packs = saved
+
+
+def _run(policy, batches, olds, padded: bool):
+    """(logprobs and entropies, the loss, every parameter's gradient on this rank) of ``batches`` (the loss's old and
+    reference logprobs from ``olds``), run as flat rows (the policy's setting) or padded."""
+    with _rows_padded(policy, padded):
+        evaluated = [policy.logprobs(b, with_entropy=True) for b in batches]
+        rl = [RLMicroBatch(b.input_ids, b.attention_mask, b.loss_mask, advantages=torch.linspace(-1, 1, b.rows),
+                           ref_logprobs=(old - 0.05) * b.loss_mask, sampler_logprobs=torch.zeros(b.input_ids.shape),
+                           old_logprobs=old * b.loss_mask)
+              for b, old in zip(batches, olds)]
+        n = float(sum(b.loss_mask.sum() for b in batches))
+        stats = policy.backward(rl, GRPOLoss(kl_beta=0.1, num_sequences=8.0), n)
+        return evaluated, PolicyLossStats.total(stats).loss, _gradients(policy)
+
+
+def layout_parity(policy, vocab: int, dist) -> dict:
+    """A stratified RC-GRPO group (its prefix tree) and loose rows of very different lengths (packed rows), each as
+    one flat row, against the same micro-batches padded: logprobs, entropies, the loss and every parameter's
+    gradient (max over ranks). Then a suffix that sees another suffix, and a suffix whose positions restart at 0,
+    planted in the flat row: the logprobs must show each."""
+    from nemo_rcgrpo.data.packing import Packed
+    from nemo_rcgrpo.data.prefix_tree import GroupLayout
+    from nemo_rcgrpo.models.megatron import policy as policy_module
+    from nemo_rcgrpo.models.megatron.layouts import FlatRow, flat_row
+
+    g = torch.Generator().manual_seed(7)
+
+    def rand(k):
+        return torch.randint(3, vocab - 2, (k,), generator=g).tolist()
+
+    hi, lo = vocab - 2, vocab - 1  # the reward tokens, added last
+    prompt, common = rand(14), rand(3)
+    group = [prompt + [tok] + common + rand(k) for tok, k in ((hi, 5), (lo, 2), (hi, 9), (lo, 7))]
+    batches = [_right_padded(group, len(prompt) + 1), _right_padded([rand(20), rand(4), rand(3), rand(4)], 1)]
+    kinds = [type(policy.layout(b)).__name__ for b in batches]
+    with _rows_padded(policy):
+        olds = [policy.logprobs(b) for b in batches]
+    padded, flat = _run(policy, batches, olds, padded=True), _run(policy, batches, olds, padded=False)
+
+    def on_loss(a, b, mb):
+        return float(((a - b) * mb.loss_mask).abs().max())
+
+    lp = max(on_loss(f[0], p[0], b) for f, p, b in zip(flat[0], padded[0], batches))
+    ent = max(on_loss(f[1], p[1], b) for f, p, b in zip(flat[0], padded[0], batches))
+    scale = max(float(p.abs().max()) for p in padded[2])
+    grad = max(float((f - p).abs().max()) for f, p in zip(flat[2], padded[2])) / scale
+    tree = policy.layout(batches[0])
+    original = policy_module.flat_row
+
+    def planted(kind):
+        def build(layout, ids):
+            row = original(layout, ids)
+            if not isinstance(layout, GroupLayout):
+                return row
+            blocked, positions = row.blocked.clone(), row.positions.clone()
+            end = tree.lengths[0]
+            if kind == "leak":  # row 0's last trained position sees row 2's first suffix token
+                blocked[row.index[0, end - 2], row.index[2, tree.suffix_start(2)]] = False
+            else:  # row 0's suffix restarts at position 0
+                start = tree.suffix_start(0)
+                positions[row.index[0, start:end]] = torch.arange(end - start)
+            return FlatRow(row.ids, positions, blocked, row.index)
+        return build
+
+    shown = {}
+    for kind in ("leak", "restart"):
+        policy_module.flat_row = planted(kind)
+        try:
+            wrong = policy.logprobs(batches[0])
+        finally:
+            policy_module.flat_row = original
+        shown[kind] = on_loss(wrong, padded[0][0][0], batches[0])
+    values = torch.tensor([lp, ent, abs(flat[1] - padded[1]), grad, shown["leak"], shown["restart"]])
+    tops = values.clone()
+    torch.distributed.all_reduce(tops, op=torch.distributed.ReduceOp.MAX)
+    lows = values.clone()
+    torch.distributed.all_reduce(lows, op=torch.distributed.ReduceOp.MIN)
+    return {"kinds": kinds, "logprob_diff": float(tops[0]), "entropy_diff": float(tops[1]),
+            "loss_diff": float(tops[2]), "loss": padded[1], "grad_rel_diff": float(tops[3]),
+            "leak_shown": float(lows[4]), "restart_shown": float(lows[5])}
+
+
 def check(name: str, tp: int, pp: int, dist) -> dict:
     cfg = TrainConfig.from_dict({"trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
                                  "policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}}})
@@ -107,6 +214,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     torch_model = copy.deepcopy(hf)
     policy = MegatronPolicy(hf, cfg.policy_build(), dist, total_steps=4)
+    flat = layout_parity(policy, len(tok), dist)  # gradients only: the weights stay as loaded
     reference = policy.frozen_reference()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, len(tok), (4, 24), generator=g)
@@ -147,7 +255,7 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
         result.update({
-            "model": name, "tp": tp, "pp": pp, "dp": replica.world_size, "stream": streamed,
+            "model": name, "flat": flat, "tp": tp, "pp": pp, "dp": replica.world_size, "stream": streamed,
             "old_logprob_diff": max(float(((b.old_logprobs - o[0]) * b.loss_mask).abs().max())
                                     for b, o in zip(batches, t_old)),
             "entropy_diff": max(float(((e - o[1]) * b.loss_mask).abs().max()) for b, e, o in zip(batches, ents, t_old)),

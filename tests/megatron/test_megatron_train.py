@@ -68,7 +68,8 @@ def test_stage1_smollm2_same_losses_torch_and_megatron(micro_data_dir, tmp_path)
 def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, tp, pp, world, models):
     """One GRPO step with tensor, pipeline and data parallelism (tied Llama, untied Qwen2): same loss, gradient norm
     and new weights as TorchPolicy on the whole batch; the generator's HF copy receives them through
-    export_weights(); a reloaded checkpoint continues identically."""
+    export_weights(); a reloaded checkpoint continues identically. Before it, prefix trees and packed rows as flat
+    rows against the same micro-batches padded (`_check_flat_rows`)."""
     out = tmp_path / "policy.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
                            f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
@@ -80,6 +81,7 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, 
     for r in results:
         assert (r["tp"], r["pp"], r["dp"]) == (tp, pp, world // (tp * pp))
         assert r["old_logprob_diff"] <= 1e-5 and r["entropy_diff"] <= 1e-4 and r["one_row_entropy_diff"] <= 1e-4, r
+        _check_flat_rows(r["flat"])
         assert r["loss"] == pytest.approx(r["torch_loss"], abs=1e-6) and r["loss"] != 0, r
         # the gradient norm covers the tied embedding once, although first and last stage both hold it
         assert r["grad_norm"] == pytest.approx(r["torch_grad_norm"], rel=1e-5), r
@@ -91,6 +93,16 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, 
         assert r["reloaded_hf_diff"] == 0, r
         assert math.isfinite(r["lonely_step_grad_norm"]) and r["lonely_step_grad_norm"] > 0, r
         _check_stream(r["stream"], tp)
+
+
+def _check_flat_rows(f):
+    """A prefix tree and packed rows, each run as one flat row, give the padded rows' logprobs, entropies, loss and
+    gradients; a planted leak between suffixes, or a suffix whose positions restart at 0, changes the logprobs."""
+    assert f["kinds"] == ["GroupLayout", "Packed"], f
+    assert f["logprob_diff"] <= 1e-5 and f["entropy_diff"] <= 1e-4, f
+    assert f["loss_diff"] <= 1e-6 * max(1.0, abs(f["loss"])) and f["loss"] != 0, f
+    assert f["grad_rel_diff"] <= 1e-5, f
+    assert f["leak_shown"] > 1e-3 and f["restart_shown"] > 1e-3, f
 
 
 def _check_stream(stream, tp):
@@ -123,7 +135,7 @@ def _check_stream(stream, tp):
 def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
     """RC-GRPO end to end with the Megatron backend: two pipeline stages x two data-parallel replicas (4 processes:
     rank 0, a first stage, generates; each replica scores and trains on its half of the micro-batches; the last
-    stages compute the loss), and TP=2. The scripted generator gives the groups known, mixed rewards (P(success) 0.8
+    stages compute the loss), and TP=2, each micro-batch's prompt run once (a flat row). The scripted generator gives the groups known, mixed rewards (P(success) 0.8
     with the high token, 0.2 with the low one), so the step-1 loss is the advantages' own: ratio 1 and KL 0 give
         loss = -sum_b A_b n_b / N      (n_b generated tokens of rollout b, N their sum)."""
     from safetensors.torch import load_file
@@ -149,6 +161,8 @@ def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
             group = [r for r in records if r["group"] == g]
             assert [r["advantage"] for r in group] == pytest.approx(hand_advantages([r["reward"] for r in group]),
                                                                     abs=1e-6)
+        # each micro-batch (2 rows of one group) ran its prompt once, as a flat row, and the loss is still exact
+        assert m["prefix_tokens_saved"] > 0 and m["forward_positions_saved"] > 0, m
         if m["step"] == 1:
             assert len({r["reward"] for r in records}) == 2  # mixed rewards in the first step
             expected = -sum(r["advantage"] * r["generated_tokens"] for r in records) / m["tokens"]

@@ -32,6 +32,11 @@ What each flag needs, read in megatron-core 0.16.1:
 - ``overlap_grad_reduce`` (bucketed, megatron's default bucket size): on with more than one data-parallel
   replica (with one there is nothing to overlap), on CPU (gloo) as on GPU; the schedule then needs
   ``no_sync_func``, and a replica without micro-batches starts its (zero) reduction itself.
+- flat rows (a prefix tree or packed rows as one sequence, `layouts.py`): the local spec's
+  ``FusedScaleMaskSoftmax`` falls back to ``forward_torch_softmax``, which uses a given mask in place of the
+  causal default, wherever the fused kernels are off; with apex's causal kernel the mask would be ignored. So
+  flat rows run with the local spec on the CPU, one context-parallel rank (``flat_rows_off`` says why not
+  elsewhere; those micro-batches run padded, as before).
 - FP8 (TE): GEMM dimensions must be multiples of 16, so token counts are padded to 16; sequence parallel
   splits the sequence over TP ranks, each of which must still hold a multiple of 16 with FP8: 16 x tp
   then, and a multiple of tp without FP8.
@@ -96,6 +101,9 @@ class Flags:
     parallel: dict[str, Any] = field(default_factory=dict)  # initialize_model_parallel keyword arguments
     optimizer: dict[str, Any] = field(default_factory=dict)  # get_megatron_optimizer keyword arguments
     token_multiple: int = 1  # sequence lengths are padded to a multiple of this
+    # prefix trees and packed rows run as one flat row behind an explicit [N, N] mask (`layouts.py`); why not if not
+    flat_rows: bool = False
+    flat_rows_off: str = ""
 
 
 def choose_spec(platform: Platform, spec: str, fp8: str | None) -> str:
@@ -151,8 +159,24 @@ def decide(platform: Platform, mcfg, dp: int = 1) -> Flags:
     multiple = FP8_MULTIPLE if mcfg.fp8 is not None else 1
     if sequence_parallel:
         multiple *= mcfg.tp  # every TP rank's slice of the sequence keeps the multiple
+    flat_off = flat_rows_off(spec, cuda, getattr(mcfg, "cp", 1))
     return Flags(spec=spec, transformer=transformer, ddp=ddp, parallel={"create_gloo_process_groups": False},
-                 optimizer={"use_gloo_process_groups": False}, token_multiple=multiple)
+                 optimizer={"use_gloo_process_groups": False}, token_multiple=multiple,
+                 flat_rows=not flat_off, flat_rows_off=flat_off)
+
+
+def flat_rows_off(spec: str, cuda: bool, cp: int) -> str:
+    """Why a micro-batch's prefix tree or packed rows cannot run as one flat row here ('' where they can): the
+    flat row needs the local spec's unfused softmax, which takes an explicit mask (the fused causal kernel ignores
+    one), on the CPU (on a GPU a dense N x N mask per micro-batch is what Transformer Engine's packed-sequence path
+    avoids, and that path is not wired), and the whole sequence on every rank (no context parallelism)."""
+    if cp > 1:
+        return "context parallelism splits the sequence, which a flat row's mask spans"
+    if spec != "local":
+        return "the Transformer Engine spec's packed-sequence path is not wired to prefix trees or packed rows yet"
+    if cuda:
+        return "on a GPU a flat row's dense N x N mask is not used (the Transformer Engine path is what avoids it)"
+    return ""
 
 
 def padded_length(length: int, multiple: int) -> int:

@@ -31,6 +31,7 @@ stage-2 loops and the pure losses do not know which backend runs:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -42,12 +43,16 @@ from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, loa
 from nemo_rcgrpo.models.megatron.convert import ConversionError, ModelShape, check_tp, stage_layers
 from nemo_rcgrpo.models.megatron.export import EXPORT_BUCKET_BYTES, WeightExporter
 from nemo_rcgrpo.models.megatron.flags import padded_length
+from nemo_rcgrpo.models.megatron.layouts import FlatRow, flat_row, rotary_at
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.data.packing import DENSE, Layout, Packed
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
+from nemo_rcgrpo.models.shared_prefix import share_layout
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 
+log = logging.getLogger(__name__)
 SHARDED_DIR = "megatron"  # the sharded checkpoint's folder inside a checkpoint step_N/
 
 
@@ -64,7 +69,7 @@ def pad_micro_batches(batches: list[MicroBatch], same_shape: bool = True, multip
 class MegatronPolicy:
     sharded_checkpoints = True  # dist_checkpointing folders, written by every rank (save_sharded)
     fuses_old_logprobs = False  # old logprobs and entropies come from a pass of their own
-    share_prefix, packs = False, None  # every row runs padded, in full
+    share_prefix, packs = False, None  # set per run: flat rows where `flags.flat_rows_off` allows
     distributed_rl = True  # TP x PP x DP under torchrun
 
     def __init__(self, hf_model: torch.nn.Module, build, dist: DistInfo, total_steps: int):
@@ -89,6 +94,13 @@ class MegatronPolicy:
         replicas = max(1, dist.world_size // (m.tp * m.pp * m.cp))
         self.flags = platform_flags(m, dtype, replicas)  # every device-dependent choice (flags.py)
         self.spec = self.flags.spec
+        # prefix trees and packed rows as one flat row (trainer.share_prefix / pack_sequences), where the platform
+        # runs them (`flags.flat_rows_off`: the local spec on the CPU); a dense mask, as sdpa's on the CPU
+        self.share_prefix = bool(t.share_prefix and self.flags.flat_rows)
+        self.packs = DENSE if t.pack_sequences and self.flags.flat_rows else None
+        if (t.share_prefix or t.pack_sequences) and not self.flags.flat_rows and dist.is_main:
+            log.info("every micro-batch runs padded (trainer.share_prefix / pack_sequences are not used here): %s",
+                     self.flags.flat_rows_off)
         self.parallel = init_parallel(m.tp, m.pp, m.cp, build.seed)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.tp_group = ps.get_tensor_model_parallel_group()
@@ -118,9 +130,19 @@ class MegatronPolicy:
         if not dist.is_main:
             del hf_model
 
-    def layout(self, batch: MicroBatch) -> None:
-        """Every row runs padded, in full (no prefix tree or packed rows in this backend yet)."""
-        return None
+    def layout(self, batch: MicroBatch) -> Layout:
+        """How ``batch`` runs: its prefix tree or packed rows as one flat row where that runs the fewest positions
+        (`data/packing.py: choose_layout`, as the torch backend), else padded. With pipeline stages (one activation
+        shape for every micro-batch) a batch that would run padded runs as packed rows instead, so that a step's
+        micro-batches are all flat rows or all padded."""
+        layout = share_layout(batch.input_ids, batch.attention_mask, self.share_prefix, self.packs)
+        if layout is None and self.parallel.pp > 1 and (self.share_prefix or self.packs):
+            lengths = batch.attention_mask.sum(1)
+            if torch.equal(batch.attention_mask.bool(),
+                           torch.arange(batch.length, device=lengths.device)[None] < lengths[:, None]) \
+                    and bool((lengths > 0).all()):
+                layout = Packed(tuple(lengths.tolist()))
+        return layout
 
     # ------------------------------------------------------------------ parallel layout
     def data_parallel(self) -> tuple[DistInfo, Callable]:
@@ -140,27 +162,48 @@ class MegatronPolicy:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        flats = [self._flat(b) for b in batches]
+        if self.parallel.pp > 1 and None in flats:  # stages exchange one shape: all flat rows or all padded
+            flats = [None] * len(batches)
         batches = [b.to(self.device) for b in batches]
-        if self.parallel.pp > 1 or self.flags.token_multiple > 1:  # fixed-shape stage exchange; FP8 / SP lengths
-            batches = pad_micro_batches(batches, same_shape=self.parallel.pp > 1, multiple=self.flags.token_multiple)
         n = len(batches)
+        if flats[0] is not None:
+            # one flat row per micro-batch (batch 1), padded to the longest with pipeline stages
+            length = max(f.length for f in flats) if self.parallel.pp > 1 else None
+            flats = [(f.padded(length) if length else f).to(self.device) for f in flats]
+            rows, seq = 1, max(f.length for f in flats)
+        else:
+            if self.parallel.pp > 1 or self.flags.token_multiple > 1:  # fixed-shape stage exchange; FP8 / SP lengths
+                batches = pad_micro_batches(batches, same_shape=self.parallel.pp > 1,
+                                            multiple=self.flags.token_multiple)
+            rows, seq = batches[0].input_ids.shape
 
         def forward_step(data_iterator, module):
-            b = next(data_iterator)
-            ids = b.input_ids
-            pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
-            output = module(ids, pos, None)  # causal; right padding never affects earlier positions
+            b, flat = next(data_iterator)
+            if flat is None:
+                ids = b.input_ids
+                pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+                output = module(ids, pos, None)  # causal; right padding never affects earlier positions
+            else:  # every token sees its own path, at its own row's positions (`layouts.py`)
+                with rotary_at(module, flat.positions):
+                    output = module(flat.ids[None], flat.positions[None], flat.blocked[None, None])
 
             def loss_func(logits: torch.Tensor):
+                if flat is not None:  # [1, N, V/tp] -> the padded micro-batch's [B, T, V/tp] grid
+                    logits = logits[0][flat.index]
                 masked = mask_padded_vocab(logits, self.shape.vocab_size, self.parallel.tp_rank)
                 return on_logits(masked, b) * n, {}
 
             return output, loss_func
 
-        ids = batches[0].input_ids
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(batches), model=model,
-                                    num_microbatches=n, seq_length=ids.shape[1], micro_batch_size=ids.shape[0],
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(list(zip(batches, flats))),
+                                    model=model, num_microbatches=n, seq_length=seq, micro_batch_size=rows,
                                     forward_only=forward_only)
+
+    def _flat(self, batch: MicroBatch) -> FlatRow | None:
+        """``batch``'s flat row (`layouts.flat_row`), None where it runs padded."""
+        layout = self.layout(batch)
+        return None if layout is None else flat_row(layout, batch.input_ids.cpu())
 
     def _from_last_stage(self, value):
         """A picklable value computed on the last pipeline stage, on every stage."""
@@ -210,15 +253,25 @@ class MegatronPolicy:
     # ------------------------------------------------------------------ training
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float) -> TrainStepResult:
         """One optimizer step over this replica's micro-batches; the loss is normalised globally by the caller."""
-        from megatron.core.distributed import finalize_model_grads
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
         self.ddp.train()
-        self.ddp.zero_grad_buffer()
-        self.optimizer.zero_grad()
         lr = self.base_lr * self.lr_at(self.optimizer_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        stats = self.backward(micro_batches, loss_fn, num_valid_tokens)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
+        self.optimizer_step += 1
+        return TrainStepResult(stats, float(grad_norm or 0.0), lr)
+
+    def backward(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float) -> list:
+        """The gradients of this replica's micro-batches, reduced over replicas into each parameter's ``main_grad``
+        (no optimizer step); returns the loss function's records, from the last pipeline stage, on every rank."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
         stats = []
 
         def on_logits(logits: torch.Tensor, b: MicroBatch) -> torch.Tensor:
@@ -236,11 +289,7 @@ class MegatronPolicy:
             self.ddp.start_grad_sync()  # no backward ran to start it; the other replicas wait for this one's zeros
         # DP gradient reduction, and the sum of the tied embedding's gradients across first and last stages
         finalize_model_grads([self.ddp])
-        ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
-        self.optimizer_step += 1
-        return TrainStepResult(self._from_last_stage(stats), float(grad_norm or 0.0), lr)
+        return self._from_last_stage(stats)
 
     @property
     def module(self) -> torch.nn.Module | None:

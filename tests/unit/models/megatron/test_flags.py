@@ -131,3 +131,16 @@ def test_detect_on_this_machine():
     here = Platform.detect()
     assert here.cuda is False and here.transformer_engine is False and here.apex_softmax is False  # CPU test machine
     assert decide(here, MegatronConfig()).spec == "local"
+
+
+def test_flat_rows_only_where_an_explicit_mask_is_used():
+    # the local spec's unfused softmax takes the flat row's mask; the fused causal kernel (apex) would ignore it
+    cpu = decide(CPU, MegatronConfig())
+    assert cpu.flat_rows and cpu.flat_rows_off == ""
+    for platform in (BARE_GPU, NGC, TE_ONLY):
+        flags = decide(platform, MegatronConfig())
+        assert not flags.flat_rows and flags.flat_rows_off, platform
+    assert "Transformer Engine" in decide(NGC, MegatronConfig()).flat_rows_off
+    assert "dense" in decide(BARE_GPU, MegatronConfig(spec="local")).flat_rows_off
+    cp = decide(CPU, MegatronConfig(cp=2))
+    assert not cp.flat_rows and "context parallel" in cp.flat_rows_off
