@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browser test smoke demo bench experiment mutation mutation-all clean-venv
+.PHONY: install browser test smoke demo bench experiment experiment-async mutation mutation-all clean-venv
 
 install: $(STAMP)
 
@@ -59,11 +59,17 @@ bench: $(STAMP)
 	$(PY) scripts/bench/eval_throughput.py --out docs/benchmarks.md
 	$(PY) scripts/bench/megatron_cpu.py --out docs/benchmarks.md
 	$(PY) scripts/bench/rl_step.py --out docs/benchmarks.md
+	$(PY) scripts/bench/async_rl.py --out docs/benchmarks.md
 
 # the RC-GRPO mechanism measured at CPU scale on the bfcl_micro tasks: stage 1, conditioning, reward variance, the
 # 2x2 ablation; rewrites the results section of docs/experiments.md (outputs/experiment/; a rerun continues)
 experiment: $(STAMP)
 	$(PY) scripts/experiment.py
+
+# RC-GRPO with rollouts generated ahead (rl.max_staleness=1, vLLM) against the synchronous loop over 3 seeds, from
+# the same stage 1; rewrites its section of docs/experiments.md (outputs/experiment/async/)
+experiment-async: $(STAMP)
+	$(PY) scripts/async_experiment.py
 
 # mutants of the core pure modules against their unit tests, one at a time in a copy under /tmp
 # (docs/testing.md); fails on a surviving mutant not listed as equivalent. Not part of `make test`.

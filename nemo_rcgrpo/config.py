@@ -290,6 +290,8 @@ class TrainConfig:
         if getattr(correction, "keeps_within_cap", False) and not rl.loss.correction_cap > 1.0:
             raise ConfigError(f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 1 with "
                               f"rl.loss.correction={rl.loss.correction} (it keeps the ratios in [1/C, C])")
+        if rl.max_staleness < 0:
+            raise ConfigError(f"rl.max_staleness={rl.max_staleness}: must be >= 0 (0: generate, then train)")
         if not 0.0 <= rl.max_failed_share <= 1.0:
             raise ConfigError(f"rl.max_failed_share={rl.max_failed_share}: must be in [0, 1] (the share of a step's "
                               "rollouts that may fail before the step warns)")

@@ -212,6 +212,10 @@ class RLConfig:
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
+    # 0: each step's rollouts are generated, then trained on; k >= 1: the next steps' rollouts are generated while
+    # this one trains, each starting at most k weight versions behind the weights that train on it (a generator
+    # that holds its own weights: vllm, scripted; docs/stage2.md)
+    max_staleness: int = 0
     group_filter: str | None = None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
     dapo_max_rounds: int = 2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
     dapo_shortfall: str = "train"  # with a group filter, too few groups kept after the rounds: train (on fewer) | error

@@ -68,6 +68,9 @@ class Env(Protocol):
 class EnvOpener(Protocol):
     """What an ``env`` factory returns. ``open`` is called once per rollout (and once before training, on the first
     training task, to check it): return a new Env each time, never one shared by two rollouts. One opener serves a
-    run's training rollouts and its held-out evaluation episodes alike: keep per-episode state in the Env."""
+    run's training rollouts and its held-out evaluation episodes alike: keep per-episode state in the Env. With
+    rollouts generated ahead (``rl.max_staleness`` >= 1) and an in-training evaluation, ``open`` and the Envs it
+    returned are called from two threads (the rollout thread and the trainer's): state shared between Envs (a
+    cache, a counter) must be safe for that."""
 
     def open(self, task: Any) -> tuple[Env, list[Message]]: ...  # a fresh env reset on task; its opening messages

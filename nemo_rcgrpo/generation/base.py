@@ -34,6 +34,9 @@ class Completion:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     extra: dict = field(default_factory=dict)
+    # the weight version that produced it, where the caller knows it for certain (`generation/gated.py`); None:
+    # the generator's version when the call started
+    version: int | None = None
 
 
 @runtime_checkable

@@ -24,12 +24,17 @@ later turns of a rollout are recognised because their prompt extends an earlier 
 completion is the token ids of the planned assistant message as the chat format renders it (the trained tokens:
 content and end-of-turn). Sampler logprobs are 0.0 (the completion is a choice, not a sample). Weights sent to it
 are consumed and ignored; ``version`` records the last update.
+
+The live rollouts are kept per calling thread: with rollouts generated ahead (``rl.max_staleness`` >= 1) the
+rollout thread and the trainer's in-training evaluation call one generator in turns, and each caller's next call
+continues its own rollouts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -76,7 +81,8 @@ class ScriptedGenerator:
         self._plans: dict[tuple[str, bool, int], list[dict[str, Any]]] = {}
         # prompt + completion so far -> the scripts of the live rollouts with exactly these ids (rollouts of one
         # group can share them), handed out in order: the engine passes live rollouts in a fixed order
-        self._live: dict[tuple[int, ...], list[_Script]] = {}
+        # (per calling thread: `_live`)
+        self._local = threading.local()
         self.played = {"success": 0, "failure": 0}  # rollouts started, by kind (for tests and logs)
 
     # ------------------------------------------------------------------ plans
@@ -121,6 +127,14 @@ class ScriptedGenerator:
                 messages = one_call_per_message(messages)
             self._plans[key] = [m for m in messages if m["role"] == "assistant"]
         return self._plans[key]
+
+    @property
+    def _live(self) -> dict[tuple[int, ...], list[_Script]]:
+        return getattr(self._local, "live", {})
+
+    @_live.setter
+    def _live(self, live: dict[tuple[int, ...], list[_Script]]) -> None:
+        self._local.live = live
 
     def _completion_ids(self, message: dict[str, Any]) -> list[int]:
         """The trained tokens (content and end-of-turn) of ``message`` as the chat format renders it."""

@@ -42,6 +42,7 @@ from nemo_rcgrpo.data.prefix_tree import step_savings
 from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
                                              write_rollouts)
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+from nemo_rcgrpo.algorithms.rl_ahead import AheadCollector, staleness_metrics
 from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
 from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
@@ -50,6 +51,7 @@ from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.gated import GatedGenerator
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import make_policy, sync_generator
@@ -115,6 +117,12 @@ class RLTrainer:
         if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
             self.policy.module.to(self.policy.device)
         self.shares_weights = bool(all_reduce_sum(float(shares), dist))
+        if rl.max_staleness and self.shares_weights:
+            raise ValueError(f"rl.max_staleness={rl.max_staleness} generates rollouts while the policy trains: the "
+                             f"generator must hold its own weights (generation=vllm, or scripted), not sample from "
+                             f"the policy's module; set rl.max_staleness=0 or generation=vllm")
+        if rl.max_staleness and self.generator is not None:  # a weight update waits for the call in flight
+            self.generator = GatedGenerator(self.generator)
         sampling = SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature,
                                   top_p=rl.sampling.top_p)
         self.engine = RolloutEngine(self.generator, self.renderer, opener, sampling,
@@ -131,18 +139,18 @@ class RLTrainer:
                             conditioned=cfg.stage_spec.conditioned)
 
     # ------------------------------------------------------------------ one step
-    def collect(self, rng: random.Random) -> StepRollouts:
-        """This step's rollout groups, their timing / filter stats and the task cursor after them
-        (`algorithms/rl_collect.py`)."""
+    def collect(self, step: int, cursor: int) -> StepRollouts:
+        """Step ``step``'s (from 1) rollout groups from task ``cursor`` on, their timing / filter stats and the task
+        cursor after them (`algorithms/rl_collect.py`), with the step's seeded rng."""
         cfg = self.cfg
         try:
-            return collect_groups(cfg.rl, cfg.stage_spec, self.engine, self.suite, self.task_ids, self.task_cursor,
-                                  self.step, rng, cfg.seed, stage=cfg.stage)
+            return collect_groups(cfg.rl, cfg.stage_spec, self.engine, self.suite, self.task_ids, cursor,
+                                  step - 1, step_rng(cfg.seed, step - 1), cfg.seed, stage=cfg.stage)
         except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
             g = self.cfg.rl.group_size
             trajs = e.trajectories
             groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
-            write_rollouts(self.run_dir / "rollouts" / f"step_{self.step + 1}.jsonl", self.step + 1, groups,
+            write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups,
                            torch.zeros(len(groups), g), self.tokenizer.decode)
             raise
 
@@ -324,31 +332,51 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         with RunLoop(cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total,
                      self.fingerprint) as loop:
-            for step in loop.steps():
-                started = time.perf_counter()
-                rng = step_rng(cfg.seed, self.step)
-                rollouts = self._share(self.collect(rng) if main else None)  # rank 0 rolls out, every rank trains
-                self.task_cursor = rollouts.cursor
-                rewards, adv = self.advantages(rollouts.groups)
-                groups = rollouts.groups
-                metrics = self.train_step(groups, rewards, adv, rollouts.stats)
-                self.step = step
-                if main:
-                    write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups, adv,
-                                   self.tokenizer.decode)
-                if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
-                    t0 = time.perf_counter()
-                    metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
-                metrics["step_seconds"] = time.perf_counter() - started
-                metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
-                loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})
-                loop.bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
-                if main and not cfg.logging.progress:
-                    say(step_line(cfg.stage, step, total, metrics,
-                                  ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy",
-                                   "step_seconds")))
+            k = cfg.rl.max_staleness
+            # k >= 1: rank 0's thread collects the next steps while this one trains (algorithms/rl_ahead.py)
+            ahead = AheadCollector(self.collect, self.step + 1, loop.end, self.task_cursor, k) if k and main else None
+            try:
+                for step in loop.steps():
+                    started = time.perf_counter()
+                    if ahead is not None:
+                        mine, waited = ahead.get(step)
+                    else:
+                        mine, waited = (self.collect(step, self.task_cursor), 0.0) if main else (None, 0.0)
+                    rollouts = self._share(mine)  # rank 0 rolls out, every rank trains
+                    self.task_cursor = rollouts.cursor
+                    rewards, adv = self.advantages(rollouts.groups)
+                    groups = rollouts.groups
+                    metrics = self.train_step(groups, rewards, adv, rollouts.stats)
+                    self.step = step
+                    if ahead is not None:
+                        ahead.trained(step)  # the generator holds step's weights: the next collections may start
+                        metrics.update(staleness_metrics(groups, step), rollout_wait_seconds=waited,
+                                       **self.generator.take_waits())
+                    self._after_step(loop, step, groups, adv, metrics, started)
+            finally:
+                if ahead is not None:
+                    ahead.close()  # what was collected ahead is dropped: a resume draws the same tasks again
         loop.finish()
         return {"steps": self.step, **metrics}
+
+    def _after_step(self, loop: RunLoop, step: int, groups: list[RolloutGroup], adv: torch.Tensor,
+                    metrics: dict[str, float], started: float) -> None:
+        """The step's rollout dump, evaluation where due, timing, metrics line and checkpoint."""
+        cfg, main = self.cfg, self.dist.is_main
+        total = cfg.trainer.max_steps
+        if main:
+            write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups, adv, self.tokenizer.decode)
+        if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
+            t0 = time.perf_counter()
+            metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
+        metrics["step_seconds"] = time.perf_counter() - started
+        metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
+        loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})
+        loop.bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+        if main and not cfg.logging.progress:
+            say(step_line(cfg.stage, step, total, metrics,
+                          ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy",
+                           "step_seconds")))
 
     def _share(self, rollouts: StepRollouts | None) -> StepRollouts:
         """Rank 0's rollouts (groups, stats, task cursor) on every rank; a no-op in one process."""

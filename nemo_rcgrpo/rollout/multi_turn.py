@@ -82,7 +82,10 @@ class Trajectory:
     texts: list[str] = field(default_factory=list)  # decoded assistant messages
     followups: list[list[dict[str, str]]] = field(default_factory=list)  # per assistant message: later user turns
     error: str | None = None  # an exception that ended this rollout alone (reward 0)
-    weight_version: int | None = None  # the generator's version (RL steps applied to its weights) at the rollout's start
+    # the generator's version (RL steps applied to its weights) of the rollout's first turn (at its start where it
+    # took no turn), and of each of its turns: with rollouts generated ahead an episode can span a weight update
+    weight_version: int | None = None
+    turn_versions: list[int] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:
@@ -97,6 +100,7 @@ class Trajectory:
                 "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
                 "tool_errors": self.tool_errors, "rejected_messages": self.rejected_messages,
                 "generated_tokens": self.generated_tokens, "weight_version": self.weight_version,
+                "turn_versions": self.turn_versions,
                 "error": self.error, "reward_details": self.reward_details, "messages": self.messages()}
 
     def messages(self) -> list[dict[str, Any]]:
@@ -222,10 +226,15 @@ class RolloutEngine:
                                     top_p=self.sampling.top_p, stop_token_ids=self.sampling.stop_token_ids,
                                     seed=None if seed is None else seed + 7919 * round_index)
             t0 = time.perf_counter()
+            version = self.generator.version
             completions = self.generator.generate([s.seq.ids for s in live], params)
             timings["generation"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             for s, c in zip(live, completions):
+                turn = version if c.version is None else c.version
+                if not s.traj.turn_versions:
+                    s.traj.weight_version = turn  # staleness counts from the first turn
+                s.traj.turn_versions.append(turn)
                 try:
                     self._advance(s, c)
                 except Exception as e:  # this rollout's failure, not the batch's

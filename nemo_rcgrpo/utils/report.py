@@ -3,9 +3,9 @@
 It holds the run's config, the training-dynamics plot (embedded PNG), the evaluation table and a browsable
 transcript of every rollout: per step for a stage-2 run (``rollouts/step_N.jsonl`` and ``eval/step_N.jsonl``),
 per task for an evaluation (``rcgrpo eval``'s ``trajectories.jsonl``), filtered by step, task, reward token and
-reward. No network, no server: styles, script, data and images are inside the file. Model output is untrusted:
-the page's script writes every piece of it as text (``textContent``), never as markup, and the embedded JSON
-cannot close its ``<script>`` element.
+reward, each training rollout with the weight version of its turns. No network, no server: styles, script, data
+and images are inside the file. Model output is untrusted: the page's script writes every piece of it as text
+(``textContent``), never as markup, and the embedded JSON cannot close its ``<script>`` element.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def _episode(record: dict[str, Any], source: str, step: int | None) -> dict[str,
             "actions_ok": record.get("actions_ok"), "truncated": record.get("truncated"),
             "error": record.get("error") or record.get("failure_reason"), "prompt": record.get("prompt"),
             "prompt_line": record.get("prompt_line"), "messages": messages,
-            "details": record.get("reward_details")}
+            "details": record.get("reward_details"),
+            # the weight version of each turn (a rollout generated ahead may span an update); older dumps: none
+            "versions": record.get("turn_versions") or ([record["weight_version"]]
+                                                        if record.get("weight_version") is not None else [])}
 
 
 def _fitting(steps: list[tuple[int, Path]], budget: int) -> list[tuple[int, Path]]:
@@ -209,6 +212,7 @@ function card(e) {
   const s = el('summary');
   s.appendChild(el('span', `${e.source} step ${key(e.step)} · ${key(e.task)} · group ${key(e.group)} · token ${key(e.token)} · `));
   s.appendChild(el('span', `reward ${key(e.reward)}`, e.reward === 1 ? 'ok' : 'bad'));
+  if (e.versions && e.versions.length) s.appendChild(el('span', ' · weights ' + [...new Set(e.versions)].map(v => 'v' + key(v)).join('→')));
   if (e.advantage !== null && e.advantage !== undefined) s.appendChild(el('span', ` · advantage ${Number(e.advantage).toFixed(3)}`));
   d.appendChild(s);
   d.addEventListener('toggle', () => { if (d.open && !d.dataset.built) { d.dataset.built = '1'; body(d, e); } });

@@ -54,6 +54,7 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_sou
                                               "env.settings.reward": ("state_x_action",), "rl.group_filter": (None,),
                                               "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,),
                                               "rl.loss.correction": ("none",), "rl.loss.correction_cap": (2.0,),
+                                              "rl.max_staleness": (0,),  # generated, then trained
                                               # runs before it answered a rejected message with error observations
                                               "chat.rejected_message": ("error",)}
 

@@ -35,7 +35,6 @@ import copy
 import dataclasses
 import datetime as dt
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -71,7 +70,7 @@ def main() -> int:
                  "rl.sampling.max_new_tokens=512", "logging.progress=false", "logging.tensorboard=false"]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
-    rollouts = trainer.collect(random.Random(0))
+    rollouts = trainer.collect(1, 0)
     groups, stats = rollouts.groups, rollouts.stats
     rewards, adv = trainer.advantages(groups)
     initial = copy.deepcopy(trainer.policy.state_dict())
@@ -146,7 +145,7 @@ def full_steps(args, run_dir: str) -> list[str]:
             trainer.task_cursor = 0  # the same tasks, tokens and sampling seeds on both sides
             shared = trainer.generator.prefilled["shared"]
             t0 = time.perf_counter()
-            rollouts = trainer.collect(random.Random(0))
+            rollouts = trainer.collect(1, 0)
             rollout_s = time.perf_counter() - t0
             groups = rollouts.groups
             rewards, adv = trainer.advantages(groups)

@@ -25,7 +25,6 @@ import copy
 import datetime as dt
 import json
 import platform
-import random
 import resource
 import statistics
 import subprocess
@@ -87,7 +86,7 @@ def main() -> int:
         overrides.append("trainer.micro_batch_size=1" if args.side == "full" else "trainer.micro_batch_size=5")
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
-    rollouts = trainer.collect(random.Random(0))
+    rollouts = trainer.collect(1, 0)
     groups, stats = rollouts.groups, rollouts.stats
     rewards, adv = trainer.advantages(groups)
     if args.side:

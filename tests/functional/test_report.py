@@ -43,6 +43,10 @@ def test_collect_reads_every_rollout_and_resolves_prompts(run):
     assert len(train) == len(dumped) == 16
     assert [(e["step"], e["task"], e["reward"], e["advantage"]) for e in train] == [
         (r["step"], r["task_id"], r["reward"], r["advantage"]) for r in dumped]
+    # each turn's weight version: step s's rollouts were generated on the weights after s - 1 updates
+    assert [e["versions"] for e in train] == [r["turn_versions"] for r in dumped]
+    assert {v for e in train for v in e["versions"]} == {0, 1} and all(
+        set(e["versions"]) == {e["step"] - 1} for e in train)
     # the prompt is dumped once per group and token; every rollout gets it back, with its own reward goal
     assert sum("prompt" in r for r in dumped) < len(dumped)
     assert all(e["prompt"] and f"<|{e['token']}_reward|>" in e["prompt"] for e in train)
@@ -83,6 +87,7 @@ def test_report_in_a_headless_browser(run, tmp_path):
         for i in range(cards.count()):
             cards.nth(i).locator("summary").first.click()
         assert result in page.locator("#episodes").inner_text()
+        assert f"weights v{known['weight_version']}" in cards.first.locator("summary").first.inner_text()
         # filters: reward 1 and token high select exactly those rollouts of the dumps
         page.select_option("#f-step", "all")
         page.select_option("#f-task", "all")

@@ -11,7 +11,6 @@ import copy
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -121,7 +120,7 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     name, overrides = split_argv(_args(data_dir, tmp_path / "h", "rl.loss.kl_beta=0.3"), "")
     cfg = TrainConfig.from_dict(compose(name, overrides))
     trainer = RLTrainer(cfg, init_distributed())
-    rollouts = trainer.collect(random.Random(0))
+    rollouts = trainer.collect(1, 0)
     groups = rollouts.groups
     assert rollouts.cursor == cfg.rl.tasks_per_step  # the cursor after the tasks drawn, handed back
     model = copy.deepcopy(trainer.policy.module)  # the weights before the step
@@ -477,3 +476,76 @@ def test_the_step_matches_its_recorded_run(data_dir, tmp_path, uninterrupted):
             off += [(step, k, g[k], w[k]) for k in w if k in g and not _agrees(k, g[k], w[k], step)]
             off += [(step, k, "only one side has it") for k in set(g) ^ set(w)]
         assert not off, (run, off)
+
+
+def _without_versions(records):
+    return [{k: v for k, v in r.items() if k not in ("weight_version", "turn_versions")} for r in records]
+
+
+def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path, uninterrupted):
+    """rl.max_staleness=1 with a generator that holds its own weights (the scripted one: its rollouts do not depend
+    on them): a thread generates the next step's rollouts while a step trains, from the same tasks, seeded rng and
+    filters, so every rollout, loss and update is the synchronous run's. Each rollout starts at most one version
+    behind the weights that train on it. A stop after step 1 drops what was generated ahead, and the resumed run
+    draws the same tasks again. An evaluation after every step calls the generator between the rollout thread's
+    calls and changes none of its rollouts (the synchronous run has none)."""
+    run = tmp_path / "ahead"
+    ahead = ("rl.max_staleness=1", "rl.eval_every=1", "rl.eval_tasks=2")
+    assert main(_args(data_dir, run, *ahead, "trainer.stop_after=1")) == 0
+    assert [m["step"] for m in read_metrics(run)] == [1]
+    assert main(_args(data_dir, run, *ahead)) == 0
+    _same_as_uninterrupted_but_versions(run, uninterrupted)
+    for step, m in zip((1, 2, 3), read_metrics(run)):
+        for r in _dump(run, step):
+            assert 0 <= step - 1 - r["weight_version"] <= 1, (step, r["weight_version"])
+            assert r["turn_versions"][0] == r["weight_version"] and r["turn_versions"] == sorted(r["turn_versions"])
+        assert 0 <= m["staleness_mean"] <= m["staleness_max"] <= 1 and m["rollout_wait_seconds"] >= 0
+        assert 0 <= m["eval_accuracy"] <= 100
+        assert m["generation_blocked_seconds"] >= 0 and m["update_waited_seconds"] >= 0
+
+
+def _same_as_uninterrupted_but_versions(run_dir, uninterrupted):
+    a, b = read_metrics(uninterrupted), read_metrics(run_dir)
+    assert [m["step"] for m in b] == [1, 2, 3]
+    for step, x, y in zip((1, 2, 3), a, b):
+        assert _without_versions(_dump(uninterrupted, step)) == _without_versions(_dump(run_dir, step))
+        assert x["reward_mean"] == y["reward_mean"] and x["loss"] != 0
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7)
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+
+
+def test_rollouts_ahead_need_a_generator_with_its_own_weights(data_dir, tmp_path, capsys):
+    assert main(_args(data_dir, tmp_path / "hf", "generation=hf", "rl.max_staleness=1", "trainer.max_steps=1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: rl.max_staleness=1") and "generation=vllm" in err, err
+    assert main(_args(data_dir, tmp_path / "neg", "rl.max_staleness=-1")) == 2
+    assert "rl.max_staleness=-1: must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_generator_that_dies_is_one_resumable_line(data_dir, tmp_path, uninterrupted, monkeypatch, capsys, k):
+    """The generator fails (a dead server) once it holds step 1's weights: in step 2 with the synchronous loop; with
+    rollouts generated ahead while step 2 trains (or in step 2). Either way the run stops with one line that names
+    the checkpoint to resume from, and the resumed run is the uninterrupted one."""
+    from nemo_rcgrpo.generation.scripted import ScriptedGenerator
+    from nemo_rcgrpo.generation.vllm_client import GeneratorError
+
+    original = ScriptedGenerator.generate
+
+    def dies(self, prompts, params):
+        if self.version >= 1:
+            raise GeneratorError("vLLM server http://127.0.0.1:1: connection refused")
+        return original(self, prompts, params)
+
+    run = tmp_path / f"dead{k}"
+    args = _args(data_dir, run, f"rl.max_staleness={k}")
+    monkeypatch.setattr(ScriptedGenerator, "generate", dies)
+    assert main(args) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    done = len(read_metrics(run))
+    assert done == 1 or (k == 1 and done == 2), done
+    assert last.startswith("error: vLLM server http://127.0.0.1:1") and \
+        f"[in step {done + 1}; the last checkpoint {run / 'checkpoints' / f'step_{done}'} resumes" in last, last
+    monkeypatch.setattr(ScriptedGenerator, "generate", original)
+    assert main(args) == 0
+    _same_as_uninterrupted_but_versions(run, uninterrupted)

@@ -77,13 +77,16 @@ def test_a_second_ctrl_c_abandons_the_step(data_dir, tmp_path):
     assert latest_checkpoint(run_dir) is not None
 
 
-def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path):
+@pytest.mark.parametrize("k", [0, 1])
+def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path, k):
+    """k = 1: the signal comes while the next step's rollouts are being generated ahead; the run still stops
+    after the step it was training, and what was generated ahead is dropped (no dump of a later step)."""
     run_dir = tmp_path / "rl"
     args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null",
             f"data.dir={data_dir}", f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=1", "rl.max_turns=4",
             "rl.sampling.max_new_tokens=64", "rl.max_total_tokens=4096", "trainer.max_steps=20",
             "trainer.save_every=1000", "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false",
-            "generation=scripted", "env.categories=[base]"]
+            "generation=scripted", "env.categories=[base]", f"rl.max_staleness={k}"]
     proc = subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for_steps(run_dir, 1, proc)
@@ -94,3 +97,5 @@ def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path):
     step = int(last.split("after step ")[1].split()[0])
     assert last.startswith("stopped by SIGTERM") and f"checkpoints/step_{step}" in last, last
     assert _steps(run_dir) == list(range(1, step + 1)) and (run_dir / "rollouts" / f"step_{step}.jsonl").exists()  # dumps count from 1, as metrics
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == sorted(
+        f"step_{s}.jsonl" for s in range(1, step + 1))

@@ -86,28 +86,39 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
 
 
-def test_bad_inputs_are_one_line_errors(data_dir, tmp_path):
+def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
+    """One line on stderr, exit status 2: the first case and the other model's checkpoint through the real entry
+    point (a process of their own), the others through the same main() in this process."""
+    from nemo_rcgrpo.train import main
+
+    def in_process(args):
+        capsys.readouterr()
+        code = main(args)
+        return code, capsys.readouterr().err
+
     cases = [
         (_args(data_dir, tmp_path / "x", f"model.path={tmp_path / 'no_model'}"), "not a local HF folder"),
         (_args(data_dir, tmp_path / "y", "model.reward_tokens=none", stage="rctp"), "stage=rctp conditions on reward tokens"),
         (_args(data_dir, tmp_path / "z", "trainer.global_batch_size=3", "trainer.micro_batch_size=2"), "must be a multiple"),
         (_args(data_dir, tmp_path / "w", "+trainer.epochz=3"), "unknown setting trainer.epochz; did you mean trainer.epochs?"),
     ]
-    for args, message in cases:
-        proc = _train(args)
-        err = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and err and err[-1].startswith("error: ") and message in err[-1], proc.stderr[-800:]
+    for i, (args, message) in enumerate(cases):
+        if i == 0:
+            proc = _train(args)
+            code, stderr = proc.returncode, proc.stderr
+        else:
+            code, stderr = in_process(args)
+        err = stderr.strip().splitlines()
+        assert code == 2 and err and err[-1].startswith("error: ") and message in err[-1], stderr[-800:]
     # a checkpoint of another model in run_dir
-    from nemo_rcgrpo.train import main
-
     assert main(_args(data_dir, tmp_path / "other", "trainer.max_steps=1", "trainer.export_hf=false")) == 0
     proc = _train(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
     assert proc.returncode == 2 and "model.path is 'tiny-qwen2' there and 'tiny-llama' now" in \
         proc.stderr.strip().splitlines()[-1]
     # the checkpoint itself is checked too, whatever the folder's config says
     (tmp_path / "other" / "config.yaml").unlink()
-    proc = _train(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
-    assert proc.returncode == 2 and "was written for another model" in proc.stderr.strip().splitlines()[-1]
+    code, stderr = in_process(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
+    assert code == 2 and "was written for another model" in stderr.strip().splitlines()[-1]
 
 
 def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):

@@ -1,7 +1,9 @@
-"""RC-GRPO with generation=vllm (a server started by the run): killing the server mid-step is a clear
-error and the run resumes from its last checkpoint with a fresh server; the server goes with the run; the
-trainer process never imports vLLM (weights go to the server through the collective transfer)."""
+"""RC-GRPO with generation=vllm (a server started by the run): killing the server mid-step (with the next
+step's rollouts generated while a step trains, rl.max_staleness=1) is a clear error and the run resumes from its
+last checkpoint with a fresh server; the server goes with the run; the trainer process never imports vLLM
+(weights go to the server through the collective transfer)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -33,7 +35,7 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
             "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=3",
             "trainer.save_every=1", "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false",
             "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
-            "generation.vllm.max_retries=2"]
+            "generation.vllm.max_retries=2", "rl.max_staleness=1"]
     repo = Path(__file__).resolve().parents[2]
     modules = tmp_path / "trainer_modules.txt"  # what the trainer process imported, written as it exits
     record = (f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules)!r}, 'w').write("
@@ -69,13 +71,22 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
     assert new_pid != server_pid and not _alive(new_pid)
     # the resumed server started from the step-1 weights (v1); steps 2 and 3 went through the process group
     assert sorted(p.name for p in (run_dir / "generator").glob("v*")) == ["v1"]
+    # each rollout started at most one version behind the weights that trained on it, each turn's version recorded
+    for m in metrics:
+        records = [json.loads(l) for l in (run_dir / "rollouts" / f"step_{m['step']}.jsonl").read_text().splitlines()]
+        assert all(0 <= m["step"] - 1 - r["weight_version"] <= 1 and r["turn_versions"][0] == r["weight_version"]
+                   for r in records)
+        assert m["staleness_max"] <= 1 and m["update_waited_seconds"] >= 0, m
 
 
-def test_rc_grpo_with_vllm_learns_from_mixed_rewards(one_folder_plugin, one_folder_rctp, tmp_path):
+@pytest.mark.parametrize("k", [0, 1], ids=["synchronous", "ahead"])
+def test_rc_grpo_with_vllm_learns_from_mixed_rewards(one_folder_plugin, one_folder_rctp, tmp_path, k):
     """Two RC-GRPO steps with generation=vllm from a policy that solves the one_folder tasks sometimes, so the
     rewards of vLLM's samples are real and mixed: the dumped advantages are the group advantages of the dumped
-    rewards; step 1's loss is -sum_b A_b n_b / N (ratio 1, KL 0 against the reference); the sampler's logprobs
-    (vLLM's) agree with the trainer's at both steps, so step 2 sampled from the weights step 1 wrote."""
+    rewards; step 1's loss is -sum_b A_b n_b / N (ratio 1, KL 0 against the reference). The sampler's logprobs
+    (vLLM's) agree with the trainer's at both steps of the synchronous loop, so step 2 sampled from the weights step
+    1 wrote. With rl.max_staleness=1 step 2's rollouts were generated while step 1 trained: recorded as version 0,
+    and vLLM's logprobs of them are those of the weights before step 1's update (they differ from the trainer's)."""
     import json
 
     from ..conftest import ONE_FOLDER, hand_advantages
@@ -85,18 +96,23 @@ def test_rc_grpo_with_vllm_learns_from_mixed_rewards(one_folder_plugin, one_fold
     args = ["--config-name=micro_rcgrpo", f"model.path={stage1}", f"data.dir={data}", f"run_dir={run}",
             "trainer.max_steps=2", "trainer.lr=5e-4", "rl.tasks_per_step=4", "rl.eval_every=0",
             "rl.sampling.max_new_tokens=48", "rl.max_turns=2", "env.settings.max_steps=2", "trainer.export_hf=false",
-            "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1", *ONE_FOLDER]
+            "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
+            f"rl.max_staleness={k}", *ONE_FOLDER]
     assert main(args) == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]
     # vLLM's logprobs of its own samples against the trainer's of the same tokens, before each update
     gaps = [m["sampler_logprob_abs_diff"] for m in metrics]
-    assert all(g < 1e-4 for g in gaps), gaps  # measured 1e-7 in fp32; 0.055 with a server left on the old weights
+    if k == 0:
+        assert all(g < 1e-4 for g in gaps), gaps  # measured 1e-7 in fp32; 0.055 with a server left on the old weights
+    else:
+        assert gaps[0] < 1e-4 and metrics[1]["staleness_mean"] == 1 and gaps[1] > 1e-3, (gaps, metrics[1])
     assert all(m["weight_sync_seconds"] > 0 for m in metrics)
     mixed = 0
     for step in (1, 2):
         records = [json.loads(l) for l in (run / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
         assert len(records) == 20
+        assert all(r["weight_version"] == (0 if k else step - 1) for r in records)
         for g in range(4):
             group = [r for r in records if r["group"] == g]
             rewards = [r["reward"] for r in group]

@@ -95,3 +95,44 @@ def test_twins_with_the_same_plan_are_played(renderer):
     specs = [RolloutSpec(t, g, token) for g, t in enumerate(twins) for token in (True, False)]
     assert [t.reward for t in engine.rollout(specs, seed=5)] == [1.0, 0.0] * len(twins)
     assert gen.played == {"success": len(twins), "failure": len(twins)}
+
+
+def test_two_callers_in_turns_continue_their_own_rollouts(renderer, base_suite):
+    """Rollouts generated ahead: the rollout thread and the trainer's evaluation call one scripted generator in
+    turns. Another thread playing whole rollouts between two calls of a collection changes neither's episodes."""
+    import threading
+
+    suite = base_suite
+    specs = [RolloutSpec(suite[t], g, token) for g, t in enumerate(TASKS) for token in (True, False)]
+    evals = [RolloutSpec(suite[t], g, True) for g, t in enumerate(TASKS[:2])]
+    _, alone = _engine(renderer, suite, success_high=1.0, success_low=0.0)
+    want, want_eval = alone.rollout(specs, seed=3), alone.rollout(evals, seed=5)
+    gen, engine = _engine(renderer, suite, success_high=1.0, success_low=0.0)
+    _, evaluation = _engine(renderer, suite)
+    evaluation.generator = gen  # the same generator object for both callers
+    got = {}
+
+    class EvalBetweenCalls:
+        """The collection's generator: after its first call, the evaluation plays on another thread."""
+
+        def __init__(self):
+            self.calls = 0
+
+        @property
+        def version(self):
+            return gen.version
+
+        def generate(self, prompts, params):
+            out = gen.generate(prompts, params)
+            self.calls += 1
+            if self.calls == 1:
+                t = threading.Thread(target=lambda: got.setdefault("eval", evaluation.rollout(evals, seed=5)))
+                t.start()
+                t.join()
+            return out
+
+    engine.generator = EvalBetweenCalls()
+    trajs = engine.rollout(specs, seed=3)
+    assert engine.generator.calls > 1 and max(t.num_turns for t in trajs) > 1  # the episodes continued after it
+    assert [(t.token_ids, t.reward) for t in trajs] == [(t.token_ids, t.reward) for t in want]
+    assert [(t.token_ids, t.reward) for t in got["eval"]] == [(t.token_ids, t.reward) for t in want_eval]

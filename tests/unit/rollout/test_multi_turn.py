@@ -1,5 +1,6 @@
 """The rollout engine with a scripted generator: token-level consistency, stopping rules, concurrency."""
 
+import dataclasses
 import json
 
 import pytest
@@ -421,3 +422,33 @@ def test_a_rollout_records_the_weight_version_it_started_from(renderer):
     version = gen.version
     again = engine.rollout([RolloutSpec(T("ok"), 0)])
     assert again[0].weight_version == version  # the next rollouts start from the newer weights
+
+
+def test_each_turn_records_the_weight_version_that_produced_it(suite, renderer):
+    """An episode that spans a weight update (rollouts generated ahead) keeps its turns, each with the version it
+    ran on; its staleness counts from its first turn. A completion's own version (a gated generator's) wins over
+    the generator's version read before the call."""
+    task = suite["multi_turn_base_0"]
+    engine, gen = _engine(renderer, suite, {task.id: _gold_script(renderer, task)})
+    versions = iter([3, 3, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5])
+
+    class Updating(type(gen)):
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            self.version = next(versions)  # an update lands after each call
+            return out
+
+    gen.__class__ = Updating
+    gen.version = 3
+    (traj,) = engine.rollout([RolloutSpec(task, 0, None)])
+    assert traj.num_turns >= 3 and len(traj.turn_versions) == traj.num_turns
+    assert traj.turn_versions[:3] == [3, 3, 3] and traj.weight_version == 3  # read before each call
+    assert traj.record()["turn_versions"] == traj.turn_versions
+
+    class Stamping(type(gen)):
+        def generate(self, prompts, params):
+            return [dataclasses.replace(c, version=7) for c in ScriptedGenerator.generate(self, prompts, params)]
+
+    gen.__class__ = Stamping
+    (traj,) = engine.rollout([RolloutSpec(task, 0, None)])
+    assert set(traj.turn_versions) == {7} and traj.weight_version == 7
