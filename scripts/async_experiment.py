@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment import ROOT, Job, Runner, cores, cpu_name, experiment_jobs, metrics_of  # noqa: E402
+from experiment import ROOT, Job, Runner, cores, cpu_name, experiment_jobs, metrics_of, write_section  # noqa: E402
 
 START, END = "<!-- async-experiment:start -->", "<!-- async-experiment:end -->"
 STALENESS = (0, 1)
@@ -140,12 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.eval_every} --jobs {args.jobs}`; outputs in {args.out.name}/async/. The runs' commands took "
               f"{sum(ran.values()):.0f} s added up.")
     section = "\n".join([START, header, "", *render(res, args.steps), END])
-    text = args.doc.read_text() if args.doc.is_file() else ""
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END):]
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + section + "\n"
-    args.doc.write_text(text)
+    write_section(args.doc, section, START, END)
     print(section)
     return 0
 

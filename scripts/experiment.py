@@ -49,7 +49,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-from _common import cpu_name  # noqa: E402
+from _common import cpu_name, write_section  # noqa: E402
 
 G = 5
 P_HIGH = 0.5
@@ -455,12 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"`python scripts/experiment.py --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
               f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {jobs}`; outputs in {args.out.name}/.")
     section = "\n".join([START, header, "", render(res, args, seconds, run), END])
-    text = args.doc.read_text() if args.doc.is_file() else ""
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END):]
-    else:
-        text = (text.rstrip() + "\n\n" if text else "") + section + "\n"
-    args.doc.write_text(text)
+    write_section(args.doc, section, START, END)
     print(section)
     return 0
 
