@@ -16,7 +16,7 @@ earlier evaluations are tabulated beside it)? The band is [min, max] over the sy
 within it when its mean over seeds is. Every number is recomputed from the runs' metrics.jsonl and eval dumps by
 `report()` (tests/unit/scripts/test_async_experiment.py runs it on hand-made outputs).
 
-Usage: python scripts/async_experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
+Usage: python scripts/async_experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 5]
                                           [--steps 30] [--eval-every 10] [--jobs 2] [--report-only]
 """
 
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "experiment")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "experiments.md")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2, help="commands run at once (each run also starts a vLLM server)")

@@ -504,6 +504,58 @@ def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path
         assert m["generation_blocked_seconds"] >= 0 and m["update_waited_seconds"] >= 0
 
 
+def test_a_rollout_that_spans_an_update_is_kept_with_its_turns_versions(data_dir, tmp_path, uninterrupted,
+                                                                        monkeypatch):
+    """Forced: step 2's collection (generated ahead while step 1 trains) holds its second call back until step 1's
+    update has landed, so its rollouts' first turns ran on version 0 and their later turns on version 1. Each such
+    rollout is kept whole, records both versions, and counts its staleness from its first turn (step 2 - 1 - 0 = 1,
+    not 0); a stop right after that step and the resumed run are the synchronous run but for versions."""
+    import threading
+
+    from nemo_rcgrpo.generation.gated import GatedGenerator
+    from nemo_rcgrpo.recipes import rl as rl_recipe
+
+    collecting = threading.local()
+    calls: dict[int, int] = {}
+
+    class Marking(rl_recipe.AheadCollector):
+        def __init__(self, collect, *args, **kwargs):
+            def marked(step, cursor):
+                collecting.step = step
+                return collect(step, cursor)
+            super().__init__(marked, *args, **kwargs)
+
+    original = GatedGenerator.generate
+
+    def held(self, prompts, params):
+        step = getattr(collecting, "step", None)
+        if step is not None:
+            calls[step] = calls.get(step, 0) + 1
+            if step == 2 and calls[step] == 2:  # outside the gate's lock: the update can land meanwhile
+                deadline = time.monotonic() + 120
+                while self.version < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert self.version == 1, "step 1's update never landed"
+        return original(self, prompts, params)
+
+    monkeypatch.setattr(rl_recipe, "AheadCollector", Marking)
+    monkeypatch.setattr(GatedGenerator, "generate", held)
+    run = tmp_path / "spans"
+    assert main(_args(data_dir, run, "rl.max_staleness=1", "trainer.stop_after=2")) == 0
+    assert [m["step"] for m in read_metrics(run)] == [1, 2] and calls[2] >= 2
+    spanning = [r for r in _dump(run, 2) if len(set(r["turn_versions"])) > 1]
+    assert spanning, "no rollout of step 2 ran a turn after the update"
+    for r in _dump(run, 2):
+        assert r["weight_version"] == r["turn_versions"][0] == 0 and set(r["turn_versions"]) <= {0, 1}
+        assert len(r["turn_versions"]) == r["num_turns"]
+    for r in spanning:  # the first call on version 0, every later turn on version 1, none dropped or re-run
+        assert r["turn_versions"] == [0] + [1] * (r["num_turns"] - 1), r["turn_versions"]
+    m2 = read_metrics(run)[1]
+    assert m2["spanning_rollouts"] == len(spanning) and m2["staleness_max"] == 1 == m2["staleness_mean"], m2
+    assert main(_args(data_dir, run, "rl.max_staleness=1")) == 0
+    _same_as_uninterrupted_but_versions(run, uninterrupted)
+
+
 def _same_as_uninterrupted_but_versions(run_dir, uninterrupted):
     a, b = read_metrics(uninterrupted), read_metrics(run_dir)
     assert [m["step"] for m in b] == [1, 2, 3]
