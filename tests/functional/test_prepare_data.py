@@ -122,7 +122,14 @@ def _bfcl_copy(tmp_path):
     return dst
 
 
-def test_bad_input_gives_one_line_errors(tmp_path):
+def test_bad_input_gives_one_line_errors(tmp_path, capfd, monkeypatch):
+    """The first case as a user's own process (exit status and stderr); the others through the CLI's entry point in
+    this process (PYTHONHASHSEED=0 set, as the command sets it for itself before it runs), with what reaches file
+    descriptor 2."""
+    from nemo_rcgrpo.cli import main
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+
     data = _bfcl_copy(tmp_path)
     (data / "possible_answer" / "BFCL_v4_multi_turn_base.json").unlink()
     corrupt = _bfcl_copy(tmp_path / "c")
@@ -138,12 +145,17 @@ def test_bad_input_gives_one_line_errors(tmp_path):
         (["mode=turnwise"], "mode='turnwise'", "choose one of"),
         (["+epochs=3"], "unknown setting epochs", "known: ["),
     ]
-    for args, what, how in cases:
+    for i, (args, what, how) in enumerate(cases):
         if not any(a.startswith("out_dir=") for a in args):
             args = [*args, f"out_dir={tmp_path / 'never'}"]
-        proc = _cli(*args, "tokenizer=null", "progress=false")
-        err = proc.stderr.strip()
-        assert proc.returncode == 2 and len(err.splitlines()) == 1, (args, proc.stderr)
+        args = [*args, "tokenizer=null", "progress=false"]
+        if i == 0:
+            proc = _cli(*args, env_extra={"PYTHONHASHSEED": ""})
+            code, err = proc.returncode, proc.stderr.strip()
+        else:
+            code = main(["prepare-data", *args])
+            err = capfd.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, (args, err)
         assert err.startswith("error: ") and what in err and how in err, err
     assert not (tmp_path / "never").exists() and list(existing.iterdir()) == []
 

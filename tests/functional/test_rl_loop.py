@@ -482,78 +482,74 @@ def _without_versions(records):
     return [{k: v for k, v in r.items() if k not in ("weight_version", "turn_versions")} for r in records]
 
 
-def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path, uninterrupted):
+def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path, uninterrupted, monkeypatch):
     """rl.max_staleness=1 with a generator that holds its own weights (the scripted one: its rollouts do not depend
     on them): a thread generates the next step's rollouts while a step trains, from the same tasks, seeded rng and
     filters, so every rollout, loss and update is the synchronous run's. Each rollout starts at most one version
     behind the weights that train on it. A stop after step 1 drops what was generated ahead, and the resumed run
     draws the same tasks again. An evaluation after every step calls the generator between the rollout thread's
-    calls and changes none of its rollouts (the synchronous run has none)."""
-    run = tmp_path / "ahead"
-    ahead = ("rl.max_staleness=1", "rl.eval_every=1", "rl.eval_tasks=2")
-    assert main(_args(data_dir, run, *ahead, "trainer.stop_after=1")) == 0
-    assert [m["step"] for m in read_metrics(run)] == [1]
-    assert main(_args(data_dir, run, *ahead)) == 0
-    _same_as_uninterrupted_but_versions(run, uninterrupted)
-    for step, m in zip((1, 2, 3), read_metrics(run)):
-        for r in _dump(run, step):
-            assert 0 <= step - 1 - r["weight_version"] <= 1, (step, r["weight_version"])
-            assert r["turn_versions"][0] == r["weight_version"] and r["turn_versions"] == sorted(r["turn_versions"])
-        assert 0 <= m["staleness_mean"] <= m["staleness_max"] <= 1 and m["rollout_wait_seconds"] >= 0
-        assert 0 <= m["eval_accuracy"] <= 100
-        assert m["generation_blocked_seconds"] >= 0 and m["update_waited_seconds"] >= 0
+    calls and changes none of its rollouts (the synchronous run has none).
 
-
-def test_a_rollout_that_spans_an_update_is_kept_with_its_turns_versions(data_dir, tmp_path, uninterrupted,
-                                                                        monkeypatch):
-    """Forced: step 2's collection (generated ahead while step 1 trains) holds its second call back until step 1's
-    update has landed, so its rollouts' first turns ran on version 0 and their later turns on version 1. Each such
-    rollout is kept whole, records both versions, and counts its staleness from its first turn (step 2 - 1 - 0 = 1,
-    not 0); a stop right after that step and the resumed run are the synchronous run but for versions."""
+    Forced: step 2's collection (generated ahead while step 1 trains) holds its second generator call back until
+    step 1's update has landed, so its rollouts' first turns ran on version 0 and their later turns on version 1.
+    Each such rollout is kept whole, records both versions, and counts its staleness from its first turn (1, not
+    0); the run stops right after that step, and its checkpoint resumes into the synchronous run. (What a stop
+    drops when it comes while rollouts are generated ahead: the SIGTERM and dying-generator tests at k = 1.)"""
     import threading
 
     from nemo_rcgrpo.generation.gated import GatedGenerator
     from nemo_rcgrpo.recipes import rl as rl_recipe
 
-    collecting = threading.local()
-    calls: dict[int, int] = {}
+    collecting, calls, held = threading.local(), {}, {}
 
     class Marking(rl_recipe.AheadCollector):
-        def __init__(self, collect, *args, **kwargs):
+        def __init__(self, collect, first_step, *args, **kwargs):
+            held["step"] = first_step + 1  # collected while step first_step trains
+
             def marked(step, cursor):
                 collecting.step = step
                 return collect(step, cursor)
-            super().__init__(marked, *args, **kwargs)
+            super().__init__(marked, first_step, *args, **kwargs)
 
     original = GatedGenerator.generate
 
-    def held(self, prompts, params):
+    def hold(self, prompts, params):
         step = getattr(collecting, "step", None)
         if step is not None:
             calls[step] = calls.get(step, 0) + 1
-            if step == 2 and calls[step] == 2:  # outside the gate's lock: the update can land meanwhile
+            if step == held.get("step") and calls[step] == 2:  # outside the gate's lock: the update can land
                 deadline = time.monotonic() + 120
-                while self.version < 1 and time.monotonic() < deadline:
+                while self.version < step - 1 and time.monotonic() < deadline:
                     time.sleep(0.01)
-                assert self.version == 1, "step 1's update never landed"
+                assert self.version == step - 1, f"step {step - 1}'s update never landed"
         return original(self, prompts, params)
 
     monkeypatch.setattr(rl_recipe, "AheadCollector", Marking)
-    monkeypatch.setattr(GatedGenerator, "generate", held)
-    run = tmp_path / "spans"
-    assert main(_args(data_dir, run, "rl.max_staleness=1", "trainer.stop_after=2")) == 0
+    monkeypatch.setattr(GatedGenerator, "generate", hold)
+    run = tmp_path / "ahead"
+    ahead = ("rl.max_staleness=1", "rl.eval_every=1", "rl.eval_tasks=2")
+    assert main(_args(data_dir, run, *ahead, "trainer.stop_after=2")) == 0
     assert [m["step"] for m in read_metrics(run)] == [1, 2] and calls[2] >= 2
-    spanning = [r for r in _dump(run, 2) if len(set(r["turn_versions"])) > 1]
-    assert spanning, "no rollout of step 2 ran a turn after the update"
-    for r in _dump(run, 2):
-        assert r["weight_version"] == r["turn_versions"][0] == 0 and set(r["turn_versions"]) <= {0, 1}
-        assert len(r["turn_versions"]) == r["num_turns"]
-    for r in spanning:  # the first call on version 0, every later turn on version 1, none dropped or re-run
-        assert r["turn_versions"] == [0] + [1] * (r["num_turns"] - 1), r["turn_versions"]
-    m2 = read_metrics(run)[1]
-    assert m2["spanning_rollouts"] == len(spanning) and m2["staleness_max"] == 1 == m2["staleness_mean"], m2
-    assert main(_args(data_dir, run, "rl.max_staleness=1")) == 0
+    stopped = read_metrics(run)[1]
+    assert main(_args(data_dir, run, *ahead)) == 0
+    assert held["step"] == 4  # the resumed run trains step 3 alone: nothing is collected ahead of it
     _same_as_uninterrupted_but_versions(run, uninterrupted)
+    for step, m in zip((1, 2, 3), read_metrics(run)):
+        for r in _dump(run, step):
+            assert 0 <= step - 1 - r["weight_version"] <= 1, (step, r["weight_version"])
+            assert r["turn_versions"][0] == r["weight_version"] and r["turn_versions"] == sorted(r["turn_versions"])
+            assert len(r["turn_versions"]) == r["num_turns"]
+        assert 0 <= m["staleness_mean"] <= m["staleness_max"] <= 1 and m["rollout_wait_seconds"] >= 0
+        assert 0 <= m["eval_accuracy"] <= 100
+        assert m["generation_blocked_seconds"] >= 0 and m["update_waited_seconds"] >= 0
+    spanning = [r for r in _dump(run, 2) if len(set(r["turn_versions"])) > 1]
+    assert spanning, "no rollout of step 2 ran a turn after step 1's update"
+    for r in _dump(run, 2):  # every rollout of step 2 started on version 0, and none was dropped or re-run
+        assert r["weight_version"] == 0 and set(r["turn_versions"]) <= {0, 1}
+    for r in spanning:
+        assert r["turn_versions"] == [0] + [1] * (r["num_turns"] - 1), r["turn_versions"]
+    assert stopped == read_metrics(run)[1]  # the stopped step is logged once, as it was trained
+    assert stopped["spanning_rollouts"] == len(spanning) and stopped["staleness_max"] == 1 == stopped["staleness_mean"]
 
 
 def _same_as_uninterrupted_but_versions(run_dir, uninterrupted):

@@ -1,8 +1,9 @@
 """torchrun worker: one GRPO optimizer step with MegatronPolicy vs TorchPolicy (rank 0).
 
-    torchrun --nproc-per-node N tests/megatron/policy_worker.py OUT.json TP PP MODEL [MODEL ...]
+    torchrun --nproc-per-node N tests/megatron/policy_worker.py OUT.json TP:PP:MODEL[,MODEL ...] [...]
 
-(data-parallel size N / (TP x PP): each replica trains on its share of the micro-batches.)
+(data-parallel size N / (TP x PP): each replica trains on its share of the micro-batches; each layout's parallel
+groups are made anew in the same processes.)
 
 Both backends start from the same HF weights (reward tokens added, so the
 vocabulary is padded), compute old / reference logprobs, take one step of the
@@ -297,8 +298,10 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
 
 def main() -> None:
     dist = init_distributed()
-    out, tp, pp, names = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    results = [check(name, tp, pp, dist) for name in names]
+    out, results = sys.argv[1], []
+    for spec in sys.argv[2:]:
+        tp, pp, names = spec.split(":")
+        results += [check(name, int(tp), int(pp), dist) for name in names.split(",")]
     if dist.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)

@@ -63,20 +63,30 @@ def test_stage1_smollm2_same_losses_torch_and_megatron(micro_data_dir, tmp_path)
     assert runs["torch"][0]["loss"] != runs["torch"][1]["loss"] and runs["torch"][1]["lr"] > 0
 
 
-@pytest.mark.parametrize("tp,pp,world,models", [(2, 2, 4, ["tiny-llama"]), (1, 2, 4, ["tiny-llama", "tiny-qwen2"])],
-                         ids=["tp2-pp2", "pp2-dp2"])
-def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(tmp_path, tp, pp, world, models):
+LAYOUTS = {"tp2-pp2": (2, 2, ["tiny-llama"]), "pp2-dp2": (1, 2, ["tiny-llama", "tiny-qwen2"])}
+
+
+@pytest.fixture(scope="module")
+def policy_steps(tmp_path_factory):
+    """Both layouts of the test below in one torchrun of 4 processes (the parallel groups made anew per layout)."""
+    out = tmp_path_factory.mktemp("policy") / "policy.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
+                           f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
+                           str(out), *(f"{tp}:{pp}:{','.join(models)}" for tp, pp, models in LAYOUTS.values())],
+                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=1200)
+    _ok(proc)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(policy_steps, layout):
     """One GRPO step with tensor, pipeline and data parallelism (tied Llama, untied Qwen2): same loss, gradient norm
     and new weights as TorchPolicy on the whole batch; the generator's HF copy receives them through
     export_weights(); a reloaded checkpoint continues identically. Before it, prefix trees and packed rows as flat
     rows against the same micro-batches padded (`_check_flat_rows`)."""
-    out = tmp_path / "policy.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-                           f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
-                           str(out), str(tp), str(pp), *models],
-                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
-    _ok(proc)
-    results = json.loads(out.read_text())
+    tp, pp, models = LAYOUTS[layout]
+    world = 4
+    results = [r for r in policy_steps if (r["tp"], r["pp"]) == (tp, pp)]
     assert [r["model"] for r in results] == models
     for r in results:
         assert (r["tp"], r["pp"], r["dp"]) == (tp, pp, world // (tp * pp))
@@ -182,7 +192,14 @@ def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
     assert all(torch.equal(saved[k], exported[k]) for k in exported)
 
 
-def test_start_up_errors_are_one_line(data_dir, tmp_path):
+def test_start_up_errors_are_one_line(data_dir, tmp_path, capfd):
+    """Each refused before any process group or Megatron model is built (the TP and PP cases after reading the HF
+    model's shape), so in this process, through `rcgrpo train`'s entry point, with what reaches file descriptor 2;
+    the CLI's one-line error in a process of its own is tests/functional/test_train_stage1.py's."""
+    import torch.distributed as dist
+
+    from nemo_rcgrpo.train import main
+
     cases = [
         (["policy.backend=megatron", "policy.megatron.tp=2", "layout.gpus_per_node=2"],
          "policy.megatron.tp=2: tensor-parallel size 2 does not divide the model's attention heads (9), KV heads (3)"),
@@ -192,6 +209,7 @@ def test_start_up_errors_are_one_line(data_dir, tmp_path):
         (["policy.backend=megatron", "policy.megatron.cp=2"], "context parallelism is not implemented"),
     ]
     for extra, message in cases:
-        proc = _train(_stage1_args(data_dir, tmp_path / "x", *extra))
-        err = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and err and err[-1].startswith("error: ") and message in err[-1], proc.stderr[-1500:]
+        assert main(_stage1_args(data_dir, tmp_path / "x", *extra)) == 2, extra
+        err = capfd.readouterr().err.strip().splitlines()
+        assert err and err[-1].startswith("error: ") and message in err[-1], err[-5:]
+        assert not (tmp_path / "x" / "checkpoints").exists() and not dist.is_initialized(), extra  # nothing started
