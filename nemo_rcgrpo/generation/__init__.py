@@ -38,7 +38,10 @@ def _scripted(cfg: PolicySetup, model: Any, tokenizer: Any):
 
 
 
-def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
+def make_generator(setup: PolicySetup, model: Any, tokenizer: Any, gated: bool = False):
+    """The ``generation.backend``'s generator. ``gated``: it is called from two threads (rollouts generated ahead),
+    so it comes behind `GatedGenerator`'s lock, unless it samples from the policy's own module (shares its weights:
+    the RL loop refuses that combination in one line)."""
     from nemo_rcgrpo.config import PolicySetup
 
     if not isinstance(setup, PolicySetup):  # a whole TrainConfig is not a factory's input (cfg.policy_setup())
@@ -51,4 +54,8 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any):
                    if not hasattr(generator, m)]
         raise TypeError(f"generation.backend={setup.generation.backend}: the factory returned a "
                         f"{type(generator).__name__} without {missing} (the Generator Protocol, generation/base.py)")
+    if gated and not generator.shares_policy_weights:
+        from nemo_rcgrpo.generation.gated import GatedGenerator
+
+        return GatedGenerator(generator)
     return generator

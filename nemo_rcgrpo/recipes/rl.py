@@ -51,7 +51,6 @@ from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
-from nemo_rcgrpo.generation.gated import GatedGenerator
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import make_policy, sync_generator
@@ -111,7 +110,9 @@ class RLTrainer:
         self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = self.policy.data_parallel()
         rl = cfg.rl
-        self.generator = make_generator(setup, self.policy.module, self.tokenizer) if dist.is_main else None
+        # generating ahead (rl.max_staleness >= 1): a weight update waits for the call in flight (generation/gated.py)
+        self.generator = make_generator(setup, self.policy.module, self.tokenizer,
+                                        gated=rl.max_staleness > 0) if dist.is_main else None
         # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
         shares = self.generator is not None and self.generator.shares_policy_weights
         if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
@@ -121,8 +122,6 @@ class RLTrainer:
             raise ValueError(f"rl.max_staleness={rl.max_staleness} generates rollouts while the policy trains: the "
                              f"generator must hold its own weights (generation=vllm, or scripted), not sample from "
                              f"the policy's module; set rl.max_staleness=0 or generation=vllm")
-        if rl.max_staleness and self.generator is not None:  # a weight update waits for the call in flight
-            self.generator = GatedGenerator(self.generator)
         sampling = SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature,
                                   top_p=rl.sampling.top_p)
         self.engine = RolloutEngine(self.generator, self.renderer, opener, sampling,

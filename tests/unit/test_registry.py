@@ -278,6 +278,7 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
 
     from nemo_rcgrpo.generation import make_generator
     from nemo_rcgrpo.generation.base import Generator
+    from nemo_rcgrpo.generation.gated import GatedGenerator
     from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
     from nemo_rcgrpo.models.setup import load_tokenizer_and_model
 
@@ -289,6 +290,12 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
         gen.update_weights(iter(()), 3)
         assert gen.version == 3
         gen.close()
+        # called from two threads (rollouts generated ahead): behind the gate's lock, unless it samples from the
+        # policy's own module (the RL loop refuses that one in a line of its own)
+        gated = make_generator(setup, model, tokenizer, gated=True)
+        assert isinstance(gated, Generator)
+        assert isinstance(gated, GatedGenerator) == (not gated.shares_policy_weights) == (backend == "scripted")
+        gated.close()
     assert all(callable(getattr(VLLMGenerator, m, None)) for m in ("generate", "update_weights", "close"))
 
     class NoClose:
