@@ -486,8 +486,9 @@ def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path
     """rl.max_staleness=1 with a generator that holds its own weights (the scripted one: its rollouts do not depend
     on them): a thread generates the next step's rollouts while a step trains, from the same tasks, seeded rng and
     filters, so every rollout, loss and update is the synchronous run's. Each rollout starts at most one version
-    behind the weights that train on it. A stop after step 1 drops what was generated ahead, and the resumed run
-    draws the same tasks again. An evaluation after every step calls the generator between the rollout thread's
+    behind the weights that train on it. The run stops after step 2 (a stop drops whatever was generated ahead;
+    trainer.stop_after collects nothing past its last step), and the resumed run draws the same tasks again. An
+    evaluation after every step calls the generator between the rollout thread's
     calls and changes none of its rollouts (the synchronous run has none).
 
     Forced: step 2's collection (generated ahead while step 1 trains) holds its second generator call back until

@@ -64,13 +64,14 @@ def test_stage1_smollm2_same_losses_torch_and_megatron(micro_data_dir, tmp_path)
 
 
 LAYOUTS = {"tp2-pp2": (2, 2, ["tiny-llama"]), "pp2-dp2": (1, 2, ["tiny-llama", "tiny-qwen2"])}
+WORLD = 4  # processes of the one torchrun that runs both layouts
 
 
 @pytest.fixture(scope="module")
 def policy_steps(tmp_path_factory):
-    """Both layouts of the test below in one torchrun of 4 processes (the parallel groups made anew per layout)."""
+    """Both layouts of the test below in one torchrun of WORLD processes (the parallel groups made anew per layout)."""
     out = tmp_path_factory.mktemp("policy") / "policy.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
                            f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
                            str(out), *(f"{tp}:{pp}:{','.join(models)}" for tp, pp, models in LAYOUTS.values())],
                           capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=1200)
@@ -85,11 +86,10 @@ def test_grpo_step_weight_sync_and_checkpoint_match_the_torch_backend(policy_ste
     export_weights(); a reloaded checkpoint continues identically. Before it, prefix trees and packed rows as flat
     rows against the same micro-batches padded (`_check_flat_rows`)."""
     tp, pp, models = LAYOUTS[layout]
-    world = 4
     results = [r for r in policy_steps if (r["tp"], r["pp"]) == (tp, pp)]
     assert [r["model"] for r in results] == models
     for r in results:
-        assert (r["tp"], r["pp"], r["dp"]) == (tp, pp, world // (tp * pp))
+        assert (r["tp"], r["pp"], r["dp"]) == (tp, pp, WORLD // (tp * pp))
         assert r["old_logprob_diff"] <= 1e-5 and r["entropy_diff"] <= 1e-4 and r["one_row_entropy_diff"] <= 1e-4, r
         _check_flat_rows(r["flat"])
         assert r["loss"] == pytest.approx(r["torch_loss"], abs=1e-6) and r["loss"] != 0, r
