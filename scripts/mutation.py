@@ -88,7 +88,10 @@ TARGETS: dict[str, Target] = {
                             "TrainConfig.validate", "TrainConfig._validate_stage1_dataset",
                             "TrainConfig._validate_megatron", "TrainConfig._validate_rl", "_choice"), glue=True),
     "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py", ("tests/unit/data/test_prefix_tree.py",)),
-    "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_packing.py",)),
+    "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_packing.py", "tests/unit/data/test_flat_row.py")),
+    "shared_prefix": Target("nemo_rcgrpo/models/shared_prefix.py", ("tests/unit/models/test_shared_prefix.py",),
+                            scope=("tree_pass", "_RootCache.update", "_root", "_continuing", "_rows_rest",
+                                   "_flat_rest", "shared_hidden"), glue=True),
     "stage1_batches": Target("nemo_rcgrpo/recipes/stage1.py", ("tests/unit/recipes/test_stage1.py",),
                              scope=("micro_batches_for_rank",), glue=True),
     "layout": Target("nemo_rcgrpo/layout.py", ("tests/unit/test_layout.py",), scope=("parallel_plan",), glue=True),
@@ -148,6 +151,21 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
         "the default is read only for no rows: then the cost is 0 x width and nothing is packed or shared",
     ("packing", "choose_layout", "if share and (len(rows) >= 1):", 1):
         "a one-row tree runs all of its row (every row keeps a token of its own): never fewer than B x T",
+    ("packing", "_tree_slots", "segment = torch.full((n,), -(2), dtype=torch.long)", 1):
+        "padding is told from the rest by segment < 0 (real = segment >= 0), -1 or -2 alike",
+    ("packing", "_tree_slots",
+     "sees = torch.eye((2) + nb + B, dtype=torch.bool) # segments: 0 the root, 1 + b branch b, 1 + nb + r row r's suffix", 1):
+        "a segment index is at most nb + B: the extra last row and column of the table are never read",
+    ("packing", "flat_row",
+     "visible = sees[seg][:, seg] & ((positions[None, :] < positions[:, None])) & real[None, :] & real[:, None]", 1):
+        "positions rise along a path, so the only slot of its path at a slot's own position is itself, and every "
+        "slot's diagonal is set right after (`visible |= eye`)",
+    ("shared_prefix", "_flat_rest",
+     "used[torch.cat([flat.index[r, :(n + 1)] for r, n in enumerate(layout.lengths)])] = True", 1):
+        "past a row's length `hidden_index` points at slot 0: the root's (dropped from the slots after it) or, without "
+        "a root, a branch part's first slot, which is real or a padding slot no token sees and no one reads",
+    ("shared_prefix", "_flat_rest", "use_cache=(True))", 1):
+        "a cache given is updated whatever use_cache says; without one the decoder makes one nothing reads (memory only)",
     ("reward", "compute_reward",
      "components = RewardInfo(value=(1.0), state_ok=state_ok, actions_ok=actions_ok, details=details)", 1):
         "the placeholder value is replaced: the registered reward reads only the components and details",

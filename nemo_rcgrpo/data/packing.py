@@ -7,10 +7,11 @@ A micro-batch's rows can run three ways, each giving the same logprobs on the sa
 - packed (``Packed``): the rows one after another as one sequence, each row's positions restarting at 0 and no
   token attending across a row boundary (sum of the row lengths, no padding at all).
 
-``choose_layout`` takes the one that runs the fewest positions among those the policy can run (packed rows behind
-a dense mask only where they also compute no more attention scores than the padded rows), and
-``budget_batches`` fills micro-batches to a token budget counted the same way: whole groups where they fit,
-otherwise rollouts, each micro-batch a contiguous run of the step's rollouts.
+``flat_row`` lays a tree or packed rows out as one sequence with each token's position and the mask of what it
+sees (the slots of its own path, causally). ``choose_layout`` takes the one that runs the fewest positions among
+those the policy can run (packed rows behind a dense mask only where they also compute no more attention scores
+than the padded rows), and ``budget_batches`` fills micro-batches to a token budget counted the same way: whole
+groups where they fit, otherwise rollouts, each micro-batch a contiguous run of the step's rollouts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from nemo_rcgrpo.data.prefix_tree import GroupLayout, group_layout, padded_tokens
+from nemo_rcgrpo.data.prefix_tree import GroupLayout, group_layout, hidden_index, padded_tokens
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,81 @@ def budget_batches(count: int, group_size: int, budget: int,
     if hi > lo:
         out.append((lo, hi))
     return out
+
+
+@dataclass(frozen=True)
+class FlatRow:
+    """One micro-batch (a prefix tree or packed rows) as one sequence of N slots, in the order of the flat hidden
+    states `prefix_tree.hidden_index` / ``packed_index`` map back to the [B, T] grid: what Megatron's flat row and
+    the torch backend's flat pass (`models/shared_prefix.py`) run, behind an explicit mask."""
+
+    ids: torch.Tensor  # [N] long: the tokens (0 in a padding slot)
+    positions: torch.Tensor  # [N] long: each token's position in its unshared row (0 in a padding slot)
+    blocked: torch.Tensor  # [N, N] bool: True where query i may not attend to key j (a padding slot sees itself)
+    index: torch.Tensor  # [B, T] long: the slot of each row's position t (0 past a row's length)
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
+
+    def padded(self, length: int) -> "FlatRow":
+        """The same row with padding slots up to ``length`` (pipeline stages exchange one shape): each sees only
+        itself, and no real token sees it."""
+        extra = length - self.length
+        if extra <= 0:
+            return self
+        blocked = torch.ones(length, length, dtype=torch.bool, device=self.blocked.device)
+        blocked[:self.length, :self.length] = self.blocked
+        blocked[torch.arange(self.length, length), torch.arange(self.length, length)] = False
+        zeros = self.ids.new_zeros(extra)
+        return FlatRow(torch.cat([self.ids, zeros]), torch.cat([self.positions, zeros]), blocked, self.index)
+
+    def to(self, device: torch.device) -> "FlatRow":
+        return FlatRow(self.ids.to(device), self.positions.to(device), self.blocked.to(device), self.index.to(device))
+
+
+def _tree_slots(layout: GroupLayout, input_ids: torch.Tensor):
+    """(ids, positions, segment of each slot (-1: padding), which segments each segment sees) of the flat
+    [root (R) | branch parts, each padded to Q | suffixes, each padded to S] order."""
+    R, Q, S = layout.root, layout.branch_width, layout.suffix_width
+    nb, B = len(layout.branches), len(layout.lengths)
+    n = padded_tokens(layout)
+    ids = torch.zeros(n, dtype=torch.long)
+    positions = torch.zeros(n, dtype=torch.long)
+    segment = torch.full((n,), -1, dtype=torch.long)
+    ids[:R], positions[:R], segment[:R] = input_ids[0, :R], torch.arange(R), 0
+    sees = torch.eye(1 + nb + B, dtype=torch.bool)  # segments: 0 the root, 1 + b branch b, 1 + nb + r row r's suffix
+    for b, branch in enumerate(layout.branches):
+        start, q = R + b * Q, branch.length
+        ids[start:start + q] = input_ids[branch.rows[0], R:R + q]
+        positions[start:start + q] = R + torch.arange(q)
+        segment[start:start + q] = 1 + b
+        sees[1 + b, 0] = True
+    for r, length in enumerate(layout.lengths):
+        start, first = R + nb * Q + r * S, layout.suffix_start(r)
+        ids[start:start + length - first] = input_ids[r, first:length]
+        positions[start:start + length - first] = first + torch.arange(length - first)
+        segment[start:start + length - first] = 1 + nb + r
+        sees[1 + nb + r, 0] = sees[1 + nb + r, 1 + layout.branch_of(r)] = True
+    return ids, positions, segment, sees
+
+
+def flat_row(layout: Layout, input_ids: torch.Tensor) -> FlatRow:
+    """The flat row of a right-padded micro-batch ``input_ids`` [B, T] (on the CPU) under ``layout`` (a prefix tree
+    or packed rows). A slot sees a slot of a segment on its own path at the same or an earlier position."""
+    if isinstance(layout, Packed):
+        ids = torch.cat([input_ids[r, :n] for r, n in enumerate(layout.lengths)])
+        positions = packed_positions(layout)
+        segment = torch.cat([torch.full((n,), r, dtype=torch.long) for r, n in enumerate(layout.lengths)])
+        sees = torch.eye(len(layout.lengths), dtype=torch.bool)  # a row sees only itself
+        index = packed_index(layout, input_ids.shape[1])
+    elif isinstance(layout, GroupLayout):
+        ids, positions, segment, sees = _tree_slots(layout, input_ids)
+        index = hidden_index(layout, input_ids.shape[1])
+    else:
+        raise TypeError(f"flat_row takes a prefix tree or packed rows, not {type(layout).__name__}")
+    real = segment >= 0
+    seg = segment.clamp(min=0)
+    visible = sees[seg][:, seg] & (positions[None, :] <= positions[:, None]) & real[None, :] & real[:, None]
+    visible |= torch.eye(len(ids), dtype=torch.bool)  # a padding slot sees itself (its softmax stays finite)
+    return FlatRow(ids, positions, ~visible, index)

@@ -102,9 +102,20 @@ def group_layout(rows: Sequence[Sequence[int]]) -> GroupLayout:
 
 
 def padded_tokens(layout: GroupLayout) -> int:
-    """The positions the three passes run, padding included: the root, every branch part padded to the longest
+    """The positions the row passes run (ROWS in `models/shared_prefix.py`), padding included: the root, every branch part padded to the longest
     (Q), every suffix padded to the longest (S)."""
     return layout.root + len(layout.branches) * layout.branch_width + len(layout.lengths) * layout.suffix_width
+
+
+def attention_scores(layout: GroupLayout) -> tuple[int, int]:
+    """(flat, rows): the (query, key) entries the rest of the tree's attention holds after the root, run one way or
+    the other (`models/shared_prefix.py`): as one row of its M real tokens behind a dense [M, R + M] mask, or as
+    the branch parts padded to Q over [R + Q] keys and the suffixes padded to S over [R + Q + S]. The flat row
+    skips padding but every token holds a score for every other token of the tree; with many rows and a short root
+    it is the larger by far (8 rows of 2k tokens after a 200-token root: 210M against 30M)."""
+    R, Q, S, B = layout.root, layout.branch_width, layout.suffix_width, len(layout.lengths)
+    M = layout.tokens - R
+    return M * (R + M), len(layout.branches) * Q * (R + Q) + B * S * (R + Q + S)
 
 
 def hidden_index(layout: GroupLayout, width: int) -> torch.Tensor:

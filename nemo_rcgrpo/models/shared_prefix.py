@@ -1,10 +1,23 @@
 """The prefix-once forward of an HF decoder over a micro-batch's prefix tree (`data/prefix_tree.py`).
 
-The root runs once (one row), each branch part once with the root's keys and values repeated to the branches,
-and every row's suffix once with its branch's keys and values: three forward passes in which every token attends
-to exactly its own root -> branch -> suffix path, causally, at the positions it has in the unshared row. The
-keys and values are the passes' own tensors (transformers' ``DynamicCache``, repeated and selected by row), so
-the backward pass carries every suffix's gradient into its branch and the root, which are computed once.
+The root runs once (one row); then the rest of the tree runs with the root's keys and values, every token attending
+to exactly its own root -> branch -> suffix path, causally, at the positions it has in the unshared row. How the
+rest runs is ``tree_pass``'s pure choice for the platform and the tree:
+
+- FLAT (sdpa / eager on the CPU, where its mask holds no more entries than ROWS computes scores,
+  `data/prefix_tree.py: attention_scores`): every branch part and suffix, without padding, as one row after the
+  root's cache, behind an explicit mask of what each slot sees (`data/packing.py: flat_row`, the Megatron
+  backend's flat row; [M, R + M] entries for the M tokens after the root, dense); the root's keys and values are
+  held once, never copied per row;
+- ROWS (elsewhere: no dense mask on a GPU, and FlashAttention takes none; on the CPU, many rows after a short
+  root): each branch part once, with the root's keys and values repeated to the branches, then every row's suffix
+  with its branch's, selected by row (causal masks over padded rows, no mask of the tree's size).
+
+The keys and values are the passes' own tensors, so the backward pass carries every suffix's gradient into its
+branch and the root, which are computed once. Under autograd the root's decoder layers are recomputed in the
+backward pass, one layer at a time (``torch.utils.checkpoint``, non-reentrant): only each layer's input and its
+keys and values are kept, so a micro-batch holding a whole group keeps the activations of its suffixes, not of
+its prompt (a 5.4k-token prompt's would be most of them), for one more forward of the root.
 
 ``shared_position_logits`` gives the logits at chosen positions of the unshared, right-padded micro-batch's
 [B, T] grid, so ``torch_policy.token_logprobs(..., layout=...)`` returns the grid it returns without sharing
@@ -13,11 +26,18 @@ and the loss and its normaliser are unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from typing import Iterator
+
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-from nemo_rcgrpo.data.packing import Layout, choose_layout
-from nemo_rcgrpo.data.prefix_tree import GroupLayout, hidden_index
+from nemo_rcgrpo.data.packing import Layout, choose_layout, flat_row
+from nemo_rcgrpo.data.prefix_tree import GroupLayout, attention_scores, hidden_index
+
+FLAT, ROWS = "flat", "rows"  # how the tree's branch parts and suffixes run after the root (`tree_pass`)
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -31,38 +51,106 @@ def supports(model: torch.nn.Module) -> bool:
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
+def tree_pass(device_type: str, attn_implementation: str | None, layout: GroupLayout) -> str:
+    """How a model on ``device_type`` with ``attn_implementation`` runs ``layout`` after its root: FLAT with sdpa /
+    eager on the CPU (one row behind a dense [M, R + M] mask; CPU sdpa runs it in its flash kernel) where that mask
+    has no more entries than the row passes compute scores (`attention_scores`: a group after its long prompt, not
+    many rows after a short one), ROWS anywhere else (a 2k-token rest of a tree beside an 8k-token root: 16M mask
+    entries per layer call on a GPU, where sdpa would leave its flash kernel; FlashAttention takes no mask)."""
+    if device_type != "cpu" or attn_implementation not in ("sdpa", "eager"):
+        return ROWS
+    flat, rows = attention_scores(layout)
+    return FLAT if flat <= rows else ROWS
+
+
+class _RootCache(DynamicCache):
+    """The root pass's cache: nothing comes before the root, so each layer's keys and values are handed back as
+    they are and kept (``kv``) until ``taken``; a layer recomputed in backward calls it again (checkpointing keeps
+    this cache among the layer's inputs until then), and gets its recomputed keys and values back, stored nowhere."""
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.taken = False
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if not self.taken:
+            self.kv[layer_idx] = (key_states, value_states)
+        return key_states, value_states
+
+    def take(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values, in layer order, handed over once: the cache lets go of them."""
+        kv, self.kv, self.taken = [self.kv[i] for i in sorted(self.kv)], {}, True
+        return kv
+
+
+@contextlib.contextmanager
+def _recomputed(layers) -> Iterator[None]:
+    """While inside, each of ``layers`` runs under non-reentrant activation checkpointing: its forward keeps only
+    its inputs and outputs, and runs again in the backward pass when its gradient is needed."""
+    kept = [layer.__dict__.get("forward") for layer in layers]  # a forward set on the instance (a hook's, or ours)
+    for layer in layers:
+        # an instance attribute: nn.Module.__call__ runs it in place of the method
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, kept):
+            if forward is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.forward = forward
+
+
+def _root(model, ids: torch.Tensor, recompute: bool) -> tuple[torch.Tensor, list]:
+    """[R, H] hidden states of the root ``ids`` [1, R] and each layer's (keys, values); with ``recompute``, its
+    decoder layers recomputed in the backward pass (`_recomputed`)."""
+    decoder = model.get_decoder()
+    cache = _RootCache(model.config)
+    R = ids.shape[1]
+    layers = list(getattr(decoder, "layers", [])) if recompute else []
+    with _recomputed(layers):
+        out = decoder(input_ids=ids, attention_mask=torch.ones_like(ids),
+                      position_ids=torch.arange(R, device=ids.device)[None], past_key_values=cache)
+    return out.last_hidden_state.reshape(R, -1), cache.take()
+
+
+def _continuing(model, kv: list) -> DynamicCache:
+    """A cache that continues from the root's keys and values (one row); it holds its own copy, and ``kv`` is
+    emptied, so the root's keys and values are held once from here on."""
+    cache = DynamicCache(config=model.config)
+    for i, (k, v) in enumerate(kv):
+        cache.update(k, v, i)
+    kv.clear()
+    return cache
+
+
 def _segment(decoder, ids: torch.Tensor, past_mask: torch.Tensor | None, mask: torch.Tensor,
              positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """[N, L, H] hidden states of ``ids`` [N, L] after the cached context (``past_mask`` [N, C], None without one),
-    ``mask`` [N, L] marking the real tokens, at ``positions`` [N, L]; ``cache`` grows by the segment."""
+    ``mask`` [N, L] marking the keys that may be seen, at ``positions`` [N, L]; ``cache`` grows by the segment (a
+    cache given is updated whatever ``use_cache`` says)."""
     attention = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
-    out = decoder(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                  use_cache=True)
+    out = decoder(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache)
     return out.last_hidden_state
 
 
-def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout) -> torch.Tensor:
-    """The flat hidden states [R + n_branches * Q + B * S, H] of the tree's three passes (`hidden_index` says
-    which row of it holds each (row, position)); ``input_ids`` [B, T] right-padded, rows as ``layout`` says."""
+def _rows_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | None) -> list[torch.Tensor]:
+    """ROWS: the branch pass ([nb x Q, H]) and the suffix pass ([B x S, H]) after the root's ``kv`` (None: no root)."""
     decoder = model.get_decoder()
     device = input_ids.device
     R, B, Q, S = layout.root, len(layout.lengths), layout.branch_width, layout.suffix_width
     starts = [layout.suffix_start(r) for r in range(B)]
-    cache = DynamicCache(config=model.config)
+    cache = _continuing(model, kv) if kv is not None else DynamicCache(config=model.config)
+    past = torch.ones(1, R, dtype=torch.bool, device=device) if kv is not None else None
     parts = []
-    past: torch.Tensor | None = None  # [rows of the cache, C]: which cached slots are real tokens
-    if R:
-        ones = torch.ones(1, R, dtype=torch.long, device=device)
-        parts.append(_segment(decoder, input_ids[:1, :R], None, ones, torch.arange(R, device=device)[None],
-                              cache).reshape(R, -1))
-        past = ones
     nb = len(layout.branches)
     if Q:
         ids = torch.zeros(nb, Q, dtype=input_ids.dtype, device=device)
-        mask = torch.zeros(nb, Q, dtype=torch.long, device=device)
+        mask = torch.zeros(nb, Q, dtype=torch.bool, device=device)  # the suffixes must not see a branch's padding
         for i, b in enumerate(layout.branches):
             ids[i, :b.length] = input_ids[b.rows[0], R:R + b.length]
-            mask[i, :b.length] = 1
+            mask[i, :b.length] = True
         if past is not None:
             cache.batch_repeat_interleave(nb)
             past = past.expand(nb, -1)
@@ -70,10 +158,10 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
         parts.append(_segment(decoder, ids, past, mask, positions, cache).reshape(nb * Q, -1))
         past = mask if past is None else torch.cat([past, mask], dim=1)
     ids = torch.zeros(B, S, dtype=input_ids.dtype, device=device)
-    mask = torch.zeros(B, S, dtype=torch.long, device=device)
     for r, (n, s) in enumerate(zip(layout.lengths, starts)):
         ids[r, :n - s] = input_ids[r, s:n]
-        mask[r, :n - s] = 1
+    # a suffix's padding comes after its every token, which causal attention never shows them: no mask needed
+    mask = torch.ones(B, S, dtype=torch.bool, device=device)
     if past is not None:
         branch = torch.tensor([layout.branch_of(r) for r in range(B)], device=device)
         rows = branch if Q else torch.zeros(B, dtype=torch.long, device=device)
@@ -81,6 +169,52 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
         past = past[rows]
     positions = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None]
     parts.append(_segment(decoder, ids, past, mask, positions, cache).reshape(B * S, -1))
+    return parts
+
+
+def _flat_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | None) -> torch.Tensor:
+    """FLAT: [N - R, H] hidden states of the flat row's slots after the root (`data/packing.py: flat_row`: branch
+    parts padded to Q, then suffixes padded to S; a padding slot's state is 0, never read) from one row of the
+    real slots after the root's ``kv`` (None: no root), each slot seeing exactly the slots of its own path."""
+    device, R = input_ids.device, layout.root
+    flat = flat_row(layout, input_ids.cpu())
+    used = torch.zeros(flat.length, dtype=torch.bool)
+    used[torch.cat([flat.index[r, :n] for r, n in enumerate(layout.lengths)])] = True
+    rest = used[R:].nonzero(as_tuple=True)[0] + R  # the real slots after the root (padding runs nowhere)
+    keys = torch.cat([torch.arange(R), rest])
+    visible = ~flat.blocked[rest][:, keys]  # [M, R + M]
+    # one additive mask in the model's dtype (0 where a slot may look): every layer's attention keeps this same
+    # tensor for its backward pass (a boolean one, sdpa's CPU kernel would convert and keep per layer)
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min).to(device)
+    cache = _continuing(model, kv) if kv is not None else None
+    out = model.get_decoder()(input_ids=flat.ids[rest].to(device)[None], attention_mask=mask[None, None],
+                              position_ids=flat.positions[rest].to(device)[None], past_key_values=cache,
+                              use_cache=False)  # without a root, no cache to make
+    hidden = out.last_hidden_state[0]  # [M, H]
+    return hidden.new_zeros((flat.length - R,) + hidden.shape[1:]).index_copy(0, (rest - R).to(device), hidden)
+
+
+def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout, how: str | None = None,
+                  recompute: bool | None = None) -> torch.Tensor:
+    """The flat hidden states [R + n_branches * Q + B * S, H] of the tree (`hidden_index` says which row of it
+    holds each (row, position)); ``input_ids`` [B, T] right-padded, rows as ``layout`` says. ``how``: FLAT or ROWS
+    (None: `tree_pass` for the model's device and attention and the tree); ``recompute``: the root's layers recomputed in the
+    backward pass (None: where autograd records, `torch.is_grad_enabled()`)."""
+    if how is None:
+        how = tree_pass(input_ids.device.type, getattr(model.config, "_attn_implementation", None), layout)
+    if how not in (FLAT, ROWS):
+        raise ValueError(f"how={how!r}: {FLAT!r} or {ROWS!r}")
+    if recompute is None:
+        recompute = torch.is_grad_enabled()
+    parts, kv = [], None
+    if layout.root:
+        hidden, kv = _root(model, input_ids[:1, :layout.root], recompute)
+        parts.append(hidden)
+    if how == FLAT:
+        parts.append(_flat_rest(model, input_ids, layout, kv))
+    else:
+        parts += _rows_rest(model, input_ids, layout, kv)
     return torch.cat(parts, dim=0)
 
 
@@ -92,7 +226,6 @@ def shared_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, layo
     flat = shared_hidden(model, input_ids, layout)  # [N_flat, H]
     index = hidden_index(layout, input_ids.shape[1]).to(input_ids.device)  # [B, T]
     return model.get_output_embeddings()(flat[index[rows, cols]])
-
 
 
 def share_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True,

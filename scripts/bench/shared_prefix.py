@@ -39,6 +39,7 @@ from _common import cpu_name, emit  # noqa: E402
 
 from nemo_rcgrpo.data.prefix_tree import group_layout, layout_flops
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.models.shared_prefix import tree_pass
 from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.utils.config import compose
 from nemo_rcgrpo.utils.dist import init_distributed
@@ -76,9 +77,11 @@ def main() -> int:
     args = p.parse_args()
     prepare(args.data)
     run_dir = tempfile.mkdtemp(prefix="shared_prefix_")
+    # rl.max_turns=8: room for a task's whole ground truth, so the scripted successes score 1 and the measured
+    # update has mixed rewards (a nonzero gradient to compare); at the recipe's 4 every rollout here scored 0
     overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}", f"run_dir={run_dir}",
                  "generation=scripted", "generation.scripted.success_high=0.8", "generation.scripted.success_low=0.2",
-                 "chat.tool_description=full", f"rl.max_total_tokens={args.max_total_tokens}", "rl.max_turns=4",
+                 "chat.tool_description=full", f"rl.max_total_tokens={args.max_total_tokens}", "rl.max_turns=8",
                  "rl.sampling.max_new_tokens=256", f"rl.tasks_per_step={args.tasks}", "trainer.micro_batch_size=5",
                  "trainer.global_batch_size=10",
                  "logging.progress=false", "logging.tensorboard=false"]
@@ -94,8 +97,10 @@ def main() -> int:
     layouts = [group_layout([t.token_ids for t in g]) for g in groups]
     smol = trainer.flop_shape
     rows = counted(args, groups, layouts, smol)
+    attention = getattr(trainer.policy.model.config, "_attn_implementation", None)
+    hows = sorted({tree_pass("cpu", attention, layout) for layout in layouts})  # how the rest of each tree runs
     if args.repeats:
-        rows += measured(args, cfg, groups)
+        rows += measured(args, cfg, groups, hows)
     else:
         rows += ["", "The training part was not measured in this run (`--repeats 0`)."]
     rows.append(END)
@@ -148,7 +153,7 @@ def counted(args, groups, layouts, smol) -> list[str]:
     return rows
 
 
-def measured(args, cfg, groups) -> list[str]:
+def measured(args, cfg, groups, hows) -> list[str]:
     """Each side in a process of its own (alternating order over ``--repeats`` is not needed: one process each)."""
     med = {}
     for side in ("full", "shared"):
@@ -173,7 +178,8 @@ def measured(args, cfg, groups) -> list[str]:
              "| side | micro-batches | reference pass (s) | update (s) | training part (s) | ratio | peak before (GiB) "
              "| peak (GiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for side, label in (("full", "every row in full, one rollout per micro-batch (trainer.share_prefix=false)"),
-                        ("shared", "the prompt once, one group per micro-batch (trainer.share_prefix=true)")):
+                        ("shared", "the prompt once, one group per micro-batch (trainer.share_prefix=true; the "
+                                   f"rest of the tree {' / '.join(hows)}, `tree_pass`)")):
         m = med[side]
         rows.append(f"| {label} | {m['micro_batches']:.0f} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | "
                     f"{m['total']:.1f} | {m['total'] / med['full']['total']:.2f} | {m['peak_before_gib']:.1f} | "

@@ -146,10 +146,9 @@ def layout_parity(policy, vocab: int, dist) -> dict:
     one flat row, against the same micro-batches padded: logprobs, entropies, the loss and every parameter's
     gradient (max over ranks). Then a suffix that sees another suffix, and a suffix whose positions restart at 0,
     planted in the flat row: the logprobs must show each."""
-    from nemo_rcgrpo.data.packing import Packed
+    from nemo_rcgrpo.data.packing import FlatRow, Packed, flat_row
     from nemo_rcgrpo.data.prefix_tree import GroupLayout
     from nemo_rcgrpo.models.megatron import policy as policy_module
-    from nemo_rcgrpo.models.megatron.layouts import FlatRow, flat_row
 
     g = torch.Generator().manual_seed(7)
 

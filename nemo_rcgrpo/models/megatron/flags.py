@@ -32,8 +32,8 @@ What each flag needs, read in megatron-core 0.16.1:
 - ``overlap_grad_reduce`` (bucketed, megatron's default bucket size): on with more than one data-parallel
   replica (with one there is nothing to overlap), on CPU (gloo) as on GPU; the schedule then needs
   ``no_sync_func``, and a replica without micro-batches starts its (zero) reduction itself.
-- flat rows (a prefix tree or packed rows as one sequence, `layouts.py`): the local spec's
-  ``FusedScaleMaskSoftmax`` falls back to ``forward_torch_softmax``, which uses a given mask in place of the
+- flat rows (a prefix tree or packed rows as one sequence, `data/packing.py: flat_row`, `layouts.py`): the local
+  spec's ``FusedScaleMaskSoftmax`` falls back to ``forward_torch_softmax``, which uses a given mask in place of the
   causal default, wherever the fused kernels are off; with apex's causal kernel the mask would be ignored. So
   flat rows run with the local spec on the CPU, one context-parallel rank (``flat_rows_off`` says why not
   elsewhere; those micro-batches run padded, as before).
@@ -101,7 +101,8 @@ class Flags:
     parallel: dict[str, Any] = field(default_factory=dict)  # initialize_model_parallel keyword arguments
     optimizer: dict[str, Any] = field(default_factory=dict)  # get_megatron_optimizer keyword arguments
     token_multiple: int = 1  # sequence lengths are padded to a multiple of this
-    # prefix trees and packed rows run as one flat row behind an explicit [N, N] mask (`layouts.py`); why not if not
+    # prefix trees and packed rows run as one flat row behind an explicit [N, N] mask (`data/packing.py:
+    # flat_row`); why not if not
     flat_rows: bool = False
     flat_rows_off: str = ""
 

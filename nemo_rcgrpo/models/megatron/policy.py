@@ -43,10 +43,10 @@ from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, loa
 from nemo_rcgrpo.models.megatron.convert import ConversionError, ModelShape, check_tp, stage_layers
 from nemo_rcgrpo.models.megatron.export import EXPORT_BUCKET_BYTES, WeightExporter
 from nemo_rcgrpo.models.megatron.flags import padded_length
-from nemo_rcgrpo.models.megatron.layouts import FlatRow, flat_row, rotary_at
+from nemo_rcgrpo.models.megatron.layouts import rotary_at
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 from nemo_rcgrpo.data.batch import MicroBatch
-from nemo_rcgrpo.data.packing import DENSE, Layout, Packed
+from nemo_rcgrpo.data.packing import DENSE, FlatRow, Layout, Packed, flat_row
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
 from nemo_rcgrpo.models.shared_prefix import share_layout
 from nemo_rcgrpo.models.torch_policy import lr_lambda
@@ -201,7 +201,7 @@ class MegatronPolicy:
                                     forward_only=forward_only)
 
     def _flat(self, batch: MicroBatch) -> FlatRow | None:
-        """``batch``'s flat row (`layouts.flat_row`), None where it runs padded."""
+        """``batch``'s flat row (`data/packing.py: flat_row`), None where it runs padded."""
         layout = self.layout(batch)
         return None if layout is None else flat_row(layout, batch.input_ids.cpu())
 

@@ -1,11 +1,11 @@
-"""data/prefix_tree.py: a micro-batch's prefix tree from its token ids, the hidden-state map and the
-counted FLOPs, by hand."""
+"""data/prefix_tree.py: a micro-batch's prefix tree from its token ids, the hidden-state map, the counted FLOPs and
+attention scores, by hand."""
 
 import pytest
 import torch
 
-from nemo_rcgrpo.data.prefix_tree import (Branch, common_prefix_length, forward_flops, group_layout,
-                                                hidden_index, layout_flops, padded_tokens)
+from nemo_rcgrpo.data.prefix_tree import (Branch, attention_scores, common_prefix_length, forward_flops,
+                                          group_layout, hidden_index, layout_flops, padded_tokens)
 
 
 def test_common_prefix_length():
@@ -64,6 +64,17 @@ def test_hidden_index_points_each_position_at_its_segment():
                                              [0, 1, 2, 9, 10, 0],
                                              [0, 4, 5, 6, 11, 0],
                                              [0, 4, 5, 6, 13, 14]]
+
+
+def test_attention_scores_by_hand():
+    """The rest of the tree's (query, key) entries after the root, run as one flat row or as the row passes."""
+    rows = [[1, 5, 6, 2], [1, 5, 6, 3, 4], [1, 7, 8, 9, 5], [1, 7, 8, 9, 6, 7]]
+    two = group_layout(rows)  # R = 1; branch parts of 2 and 3 (Q = 3); suffixes of 1, 2, 1, 2 (S = 2)
+    # flat: M = 2 + 3 + 1 + 2 + 1 + 2 = 11 tokens after the root, each with an entry for the root and all 11;
+    # rows: 2 branch parts x 3 queries over 1 + 3 keys, then 4 suffixes x 2 queries over 1 + 3 + 2 keys
+    assert attention_scores(two) == (11 * (1 + 11), 2 * 3 * (1 + 3) + 4 * 2 * (1 + 3 + 2))
+    one_level = group_layout([[1, 2, 3, 4], [1, 2, 3, 5, 6, 7]])  # R = 3, no branch parts, suffixes of 1 and 3
+    assert attention_scores(one_level) == (4 * (3 + 4), 2 * 3 * (3 + 0 + 3))
 
 
 def test_flops_by_hand_and_the_goal_shape():

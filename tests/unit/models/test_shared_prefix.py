@@ -1,12 +1,17 @@
 """models/shared_prefix.py: the prefix-once passes give the unshared forward's logprobs, entropies and every
-parameter's gradient (float64 to 1e-10, float32 to 1e-5 relative), on tiny Llama and Qwen2 shapes."""
+parameter's gradient (float64 to 1e-10, float32 to 1e-5 relative), on tiny Llama and Qwen2 shapes, both ways the
+rest of the tree runs (one flat row behind a mask, or a row per branch and suffix), the root recomputed in the
+backward pass or kept; a planted leak between suffixes, or suffix positions that restart at 0, fail."""
 
 import types
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from nemo_rcgrpo.data.prefix_tree import group_layout
+from nemo_rcgrpo.data.prefix_tree import group_layout, padded_tokens
+from nemo_rcgrpo.models import shared_prefix
+from nemo_rcgrpo.models.shared_prefix import FLAT, ROWS
 from nemo_rcgrpo.models.torch_policy import token_logprobs
 
 
@@ -62,9 +67,16 @@ def _both(model, rows, ids, attention, loss_mask):
     return out
 
 
+@pytest.fixture(params=[FLAT, ROWS])
+def how(request, monkeypatch):
+    """The way the rest of the tree runs, whatever this platform's `tree_pass` would choose."""
+    monkeypatch.setattr(shared_prefix, "tree_pass", lambda device, attention, layout: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("two_level", [True, False])
-def test_float64_passes_equal_the_unshared_forward(name, two_level):
+def test_float64_passes_equal_the_unshared_forward(name, two_level, how):
     from nemo_rcgrpo.models.hf import load_model
 
     torch.manual_seed(0)
@@ -77,9 +89,12 @@ def test_float64_passes_equal_the_unshared_forward(name, two_level):
     assert torch.allclose(lp_s, lp, rtol=0, atol=1e-10)
     assert torch.allclose(ent_s, ent, rtol=0, atol=1e-10)
     assert grad.abs().max() > 0 and torch.allclose(grad_s, grad, rtol=0, atol=1e-10)
+    with torch.no_grad():  # the flat order `hidden_index` reads: [root | branch parts padded to Q | suffixes to S]
+        hidden = shared_prefix.shared_hidden(model, ids, layout)
+    assert hidden.shape == (padded_tokens(layout), model.config.hidden_size)
 
 
-def test_float32_passes_equal_the_unshared_forward_to_1e_5_relative():
+def test_float32_passes_equal_the_unshared_forward_to_1e_5_relative(how):
     from nemo_rcgrpo.models.hf import load_model
 
     torch.manual_seed(0)
@@ -90,7 +105,7 @@ def test_float32_passes_equal_the_unshared_forward_to_1e_5_relative():
     assert (grad_s - grad).norm() <= 1e-5 * grad.norm()
 
 
-def test_rows_without_a_shared_prefix_still_give_the_unshared_forward():
+def test_rows_without_a_shared_prefix_still_give_the_unshared_forward(how):
     from nemo_rcgrpo.models.hf import load_model
 
     torch.manual_seed(0)
@@ -102,6 +117,166 @@ def test_rows_without_a_shared_prefix_still_give_the_unshared_forward():
     assert group_layout(rows).root == 0
     (lp, _, grad), (lp_s, _, grad_s) = _both(model, rows, ids, attention, loss_mask)
     assert torch.allclose(lp_s, lp, rtol=0, atol=1e-10) and torch.allclose(grad_s, grad, rtol=0, atol=1e-10)
+
+
+def test_eager_attention_takes_the_flat_mask_as_scores_to_add(how):
+    """eager adds its mask to the scores (the flat pass's additive mask, the dtype's lowest where a slot may not look)
+    as sdpa does; transformers' eager attention takes its softmax in float32 whatever the model's dtype, so float32's tolerance."""
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model("tiny-llama"))
+    model.set_attn_implementation("eager")
+    rows, ids, attention, loss_mask = _group(5)
+    (lp, ent, grad), (lp_s, ent_s, grad_s) = _both(model, rows, ids, attention, loss_mask)
+    assert torch.allclose(lp_s, lp, rtol=1e-5, atol=1e-6) and (grad_s - grad).norm() <= 1e-5 * grad.norm()
+
+
+def test_the_platform_and_the_tree_decide_how_the_rest_of_the_tree_runs():
+    """FLAT on the CPU with sdpa / eager where its dense mask holds no more entries than the row passes compute
+    scores (a group after its long prompt), ROWS elsewhere; an unknown way is refused before anything runs."""
+    from nemo_rcgrpo.data.prefix_tree import Branch, GroupLayout, attention_scores
+
+    # one group of 5 after a 5348-token prompt, two branches (the shipped BFCL task of scripts/bench/shared_prefix.py)
+    group = GroupLayout(5348, (Branch((0, 2, 4), 753), Branch((1, 3), 151)), (6101 + 51, 5499 + 553, 6101 + 76,
+                                                                               5499 + 678, 6101 + 20))
+    # 8 rows of 2000 tokens after a 200-token system prompt, nothing else shared
+    many = GroupLayout(200, tuple(Branch((r,), 0) for r in range(8)), (2000,) * 8)
+    assert attention_scores(many) == (8 * 1800 * (200 + 8 * 1800), 8 * 1800 * (200 + 1800))
+    assert attention_scores(group)[0] < attention_scores(group)[1]
+    one = GroupLayout(4, (Branch((0,), 0),), (9,))  # one row: the same scores either way, and FLAT takes the tie
+    assert attention_scores(one) == (5 * 9, 5 * 9) and shared_prefix.tree_pass("cpu", "sdpa", one) == FLAT
+    for attention in ("sdpa", "eager"):
+        assert shared_prefix.tree_pass("cpu", attention, group) == FLAT
+        assert shared_prefix.tree_pass("cpu", attention, many) == ROWS  # 210M mask entries against 29M scores
+    assert shared_prefix.tree_pass("cuda", "sdpa", group) == ROWS  # no dense mask on a GPU
+    assert shared_prefix.tree_pass("cuda", "flash_attention_2", group) == ROWS
+    assert shared_prefix.tree_pass("cpu", "flex_attention", group) == ROWS  # a mask it would not take as given
+    from nemo_rcgrpo.models.hf import load_model
+
+    model = load_model("tiny-llama")
+    calls = []
+    model.get_decoder().register_forward_pre_hook(lambda *a: calls.append(1))
+    rows, ids, _, _ = _group(1)
+    with pytest.raises(ValueError, match="'flat' or 'rows'"):
+        shared_prefix.shared_hidden(model, ids, group_layout(rows), how="columns")
+    assert not calls  # refused before the root runs
+
+
+def test_the_root_cache_hands_its_keys_over_once_and_the_recompute_patch_is_undone():
+    """The root's keys and values are kept until taken, then the cache lets go of them and a recomputed layer's
+    are stored nowhere; `_recomputed` puts back what each layer's instance had (nothing, or its own forward),
+    nested too, and on an exception."""
+    from nemo_rcgrpo.models.hf import load_model
+
+    model = load_model("tiny-llama")
+    cache = shared_prefix._RootCache(model.config)
+    k, v = torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4)
+    assert cache.update(k, v, 1) == (k, v) and cache.update(v, k, 0) == (v, k)
+    kv = cache.take()
+    assert [(a is x, b is y) for (a, b), (x, y) in zip(kv, [(v, k), (k, v)])] == [(True, True)] * 2
+    assert cache.kv == {} and cache.update(k, v, 0) == (k, v) and cache.kv == {}
+    layers = list(model.get_decoder().layers)
+    own = lambda *a, **kw: None  # noqa: E731 - a forward set on the instance, as a hook would
+    layers[0].forward = own
+    with pytest.raises(RuntimeError):
+        with shared_prefix._recomputed(layers):
+            with shared_prefix._recomputed(layers[:1]):
+                assert layers[0].forward.args[0].args[0] is own  # checkpoint(checkpoint(own))
+            assert layers[0].forward.func is checkpoint and layers[0].forward.args[0] is own
+            raise RuntimeError
+    assert layers[0].__dict__["forward"] is own and all("forward" not in layer.__dict__ for layer in layers[1:])
+
+
+def _saved_bytes_and_layer_calls(model, ids, layout, how, recompute):
+    """(bytes autograd keeps for the backward pass outside checkpointed layers, decoder-layer forward runs: each
+    layer's MLP entered: a recompute runs the layer's own forward, and stops once it has what the backward pass
+    needs) of one shared forward and backward."""
+    saved, calls = [0], [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    hooks = [layer.mlp.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+             for layer in model.get_decoder().layers]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            hidden = shared_prefix.shared_hidden(model, ids, layout, how=how, recompute=recompute)
+        hidden.pow(2).sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return saved[0], calls[0]
+
+
+@pytest.mark.parametrize("kind", [FLAT, ROWS])
+def test_the_root_is_recomputed_in_backward_and_its_activations_are_not_kept(kind):
+    """A long root and short suffixes: with the recompute, each root layer runs once more (in the backward pass),
+    and what autograd keeps is less by at least 90% of what the root's forward alone keeps (the rest: its final
+    norm, kept either way); the gradients are the same (float64)."""
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model("tiny-llama")).train()
+    prompt = torch.randint(3, 900, (96,)).tolist()
+    rows = [prompt + [950 + r % 2] + torch.randint(3, 900, (2 + r,)).tolist() for r in range(4)]
+    ids = torch.tensor([r + [0] * (max(map(len, rows)) - len(r)) for r in rows])
+    layout = group_layout(rows)
+    assert layout.root == 96
+    layers = len(model.get_decoder().layers)
+    out = {}
+    for recompute in (False, True):
+        model.zero_grad(set_to_none=True)
+        out[recompute] = _saved_bytes_and_layer_calls(model, ids, layout, kind, recompute) + (
+            torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]),)
+    root_alone = [0]
+
+    def pack(t):
+        root_alone[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.get_decoder()(input_ids=ids[:1, :96])
+    (kept, calls, grad), (kept_r, calls_r, grad_r) = out[False], out[True]
+    passes = 2 if kind == FLAT else 3  # root + rest, or root + branches + suffixes
+    assert calls == passes * layers and calls_r == calls + layers  # the root's layers once more
+    assert kept - kept_r >= 0.9 * root_alone[0], (kept, kept_r, root_alone)
+    assert torch.allclose(grad_r, grad, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("plant", ["leak", "restart"])
+def test_a_suffix_that_sees_another_or_restarts_its_positions_fails(plant, monkeypatch):
+    """The flat pass's mask and positions are `flat_row`'s: planting a suffix that sees another row's suffix, or
+    a suffix whose positions restart at 0, changes the logprobs (the parity tests above would fail)."""
+    from nemo_rcgrpo.data.packing import FlatRow, flat_row
+    from nemo_rcgrpo.models.hf import load_model
+
+    torch.manual_seed(0)
+    model = _float64(load_model("tiny-llama"))
+    rows, ids, attention, loss_mask = _group(6)
+    layout = group_layout(rows)
+    monkeypatch.setattr(shared_prefix, "tree_pass", lambda device, attention, layout: FLAT)
+    lp = token_logprobs(model, ids, attention, loss_mask, layout=layout).detach()
+    assert torch.allclose(lp, token_logprobs(model, ids, attention, loss_mask).detach(), rtol=0, atol=1e-10)
+
+    def planted(lay, input_ids):
+        f = flat_row(lay, input_ids)
+        # row 0's second-to-last slot (it predicts row 0's last token) and row 1's last slot, both suffix slots
+        a, b = f.index[0, len(rows[0]) - 2], f.index[1, len(rows[1]) - 1]
+        blocked, positions = f.blocked.clone(), f.positions.clone()
+        if plant == "leak":
+            blocked[a, b] = False  # it sees row 1's last token
+        else:
+            slots = f.index[0, layout.suffix_start(0):len(rows[0])]
+            positions[slots] = torch.arange(len(slots))  # row 0's suffix at 0, 1, ...
+        return FlatRow(f.ids, positions, blocked, f.index)
+
+    monkeypatch.setattr(shared_prefix, "flat_row", planted)
+    lp_planted = token_logprobs(model, ids, attention, loss_mask, layout=layout).detach()
+    changed = (lp_planted - lp).abs()
+    assert changed[0].max() > 1e-3  # row 0 is wrong
+    assert changed[1:].max() < 1e-10  # the rows the plant does not touch are not
 
 
 def _policy(model, **trainer):

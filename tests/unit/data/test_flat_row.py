@@ -1,4 +1,4 @@
-"""The flat row of a prefix tree or packed rows (``models/megatron/layouts.py``), pure: each slot's token and
+"""The flat row of a prefix tree or packed rows (``data/packing.py: flat_row``), pure: each slot's token and
 position are its rows', and it sees exactly the slots of its own root -> branch -> suffix path up to itself.
 
 The forward through megatron-core (TP, PP, DP) against padded rows is tests/megatron/policy_worker.py."""
@@ -6,9 +6,8 @@ The forward through megatron-core (TP, PP, DP) against padded rows is tests/mega
 import pytest
 import torch
 
-from nemo_rcgrpo.data.packing import Packed
+from nemo_rcgrpo.data.packing import Packed, flat_row
 from nemo_rcgrpo.data.prefix_tree import group_layout
-from nemo_rcgrpo.models.megatron.layouts import flat_row
 
 HI, LO = 900, 901
 
@@ -21,6 +20,8 @@ CASES = {
     # RC-GRPO: a shared prompt, two reward-token branches that share more tokens, suffixes of several lengths
     "two-level": _rows([5, 6, 7, 8], [[HI, 40, 41, 1], [LO, 40, 2, 3, 4], [HI, 40, 41, 9, 9, 9], [LO, 40, 2]]),
     "one-level": _rows([5, 6, 7], [[1], [2, 3], [4, 5, 6, 7]]),
+    # the first branch is one row (no part of its own), so its padded part's slots, right after the root, are padding
+    "first-branch-alone": _rows([5, 6], [[HI, 1], [LO, 40, 41, 2], [LO, 40, 41, 3, 4]]),
     "no-root": [[1, 2, 3], [4, 5], [6]],
     "one-row": [[3, 4, 5, 6]],
     "identical": [[1, 2, 3], [1, 2, 3]],
@@ -77,6 +78,9 @@ def test_padding_slots_see_only_themselves_and_are_seen_by_no_one():
     assert longer.blocked[:n, n:].all() and longer.blocked[n:, :n].all()
     assert torch.equal(~longer.blocked[n:, n:], torch.eye(3, dtype=torch.bool))
     assert torch.equal(longer.index, flat.index) and flat.padded(n) is flat
+    assert flat.padded(n + 1).length == n + 1 and not flat.padded(n + 1).blocked[n, n]
+    moved = flat.to(torch.device("cpu"))
+    assert all(torch.equal(getattr(moved, f), getattr(flat, f)) for f in ("ids", "positions", "blocked", "index"))
 
 
 def test_only_trees_and_packed_rows():
