@@ -17,8 +17,9 @@ Steps, in this order (each a subprocess with its own time limit; a failed step i
   d_resume    the Megatron RL step (its per-stage seconds), a sharded checkpoint at step 1, resumed to step 2
   c_rl_torch  one RC-GRPO step, HF generator on CUDA, torch backend: per-stage seconds
   f_shared_prefix  one group (P = 5400, S = 300, G = 5) at the Llama-3.1-8B layer shape, 4 layers, bf16: the
-              training forward+backward with the prompt computed once against every row in full (time, peak
-              memory, the largest logprob difference; scripts/bench/shared_prefix_gpu.py)
+              training forward+backward with the prompt computed once against every row in full, without and
+              with gradient checkpointing (time, peak memory, the largest logprob difference;
+              scripts/bench/shared_prefix_gpu.py, one timed round after one warm-up: 8 passes in all)
 
 The limits add up to less than the deadline (the dry run checks it), so every step gets its turn; a step that
 ends early leaves its time to the rest. Results come back through the device tool's ``$OUT`` (the default
@@ -115,7 +116,7 @@ def plan(work: Path, rehearse: bool = False) -> list[dict]:
         {"name": "c_rl_torch", "limit": 60, "recipe": "smoke_rl",
          "overrides": [f"run_dir={work / 'rl_torch'}", "trainer.max_steps=1", "trainer.save_every=1", *rl]},
         {"name": "f_shared_prefix", "limit": 30,
-         "argv": [PY, str(bench / "shared_prefix_gpu.py"), *([] if cuda else ["--tiny"]),
+         "argv": [PY, str(bench / "shared_prefix_gpu.py"), *([] if cuda else ["--tiny"]), "--repeats", "1",
                   "--json", str(work / "shared_prefix_gpu.json")]},
     ]
     for step in steps if rehearse else ():  # bf16 on 2 CPU cores is slow: the rehearsal checks mechanics, not time

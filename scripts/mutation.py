@@ -90,8 +90,9 @@ TARGETS: dict[str, Target] = {
     "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py", ("tests/unit/data/test_prefix_tree.py",)),
     "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_packing.py", "tests/unit/data/test_flat_row.py")),
     "shared_prefix": Target("nemo_rcgrpo/models/shared_prefix.py", ("tests/unit/models/test_shared_prefix.py",),
-                            scope=("tree_pass", "_RootCache.update", "_root", "_continuing", "_rows_rest",
-                                   "_flat_rest", "shared_hidden"), glue=True),
+                            scope=("tree_pass", "_PassCache.update", "_PassCache.get_seq_length",
+                                   "_PassCache.get_mask_sizes", "_PassCache.take", "_own_checkpointing",
+                                   "_recomputed", "_root", "_rows_rest", "_flat_rest", "shared_hidden"), glue=True),
     "stage1_batches": Target("nemo_rcgrpo/recipes/stage1.py", ("tests/unit/recipes/test_stage1.py",),
                              scope=("micro_batches_for_rank",), glue=True),
     "layout": Target("nemo_rcgrpo/layout.py", ("tests/unit/test_layout.py",), scope=("parallel_plan",), glue=True),
@@ -160,6 +161,23 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
      "visible = sees[seg][:, seg] & ((positions[None, :] < positions[:, None])) & real[None, :] & real[:, None]", 1):
         "positions rise along a path, so the only slot of its path at a slot's own position is itself, and every "
         "slot's diagonal is set right after (`visible |= eye`)",
+    ("shared_prefix", "_PassCache.update",
+     "key_states, value_states = torch.cat([k, key_states], dim=(2)), torch.cat([v, value_states], dim=-2)", 1):
+        "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
+    ("shared_prefix", "_PassCache.update",
+     "key_states, value_states = torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=(2))", 1):
+        "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
+    ("shared_prefix", "_PassCache.get_seq_length", "def get_seq_length(self, layer_idx: int = (1)) -> int:", 1):
+        "every layer continues from the same length: layer 1's is layer 0's",
+    ("shared_prefix", "_PassCache.get_seq_length",
+     "return 0 if self.before is None else self.before[layer_idx][(1)].shape[-2]", 1):
+        "a layer's keys and values are as long as each other",
+    ("shared_prefix", "_PassCache.get_seq_length",
+     "return 0 if self.before is None else self.before[layer_idx][0].shape[(2)]", 1):
+        "keys are [rows, heads, length, dim]: dim 2 is dim -2",
+    ("shared_prefix", "shared_hidden",
+     "on = [layer for layer in layers if getattr(layer, \"gradient_checkpointing\", (True)) and layer.training]", 1):
+        "every decoder layer of a model that shares (Llama, Mistral, Qwen2/3) has the setting: the default is never read",
     ("shared_prefix", "_flat_rest",
      "used[torch.cat([flat.index[r, :(n + 1)] for r, n in enumerate(layout.lengths)])] = True", 1):
         "past a row's length `hidden_index` points at slot 0: the root's (dropped from the slots after it) or, without "

@@ -17,7 +17,10 @@ The keys and values are the passes' own tensors, so the backward pass carries ev
 branch and the root, which are computed once. Under autograd the root's decoder layers are recomputed in the
 backward pass, one layer at a time (``torch.utils.checkpoint``, non-reentrant): only each layer's input and its
 keys and values are kept, so a micro-batch holding a whole group keeps the activations of its suffixes, not of
-its prompt (a 5.4k-token prompt's would be most of them), for one more forward of the root.
+its prompt (a 5.4k-token prompt's would be most of them), for one more forward of the root. With transformers'
+gradient checkpointing on (the 7B/8B recipes), every pass's layers are recomputed so, in its place: it would drop
+the cache a pass continues from, as its layers write to one and a replay would write twice; the passes' caches
+(`_PassCache`) write nothing, they join the keys and values a pass continues from to its own and hand them back.
 
 ``shared_position_logits`` gives the logits at chosen positions of the unshared, right-padded micro-batch's
 [B, T] grid, so ``torch_policy.token_logprobs(..., layout=...)`` returns the grid it returns without sharing
@@ -63,25 +66,57 @@ def tree_pass(device_type: str, attn_implementation: str | None, layout: GroupLa
     return FLAT if flat <= rows else ROWS
 
 
-class _RootCache(DynamicCache):
-    """The root pass's cache: nothing comes before the root, so each layer's keys and values are handed back as
-    they are and kept (``kv``) until ``taken``; a layer recomputed in backward calls it again (checkpointing keeps
-    this cache among the layer's inputs until then), and gets its recomputed keys and values back, stored nowhere."""
+class _PassCache(DynamicCache):
+    """One pass's cache: each layer's keys and values joined after those of what the pass continues (``before``:
+    per layer, [n, heads, C, dim], or None; ``rows``: which of its n each of the pass's rows continues, None: row
+    for row) and handed back, stored nowhere, so a layer recomputed in the backward pass gets the same joined keys
+    and values again and any pass may be checkpointed (a checkpointed pass holds ``before`` until then, never one
+    copy per row; ``before``'s list is taken over and emptied, so nothing else holds them). With ``keep``, the
+    joined keys and values a later pass continues from are kept (the first per layer: the forward's, never a
+    recompute's) until ``take``n."""
 
-    def __init__(self, config):
+    def __init__(self, config, before: list | None = None, keep: bool = False, rows: torch.Tensor | None = None):
         super().__init__(config=config)
+        self.before, self.keep, self.rows = None if before is None else list(before), keep, rows
+        if before is not None:
+            before.clear()
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.taken = False
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if not self.taken:
-            self.kv[layer_idx] = (key_states, value_states)
+        if self.before is not None:
+            k, v = self.before[layer_idx]
+            if self.rows is not None:
+                k, v = k[self.rows], v[self.rows]
+            key_states, value_states = torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+        if self.keep:
+            self.kv.setdefault(layer_idx, (key_states, value_states))
         return key_states, value_states
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.before is None else self.before[layer_idx][0].shape[-2]
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
     def take(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each layer's keys and values, in layer order, handed over once: the cache lets go of them."""
-        kv, self.kv, self.taken = [self.kv[i] for i in sorted(self.kv)], {}, True
+        """Each layer's joined keys and values, in layer order, handed over once: the cache lets go of them and
+        keeps none from here on (a recompute's)."""
+        kv, self.kv, self.keep = [self.kv[i] for i in sorted(self.kv)], {}, False
         return kv
+
+
+@contextlib.contextmanager
+def _own_checkpointing(on) -> Iterator[None]:
+    """While inside, transformers' own checkpointing of the layers ``on`` (``gradient_checkpointing_enable``) is off:
+    it drops the cache a pass continues from (its layers write to a cache, and a replay would write twice). The
+    passes here checkpoint those layers themselves (`_recomputed`), with caches that write nothing (`_PassCache`)."""
+    for layer in on:
+        layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for layer in on:
+            layer.gradient_checkpointing = True
 
 
 @contextlib.contextmanager
@@ -105,31 +140,23 @@ def _recomputed(layers) -> Iterator[None]:
 def _root(model, ids: torch.Tensor, recompute: bool) -> tuple[torch.Tensor, list]:
     """[R, H] hidden states of the root ``ids`` [1, R] and each layer's (keys, values); with ``recompute``, its
     decoder layers recomputed in the backward pass (`_recomputed`)."""
-    decoder = model.get_decoder()
-    cache = _RootCache(model.config)
+    cache = _PassCache(model.config, keep=True)
     R = ids.shape[1]
-    layers = list(getattr(decoder, "layers", [])) if recompute else []
-    with _recomputed(layers):
-        out = decoder(input_ids=ids, attention_mask=torch.ones_like(ids),
-                      position_ids=torch.arange(R, device=ids.device)[None], past_key_values=cache)
+    with _recomputed(_layers(model) if recompute else []):
+        out = model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  position_ids=torch.arange(R, device=ids.device)[None], past_key_values=cache)
     return out.last_hidden_state.reshape(R, -1), cache.take()
 
 
-def _continuing(model, kv: list) -> DynamicCache:
-    """A cache that continues from the root's keys and values (one row); it holds its own copy, and ``kv`` is
-    emptied, so the root's keys and values are held once from here on."""
-    cache = DynamicCache(config=model.config)
-    for i, (k, v) in enumerate(kv):
-        cache.update(k, v, i)
-    kv.clear()
-    return cache
+def _layers(model) -> list:
+    return list(getattr(model.get_decoder(), "layers", []))
 
 
 def _segment(decoder, ids: torch.Tensor, past_mask: torch.Tensor | None, mask: torch.Tensor,
              positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """[N, L, H] hidden states of ``ids`` [N, L] after the cached context (``past_mask`` [N, C], None without one),
-    ``mask`` [N, L] marking the keys that may be seen, at ``positions`` [N, L]; ``cache`` grows by the segment (a
-    cache given is updated whatever ``use_cache`` says)."""
+    ``mask`` [N, L] marking the keys that may be seen, at ``positions`` [N, L], through ``cache`` (a `_PassCache`,
+    called whatever ``use_cache`` says)."""
     attention = mask if past_mask is None else torch.cat([past_mask, mask], dim=1)
     out = decoder(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache)
     return out.last_hidden_state
@@ -141,7 +168,6 @@ def _rows_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
     device = input_ids.device
     R, B, Q, S = layout.root, len(layout.lengths), layout.branch_width, layout.suffix_width
     starts = [layout.suffix_start(r) for r in range(B)]
-    cache = _continuing(model, kv) if kv is not None else DynamicCache(config=model.config)
     past = torch.ones(1, R, dtype=torch.bool, device=device) if kv is not None else None
     parts = []
     nb = len(layout.branches)
@@ -151,22 +177,26 @@ def _rows_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
         for i, b in enumerate(layout.branches):
             ids[i, :b.length] = input_ids[b.rows[0], R:R + b.length]
             mask[i, :b.length] = True
-        if past is not None:
-            cache.batch_repeat_interleave(nb)
+        if past is not None:  # every branch continues from the root's keys and values
+            root, kv = kv, [(k.expand(nb, -1, -1, -1), v.expand(nb, -1, -1, -1)) for k, v in kv]
+            root.clear()
             past = past.expand(nb, -1)
+        cache = _PassCache(model.config, kv, keep=True)
         positions = (R + torch.arange(Q, device=device))[None].expand(nb, -1)
         parts.append(_segment(decoder, ids, past, mask, positions, cache).reshape(nb * Q, -1))
+        kv = cache.take()  # [nb, heads, R + Q, dim] per layer
         past = mask if past is None else torch.cat([past, mask], dim=1)
     ids = torch.zeros(B, S, dtype=input_ids.dtype, device=device)
     for r, (n, s) in enumerate(zip(layout.lengths, starts)):
         ids[r, :n - s] = input_ids[r, s:n]
     # a suffix's padding comes after its every token, which causal attention never shows them: no mask needed
     mask = torch.ones(B, S, dtype=torch.bool, device=device)
+    rows = None  # nothing before the suffixes (no root, no branch parts)
     if past is not None:
         branch = torch.tensor([layout.branch_of(r) for r in range(B)], device=device)
         rows = branch if Q else torch.zeros(B, dtype=torch.long, device=device)
-        cache.reorder_cache(rows)  # each row continues from its branch's (or the root's) keys and values
         past = past[rows]
+    cache = _PassCache(model.config, kv, rows=rows)  # each row continues from its branch's (or the root's)
     positions = torch.tensor(starts, device=device)[:, None] + torch.arange(S, device=device)[None]
     parts.append(_segment(decoder, ids, past, mask, positions, cache).reshape(B * S, -1))
     return parts
@@ -187,7 +217,7 @@ def _flat_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
     # tensor for its backward pass (a boolean one, sdpa's CPU kernel would convert and keep per layer)
     dtype = next(model.parameters()).dtype
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min).to(device)
-    cache = _continuing(model, kv) if kv is not None else None
+    cache = _PassCache(model.config, kv) if kv is not None else None
     out = model.get_decoder()(input_ids=flat.ids[rest].to(device)[None], attention_mask=mask[None, None],
                               position_ids=flat.positions[rest].to(device)[None], past_key_values=cache,
                               use_cache=False)  # without a root, no cache to make
@@ -199,22 +229,29 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
                   recompute: bool | None = None) -> torch.Tensor:
     """The flat hidden states [R + n_branches * Q + B * S, H] of the tree (`hidden_index` says which row of it
     holds each (row, position)); ``input_ids`` [B, T] right-padded, rows as ``layout`` says. ``how``: FLAT or ROWS
-    (None: `tree_pass` for the model's device and attention and the tree); ``recompute``: the root's layers recomputed in the
-    backward pass (None: where autograd records, `torch.is_grad_enabled()`)."""
+    (None: `tree_pass` for the model's device and attention and the tree); ``recompute`` (None: where autograd
+    records, `torch.is_grad_enabled()`): the root's layers recomputed in the backward pass, and where transformers'
+    gradient checkpointing would run (``gradient_checkpointing_enable``, in training) the layers it covers in every
+    pass, in its place (`_own_checkpointing`); without ``recompute`` nothing is recomputed."""
     if how is None:
         how = tree_pass(input_ids.device.type, getattr(model.config, "_attn_implementation", None), layout)
     if how not in (FLAT, ROWS):
         raise ValueError(f"how={how!r}: {FLAT!r} or {ROWS!r}")
     if recompute is None:
         recompute = torch.is_grad_enabled()
+    layers = _layers(model)
+    # transformers' own checkpointing, where it would run (in training)
+    on = [layer for layer in layers if getattr(layer, "gradient_checkpointing", False) and layer.training]
     parts, kv = [], None
-    if layout.root:
-        hidden, kv = _root(model, input_ids[:1, :layout.root], recompute)
-        parts.append(hidden)
-    if how == FLAT:
-        parts.append(_flat_rest(model, input_ids, layout, kv))
-    else:
-        parts += _rows_rest(model, input_ids, layout, kv)
+    with _own_checkpointing(on):
+        if layout.root:
+            hidden, kv = _root(model, input_ids[:1, :layout.root], recompute)
+            parts.append(hidden)
+        with _recomputed(on if recompute else []):
+            if how == FLAT:
+                parts.append(_flat_rest(model, input_ids, layout, kv))
+            else:
+                parts += _rows_rest(model, input_ids, layout, kv)
     return torch.cat(parts, dim=0)
 
 

@@ -207,10 +207,9 @@ class TorchPolicy:
         self.grad_clip = trainer.grad_clip
         self.base_lr = trainer.lr
         # prefix-once passes (trainer.share_prefix): a model whose decoder and output layer are called apart (under
-        # DDP inside its PositionHead) and whose cache keeps every key and value, its KV cache kept (gradient
-        # checkpointing drops it)
-        self.share_prefix = (trainer.share_prefix and gathers(self.module) and supports(self.module)
-                             and not gradient_checkpointing)
+        # DDP inside its PositionHead) and whose cache keeps every key and value; with gradient checkpointing the
+        # passes checkpoint their layers themselves (`shared_prefix._own_checkpointing`)
+        self.share_prefix = trainer.share_prefix and gathers(self.module) and supports(self.module)
         # packed rows (trainer.pack_sequences): a model that gathers, and an attention that takes packed rows on this
         # device (`models/packed.py: packs`: a varlen kernel, or a dense block mask on CPU)
         attention = getattr(getattr(self.module, "config", None), "_attn_implementation", None)

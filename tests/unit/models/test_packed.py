@@ -128,10 +128,11 @@ def test_a_policy_update_is_the_same_with_packing_on_and_off():
     _assert_same_step(*results)
 
 
-@pytest.mark.parametrize("kind", ["tree", "packed"])
+@pytest.mark.parametrize("kind", ["tree", "packed", "tree-checkpointed"])
 def test_a_ddp_wrapped_head_runs_the_layout_inside_ddps_forward(kind, tmp_path, monkeypatch):
     """Under torchrun the policy's model is DDP(PositionHead(model)): the layout's passes run inside DDP's forward
-    (so its gradient hooks fire), and the logprobs and gradients equal the padded forward's (float64, 1e-10)."""
+    (so its gradient hooks fire), and the logprobs and gradients equal the padded forward's (float64, 1e-10); with
+    gradient checkpointing too (the tree's passes recompute their layers in DDP's backward)."""
     import torch.distributed as tdist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -144,8 +145,10 @@ def test_a_ddp_wrapped_head_runs_the_layout_inside_ddps_forward(kind, tmp_path, 
     try:
         torch.manual_seed(0)
         model = _float64(load_model("tiny-llama"))
+        if kind == "tree-checkpointed":
+            model.train().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         rows, ids, attention, loss_mask = _group(1)
-        layout = group_layout(rows) if kind == "tree" else Packed(tuple(len(r) for r in rows))
+        layout = group_layout(rows) if kind.startswith("tree") else Packed(tuple(len(r) for r in rows))
         ran = []
         for name in ("shared_position_logits", "packed_position_logits"):
             real = getattr(tp, name)
@@ -157,7 +160,7 @@ def test_a_ddp_wrapped_head_runs_the_layout_inside_ddps_forward(kind, tmp_path, 
             lp = token_logprobs(wrapped, ids, attention, loss_mask, layout=lay)
             (lp * torch.linspace(-1.0, 2.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)).sum().backward()
             out.append((lp.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters()])))
-        assert ran == ["shared_position_logits" if kind == "tree" else "packed_position_logits"]
+        assert ran == ["shared_position_logits" if kind.startswith("tree") else "packed_position_logits"]
         (lp_d, g_d), (lp, g) = out
         assert torch.allclose(lp_d, lp, rtol=0, atol=1e-10) and torch.allclose(g_d, g, rtol=0, atol=1e-10)
     finally:

@@ -163,19 +163,28 @@ def test_the_platform_and_the_tree_decide_how_the_rest_of_the_tree_runs():
     assert not calls  # refused before the root runs
 
 
-def test_the_root_cache_hands_its_keys_over_once_and_the_recompute_patch_is_undone():
-    """The root's keys and values are kept until taken, then the cache lets go of them and a recomputed layer's
-    are stored nowhere; `_recomputed` puts back what each layer's instance had (nothing, or its own forward),
-    nested too, and on an exception."""
+def test_a_pass_cache_joins_writes_nothing_and_hands_its_keys_over_once_and_the_recompute_patch_is_undone():
+    """A pass's cache hands back each layer's keys and values after those it continues from, stores none (a layer
+    recomputed in backward gets the same again), reports the length it continues from for the masks, and keeps the
+    first joined ones per layer until taken; `_recomputed` puts back what each layer's instance had (nothing, or
+    its own forward), nested too, and on an exception."""
     from nemo_rcgrpo.models.hf import load_model
 
     model = load_model("tiny-llama")
-    cache = shared_prefix._RootCache(model.config)
     k, v = torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4)
-    assert cache.update(k, v, 1) == (k, v) and cache.update(v, k, 0) == (v, k)
-    kv = cache.take()
+    root = shared_prefix._PassCache(model.config, keep=True)
+    assert root.get_seq_length(0) == 0 and root.get_mask_sizes(5, 0) == (5, 0)
+    assert root.update(k, v, 1) == (k, v) and root.update(v, k, 0) == (v, k)
+    assert root.update(k, k, 0) == (k, k)  # a recompute: handed back, the first kept
+    kv = root.take()
     assert [(a is x, b is y) for (a, b), (x, y) in zip(kv, [(v, k), (k, v)])] == [(True, True)] * 2
-    assert cache.kv == {} and cache.update(k, v, 0) == (k, v) and cache.kv == {}
+    assert root.kv == {} and root.update(k, v, 0) == (k, v) and root.kv == {}  # nothing kept once taken
+    rest = shared_prefix._PassCache(model.config, kv)
+    joined = rest.update(2 * v[:, :, :1], 3 * v[:, :, :1], 1)
+    assert [t.shape[-2] for t in joined] == [4, 4] and rest.kv == {}
+    assert torch.equal(joined[0], torch.cat([k, 2 * v[:, :, :1]], dim=-2))
+    assert torch.equal(joined[1], torch.cat([v, 3 * v[:, :, :1]], dim=-2))
+    assert rest.get_seq_length(1) == 3 and rest.get_mask_sizes(2, 1) == (5, 0) and rest.get_query_offset(1) == 3
     layers = list(model.get_decoder().layers)
     own = lambda *a, **kw: None  # noqa: E731 - a forward set on the instance, as a hook would
     layers[0].forward = own
@@ -186,6 +195,12 @@ def test_the_root_cache_hands_its_keys_over_once_and_the_recompute_patch_is_undo
             assert layers[0].forward.func is checkpoint and layers[0].forward.args[0] is own
             raise RuntimeError
     assert layers[0].__dict__["forward"] is own and all("forward" not in layer.__dict__ for layer in layers[1:])
+    layers[0].gradient_checkpointing = True  # as gradient_checkpointing_enable sets it
+    with pytest.raises(RuntimeError):  # transformers' setting is put back whatever happens inside
+        with shared_prefix._own_checkpointing(layers[:1]):
+            assert not layers[0].gradient_checkpointing
+            raise RuntimeError
+    assert layers[0].gradient_checkpointing
 
 
 def _saved_bytes_and_layer_calls(model, ids, layout, how, recompute):
@@ -243,6 +258,59 @@ def test_the_root_is_recomputed_in_backward_and_its_activations_are_not_kept(kin
     assert calls == passes * layers and calls_r == calls + layers  # the root's layers once more
     assert kept - kept_r >= 0.9 * root_alone[0], (kept, kept_r, root_alone)
     assert torch.allclose(grad_r, grad, rtol=0, atol=1e-10)
+
+
+def _no_branch_group():
+    """Rows that share a 9-token prompt and nothing after it (no branch parts: each suffix continues the root)."""
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, 900, (9,), generator=g).tolist()
+    rows = [prompt + [10 + r] + torch.randint(3, 900, (n,), generator=g).tolist() for r, n in enumerate([3, 5, 2])]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    loss_mask = torch.tensor([[0] * 9 + [1] * (len(r) - 9) + [0] * (width - len(r)) for r in rows])
+    return rows, ids, attention, loss_mask
+
+
+@pytest.mark.parametrize("kind", [FLAT, ROWS])
+@pytest.mark.parametrize("name, shape", [("tiny-llama", "two-level"), ("tiny-qwen2", "one-level"),
+                                         ("tiny-llama", "no-branch")])
+def test_with_gradient_checkpointing_every_pass_is_recomputed_and_the_result_is_the_same(kind, name, shape,
+                                                                                         monkeypatch):
+    """transformers' gradient checkpointing drops the cache a pass continues from; the passes turn it off while
+    they run and checkpoint every layer of every pass themselves: each layer runs once more per pass (in the
+    backward pass), the logprobs, entropies and gradients equal the unshared forward's under transformers' own
+    checkpointing (float64, 1e-10; branch parts of equal and of padded lengths, and none), and its setting is back
+    on afterwards. In eval mode (where transformers' would not run) only the root is recomputed."""
+    from nemo_rcgrpo.models.hf import load_model
+
+    monkeypatch.setattr(shared_prefix, "tree_pass", lambda device, attention, layout: kind)
+    torch.manual_seed(0)
+    model = _float64(load_model(name)).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = model.get_decoder().layers
+    assert all(layer.gradient_checkpointing for layer in layers)
+    rows, ids, attention, loss_mask = _no_branch_group() if shape == "no-branch" else _group(2, shape == "two-level")
+    layout = group_layout(rows)
+    widths = sorted({b.length for b in layout.branches})
+    assert layout.root and {"two-level": widths[0] > 0, "one-level": widths[0] == 0 < widths[-1],
+                            "no-branch": widths == [0]}[shape]
+    calls = [0]
+    hooks = [layer.mlp.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1)) for layer in layers]
+    try:
+        (lp, ent, grad), (lp_s, ent_s, grad_s) = _both(model, rows, ids, attention, loss_mask)
+        passes = 2 if kind == FLAT or shape == "no-branch" else 3  # root + rest, or root + branch parts + suffixes
+        assert calls[0] == 2 * len(layers) + 2 * passes * len(layers)  # unshared, then every shared pass, twice
+        assert all(layer.gradient_checkpointing for layer in layers)
+        assert torch.allclose(lp_s, lp, rtol=0, atol=1e-10) and torch.allclose(ent_s, ent, rtol=0, atol=1e-10)
+        assert grad.abs().max() > 0 and torch.allclose(grad_s, grad, rtol=0, atol=1e-10)
+        model.eval()
+        calls[0] = 0
+        shared_prefix.shared_hidden(model, ids, layout).sum().backward()
+        assert calls[0] == passes * len(layers) + len(layers)  # the root's layers once more, nothing else
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 @pytest.mark.parametrize("plant", ["leak", "restart"])
@@ -329,9 +397,11 @@ def _assert_same_step(first: tuple, second: tuple) -> None:
     assert g0.norm() > 0 and (g - g0).norm() <= 1e-5 * g0.norm()
 
 
-def test_a_policy_update_is_the_same_with_sharing_on_and_off():
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_policy_update_is_the_same_with_sharing_on_and_off(checkpointing):
     """TorchPolicy with trainer.share_prefix: the reference, old logprobs, entropies, loss records and the
-    gradient of a GRPO step on a mixed-reward group equal the unshared policy's (float32, 1e-5 relative)."""
+    gradient of a GRPO step on a mixed-reward group equal the unshared policy's (float32, 1e-5 relative), with
+    and without gradient checkpointing (the 7B/8B recipes')."""
     import copy
 
     from nemo_rcgrpo.data.batch import MicroBatch
@@ -343,7 +413,8 @@ def test_a_policy_update_is_the_same_with_sharing_on_and_off():
     tokens = MicroBatch(ids, attention, loss_mask)
     results = []
     for share in (True, False):
-        policy = _policy(copy.deepcopy(base), share_prefix=share, pack_sequences=False)
+        policy = _policy(copy.deepcopy(base), share_prefix=share, pack_sequences=False,
+                         gradient_checkpointing=checkpointing)
         assert (policy.layout(tokens) is not None) is share
         results.append(_grpo_step(policy, tokens))
     _assert_same_step(*results)
@@ -364,7 +435,7 @@ def test_only_a_cache_that_keeps_every_key_is_shared():
 
 @pytest.mark.parametrize("setting, expected", [
     (dict(share_prefix=True), True), (dict(share_prefix=False), False),
-    (dict(share_prefix=True, gradient_checkpointing=True), False),  # the KV cache is dropped in training
+    (dict(share_prefix=True, gradient_checkpointing=True), True),  # the passes checkpoint their layers themselves
 ])
 def test_where_a_policy_shares(setting, expected):
     from nemo_rcgrpo.data.batch import MicroBatch
