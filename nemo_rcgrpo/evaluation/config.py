@@ -76,6 +76,9 @@ class EvalConfig:
     max_total_tokens: int = 16384  # context budget of a token-level episode (checkpoint policy)
     max_steps: int = 20  # tool-calling steps per turn (bfcl) / per episode (paper); BFCL's limit is 20
     progress: bool = True  # a progress bar over the episodes
+    # protocol=bfcl: the folder of BFCL's result files (out_dir/bfcl_result/<name>/), the model's name in BFCL's
+    # model_config for `bfcl evaluate --model` (null: endpoint.model, else the policy's name)
+    bfcl_registry: str | None = None
     # -- policy settings --
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
     endpoint: EndpointPolicyConfig = EndpointPolicyConfig()

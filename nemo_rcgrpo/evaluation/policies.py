@@ -245,15 +245,32 @@ def resolve_checkpoint(path: str, step: int | None = None):
     return resolve_model_path(path), None, path
 
 
+def leaderboard_pipeline(cfg: EvalConfig) -> bool:
+    """protocol=bfcl on BFCL's own entries: message-level policies run BFCL's pipeline (evaluation/leaderboard.py)."""
+    return cfg.protocol == "bfcl" and cfg.task_source == "bfcl" and cfg.env == "bfcl"
+
+
 @register("eval_policy", "oracle")
-def oracle_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+def oracle_policy(cfg: EvalConfig, suite: BFCLSuite):
     """The gold calls (the reward's and the checker's ceiling)."""
+    if leaderboard_pipeline(cfg):
+        from nemo_rcgrpo.data.trajectories import ClosingTexts
+        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, oracle_responder
+
+        closing = ClosingTexts()
+        return LeaderboardPolicy(cfg, lambda task: oracle_responder(
+            task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))), 1,
+            {"policy": "oracle"}, model_name="oracle")
     return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
 
 
 @register("eval_policy", "null")
-def null_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+def null_policy(cfg: EvalConfig, suite: BFCLSuite):
     """No call at all (the floor)."""
+    if leaderboard_pipeline(cfg):
+        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, null_responder
+
+        return LeaderboardPolicy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
     return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
 
 
@@ -277,6 +294,13 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
         except Exception:  # noqa: BLE001 - a folder without a tokenizer: unknown
             has_tokens = None
     token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
+    description = {"policy": "endpoint", "url": cfg.endpoint.url, "model": cfg.endpoint.model, "reward_token": token}
+    if leaderboard_pipeline(cfg):
+        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, endpoint_responder
+
+        respond = endpoint_responder(cfg)
+        return LeaderboardPolicy(cfg, lambda task: respond, cfg.endpoint.concurrency, description,
+                                 model_name=cfg.endpoint.model, reward_token=reward_token_value(token), goal=goal)
     return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
                                                     max_new_tokens=cfg.max_new_tokens),
                          cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,

@@ -180,7 +180,9 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     model = described.get("source") or described.get("model")
     print(f"eval    policy {cfg.policy}" + (f" ({model}, reward token {described['reward_token']})"
                                            if "reward_token" in described else "")
-          + f", {cfg.protocol} protocol: {len(task_ids)} tasks x {cfg.samples} sample(s) of "
+          + f", {cfg.protocol} protocol" + (f" ({described['pipeline']}, {described['handler']})"
+                                            if "pipeline" in described else "")
+          + f": {len(task_ids)} tasks x {cfg.samples} sample(s) of "
           + f"{sorted({suite[t].category for t in task_ids}, key=category_order)}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
           + f"; results in {out_dir}", file=sys.stderr, flush=True)
@@ -219,13 +221,32 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         "seconds": seconds, "episodes_per_minute": 60.0 * len(records) / seconds if seconds > 0 else None,
         "per_task": _per_task(records),
     }
-    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str))
     title = f"{describe(result)} — {cfg.protocol} protocol"
-    (out_dir / "results.md").write_text(markdown_table(summary, title))
+    table = markdown_table(summary, title)
+    if any("bfcl_result" in r for r in records):  # BFCL's pipeline ran: its scores and its result files
+        from nemo_rcgrpo.evaluation.leaderboard import bfcl_scores, registry_name, write_result_files
+
+        result["bfcl"] = bfcl_scores(records, cfg.samples)
+        files = write_result_files(out_dir / "bfcl_result", registry_name(cfg), records)
+        result["bfcl"]["result_files"] = [str(f.relative_to(out_dir)) for f in files]
+        table += bfcl_table(result["bfcl"])
+    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str))
+    (out_dir / "results.md").write_text(table)
     if error:
         raise EvaluationIncomplete(f"{error} (scored {len(records)} of {len(task_ids) * cfg.samples} episodes; "
                                    f"partial results in {out_dir})")
     return result
+
+
+def bfcl_table(scores: dict[str, Any]) -> str:
+    """BFCL's own numbers: accuracy per category and Multi Turn Overall Acc (a category not run counts 0)."""
+    lines = ["", "BFCL's scores (its definitions):", "", "| category | entries | accuracy (%) |", "|---|---:|---:|"]
+    lines += [f"| {c} | {scores['entries'][c]} | {a:.2f} |" for c, a in scores["categories"].items()]
+    lines.append(f"| **Multi Turn Overall Acc** | {sum(scores['entries'].values())} | "
+                 f"**{scores['multi_turn_overall']:.2f}** |")
+    if scores.get("note"):
+        lines += ["", f"Note: {scores['note']}."]
+    return "\n".join(lines) + "\n"
 
 
 class EvaluationIncomplete(RuntimeError):
@@ -273,8 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EvaluationIncomplete as e:
         print(f"error: evaluation stopped: {e}", file=sys.stderr)
         return 3
-    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol"))
-    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
+    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol")
+          + (bfcl_table(result["bfcl"]) if "bfcl" in result else ""))
+    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl"
+          + (", bfcl_result/ (BFCL's result files: `bfcl evaluate` scores them)" if "bfcl" in result else ""))
     return 0
 
 
