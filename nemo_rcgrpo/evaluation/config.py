@@ -13,6 +13,7 @@ from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
 PROTOCOLS = ("paper", "bfcl")
+BFCL_HANDLERS = ("auto", "openai_fc", "llama3_1", "qwen_fc", "project")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,11 @@ class EvalConfig:
     # protocol=bfcl: the folder of BFCL's result files (out_dir/bfcl_result/<name>/), the model's name in BFCL's
     # model_config for `bfcl evaluate --model` (null: endpoint.model, else the policy's name)
     bfcl_registry: str | None = None
+    # protocol=bfcl: which of BFCL's handlers plays the model. auto: an endpoint gets BFCL's OpenAI-compatible FC
+    # handler (openai_fc), a checkpoint the local handler of its chat.format (llama3_json: llama3_1, hermes:
+    # qwen_fc) | openai_fc | llama3_1 (LlamaHandler_3_1) | qwen_fc (QwenFCHandler) | project (a checkpoint's
+    # per-turn episodes through the project's chat template: not BFCL's pipeline)
+    bfcl_handler: str = "auto"
     # -- policy settings --
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
     endpoint: EndpointPolicyConfig = EndpointPolicyConfig()
@@ -135,6 +141,13 @@ class EvalConfig:
             raise ConfigError(f"limit={self.limit}: must be > 0 or null")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
+        _choice("bfcl_handler", self.bfcl_handler, BFCL_HANDLERS)
+        if self.policy == "endpoint" and self.bfcl_handler == "project":
+            raise ConfigError("bfcl_handler=project is a checkpoint's; an endpoint is played by openai_fc, llama3_1 "
+                              "or qwen_fc")
+        if self.policy == "checkpoint" and self.bfcl_handler == "openai_fc":
+            raise ConfigError("bfcl_handler=openai_fc needs a chat server: serve the checkpoint (rcgrpo serve) and "
+                              "evaluate it as policy=endpoint, or use llama3_1 / qwen_fc / project")
         if self.policy == "checkpoint":
             if not self.checkpoint.path:
                 raise ConfigError("policy=checkpoint needs checkpoint.path (an HF folder, a model name or a run dir)")
@@ -147,6 +160,19 @@ class EvalConfig:
                 raise ConfigError(f"endpoint.url={e.url!r}: must start with http:// or https://")
             if e.timeout <= 0 or e.max_retries < 0 or e.backoff < 0 or e.concurrency < 1:
                 raise ConfigError("endpoint.timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1")
+
+    def local_handler(self) -> str | None:
+        """The BFCL local handler that plays this policy under protocol=bfcl (llama3_1 | qwen_fc), or None: BFCL's
+        OpenAI-compatible FC handler (endpoints, oracle, null) or the project's episodes (bfcl_handler=project)."""
+        from nemo_rcgrpo.envs.bfcl.local import CHAT_FORMAT_HANDLERS, HANDLERS
+
+        if self.policy not in ("checkpoint", "endpoint"):
+            return None  # oracle and null (and a plugin's policy) speak whole messages
+        if self.bfcl_handler in HANDLERS:
+            return self.bfcl_handler
+        if self.bfcl_handler == "auto" and self.policy == "checkpoint":
+            return CHAT_FORMAT_HANDLERS.get(self.chat.format)
+        return None
 
     def env_config(self) -> EnvConfig:
         """The environment of the episodes: the task source, categories, and the env's settings, of which the

@@ -30,7 +30,12 @@ RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 class EndpointUnavailable(RuntimeError):
-    """The endpoint did not answer after all retries."""
+    """The endpoint did not answer after all retries. ``timed_out``: the last attempt reached the server and
+    waited past ``endpoint.timeout`` for its answer (a slow generation, not a dead server)."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def parse_tool_calls(raw_calls: Any) -> list[ToolCall | ToolCallError]:
@@ -103,7 +108,7 @@ class EndpointAgent:
     def _post(self, body: dict) -> dict:
         data = json.dumps(body).encode()
         delay = self.cfg.backoff
-        last = ""
+        last, timed_out = "", False
         for attempt in range(self.cfg.max_retries + 1):
             if attempt:
                 self.retries += 1
@@ -122,10 +127,11 @@ class EndpointAgent:
                 raise EpisodeRefused(f"endpoint refused the request (HTTP {e.code}): {detail}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+                timed_out = isinstance(e, TimeoutError)  # the answer was late (a refused connection is not)
                 continue
             try:
                 return json.loads(text)
             except json.JSONDecodeError:
                 raise EpisodeRefused(f"endpoint answered with non-JSON: {text[:200]!r}") from None
         raise EndpointUnavailable(f"endpoint {self.url} did not answer after {self.cfg.max_retries + 1} attempts "
-                                  f"(last: {last}); is the server running?")
+                                  f"(last: {last}); is the server running?", timed_out=timed_out)

@@ -26,6 +26,46 @@ OPENAI_FC_HANDLER = "OpenAICompletionsHandler"
 ENTRIES_PER_CATEGORY = 200
 
 
+def request_temperature(cfg) -> float:
+    """What BFCL sends: its default 0.001 where ``temperature`` is 0 (greedy is not a BFCL setting)."""
+    return cfg.temperature if cfg.temperature > 0 else BFCL_TEMPERATURE
+
+
+def _fatal() -> tuple[type, ...]:
+    """What stops an evaluation instead of failing one entry: a server that does not answer at all."""
+    from nemo_rcgrpo.evaluation.endpoint import EndpointUnavailable
+
+    return (EndpointUnavailable,)
+
+
+def _post(agent, body: dict) -> Any:
+    """One request with the endpoint's retries. A refused request, or an answer later than ``endpoint.timeout``
+    on every attempt, is the entry's inference error (BFCL's client raises out of the entry alike); a server that
+    cannot be reached stops the run."""
+    from nemo_rcgrpo.evaluation.endpoint import EndpointUnavailable
+
+    try:
+        return agent._post(body)
+    except EpisodeRefused as e:
+        raise InferenceError(str(e)) from None
+    except EndpointUnavailable as e:
+        if e.timed_out:
+            raise InferenceError(str(e)) from None
+        raise
+
+
+def fc_policy(cfg, make_responder: Callable[[BFCLTask], Respond], concurrency: int, description: dict,
+              model_name: str, reward_token: bool | None = None, goal=None) -> "LeaderboardPolicy":
+    """oracle, null or an endpoint through BFCL's OpenAI-compatible FC handler."""
+    def play(task, gold, edit):
+        return play_entry(task, gold, make_responder(task), model_name=model_name,
+                          temperature=request_temperature(cfg), max_steps=cfg.max_steps, edit_first_turn=edit,
+                          fatal=_fatal())
+
+    return LeaderboardPolicy(cfg, play, concurrency, description, handler=OPENAI_FC_HANDLER,
+                             pipeline="multi-turn FC", reward_token=reward_token, goal=goal)
+
+
 def _usage(message: dict) -> dict:
     return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0}}
@@ -61,34 +101,30 @@ def endpoint_responder(cfg) -> Respond:
     agent = EndpointAgent(cfg.endpoint, temperature=BFCL_TEMPERATURE, top_p=1.0, max_new_tokens=1)
 
     def respond(body: dict, turn: int, step: int) -> Any:
-        try:
-            return agent._post(body)
-        except EpisodeRefused as e:
-            raise InferenceError(str(e)) from None
+        return _post(agent, body)
 
     return respond
 
 
 class LeaderboardPolicy:
-    """A message-level policy through BFCL's pipeline (`play_entry`), one entry per thread."""
+    """A policy through one of BFCL's pipelines, one entry per thread: ``play(task, gold, edit_first_turn)`` plays
+    an entry (`play_entry` for the FC handler, `local.play_entry_local` for a local handler)."""
 
-    def __init__(self, cfg, make_responder: Callable[[BFCLTask], Respond], concurrency: int, description: dict,
-                 model_name: str, reward_token: bool | None = None, goal=None):
-        self.cfg, self.make_responder, self.concurrency = cfg, make_responder, concurrency
-        self.model_name, self.reward_token, self.goal = model_name, reward_token, goal
-        self.temperature = cfg.temperature if cfg.temperature > 0 else BFCL_TEMPERATURE
+    def __init__(self, cfg, play: Callable, concurrency: int, description: dict, *, handler: str, pipeline: str,
+                 reward_token: bool | None = None, goal=None):
+        self.cfg, self.play, self.concurrency = cfg, play, concurrency
+        self.reward_token, self.goal = reward_token, goal
         differs = []
         if reward_token is not None:
             differs.append("the reward goal in the first user message")
         if cfg.max_steps != bfcl().max_steps:
             differs.append(f"max_steps={cfg.max_steps} (BFCL: {bfcl().max_steps})")
-        self.description = {**description, "pipeline": f"bfcl-eval {BFCL_VERSION} multi-turn FC",
-                            "handler": OPENAI_FC_HANDLER, "temperature": self.temperature,
-                            "requests_differ_from_bfcl": differs}
+        self.description = {**description, "pipeline": f"bfcl-eval {BFCL_VERSION} {pipeline}", "handler": handler,
+                            "temperature": request_temperature(cfg), "requests_differ_from_bfcl": differs}
 
     def run(self, suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
             only: set[str] | None = None) -> list[dict]:
-        from nemo_rcgrpo.evaluation.policies import _record
+        from nemo_rcgrpo.evaluation.records import episode_record
 
         for t in task_ids:
             suite.gold(t)  # memoised before the threads start
@@ -98,12 +134,12 @@ class LeaderboardPolicy:
         def one(index: int, task_id: str) -> dict:
             task = suite[task_id]
             gold = suite.gold(task)
-            run = play_entry(task, gold, self.make_responder(task), model_name=self.model_name,
-                             temperature=self.temperature, max_steps=self.cfg.max_steps, edit_first_turn=edit)
+            run = self.play(task, gold, edit)
             reward = compute_reward(run.executor.instances, run.executor.executed, gold,
                                     truncated=run.inference_error, reward=self.cfg.reward)
             v = run.verdict
-            rec = _record(self.cfg, task, sample, seed + index, token, reward=reward.value, official_valid=v.valid,
+            rec = episode_record(self.cfg, task, sample, seed + index, token, reward=reward.value,
+                                 official_valid=v.valid,
                           official_error=None if v.valid else f"{v.error_type}: {v.error_message}",
                           truncated=run.inference_error, details=reward.details, num_turns=run.requests,
                           tool_errors=sum(o.startswith("Error") for step in run.observations for o in step),
@@ -112,7 +148,9 @@ class LeaderboardPolicy:
                           calls=_calls(run.result),
                           observations=run.observations,
                           extra={"messages": run.messages, "force_quit": run.force_quit,
-                                 "bfcl_result": run.result_line(task_id)})
+                                 "bfcl_result": run.result_line(task_id),
+                                 # BFCL's local handlers: the first prompt (later ones extend it)
+                                 **({"prompt": run.prompts[0]} if run.prompts else {})})
             on_done(rec)
             return rec
 
@@ -161,8 +199,13 @@ def bfcl_scores(records: list[dict], samples: int = 1) -> dict[str, Any]:
 
 
 def registry_name(cfg) -> str:
-    """The folder (BFCL's registry name) the result files go under: ``bfcl_registry``, else the served model."""
-    return cfg.bfcl_registry or cfg.endpoint.model or cfg.policy
+    """The folder (BFCL's registry name) the result files go under: ``bfcl_registry``; else, for a local handler,
+    the name in BFCL's model table that uses that handler (so `bfcl evaluate --model` finds it), else the served
+    model."""
+    from nemo_rcgrpo.envs.bfcl.local import HANDLERS
+
+    local = cfg.local_handler()
+    return cfg.bfcl_registry or (HANDLERS[local][2] if local else None) or cfg.endpoint.model or cfg.policy
 
 
 def write_result_files(root: Path, registry: str, records: list[dict]) -> list[Path]:
@@ -181,3 +224,105 @@ def write_result_files(root: Path, registry: str, records: list[dict]) -> list[P
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------------- BFCL's local handlers
+def _context(model_dir, tokenizer) -> int:
+    """BFCL's max_context_length: the config's max_position_embeddings, else the tokenizer's model_max_length."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    if getattr(config, "max_position_embeddings", None) is not None:
+        return int(config.max_position_embeddings)
+    if tokenizer.model_max_length is not None:
+        return int(tokenizer.model_max_length)
+    raise ValueError(f"{model_dir}: neither max_position_embeddings nor a tokenizer model_max_length says the "
+                     "model's context (BFCL needs one)")
+
+
+def _local_policy(cfg, complete, tokenizer, context: int, concurrency: int, description: dict,
+                  reward_token, goal) -> LeaderboardPolicy:
+    from nemo_rcgrpo.envs.bfcl.local import BFCL_MODEL_NAMES, HANDLERS, play_entry_local
+
+    name = cfg.local_handler()
+
+    def play(task, gold, edit):
+        return play_entry_local(task, gold, complete, handler_name=name, model_name=BFCL_MODEL_NAMES[name],
+                                count_tokens=lambda text: len(tokenizer.tokenize(text)), context=context,
+                                max_steps=cfg.max_steps, edit_first_turn=edit, fatal=_fatal())
+
+    return LeaderboardPolicy(cfg, play, concurrency, description, handler=HANDLERS[name][1],
+                             pipeline="multi-turn prompting (local model, /v1/completions)",
+                             reward_token=reward_token, goal=goal)
+
+
+def endpoint_local_policy(cfg, folder, description: dict, reward_token, goal) -> LeaderboardPolicy:
+    """A served checkpoint as BFCL runs a local model: its handler's prompt text to ``/v1/completions``."""
+    from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
+    from nemo_rcgrpo.models.hf import load_tokenizer
+
+    if folder is None:
+        raise FileNotFoundError(f"bfcl_handler={cfg.local_handler()} counts prompt tokens with the served model's "
+                                "tokenizer: set endpoint.model_path to its folder")
+    tokenizer = load_tokenizer(str(folder))
+    context = _context(folder, tokenizer)
+    agent = EndpointAgent(cfg.endpoint, temperature=BFCL_TEMPERATURE, top_p=1.0, max_new_tokens=1)
+    agent.url = cfg.endpoint.url.rstrip("/") + "/completions"
+
+    def complete(prompt: str, max_tokens: int, turn: int, step: int) -> tuple:
+        body = {"model": cfg.endpoint.model, "temperature": request_temperature(cfg), "prompt": prompt,
+                "max_tokens": max_tokens}
+        reply = _post(agent, body)
+        try:
+            usage = reply["usage"]
+            return reply["choices"][0]["text"], usage["prompt_tokens"], usage["completion_tokens"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise InferenceError(f"the reply has no choices[0].text or usage ({type(e).__name__}: {e})") from None
+
+    return _local_policy(cfg, complete, tokenizer, context, cfg.endpoint.concurrency, description,
+                         reward_token, goal)
+
+
+def checkpoint_local_policy(cfg, checkpoint) -> LeaderboardPolicy:
+    """A checkpoint (`policies.CheckpointPolicy`'s model and generator) as BFCL runs a local model: its handler's
+    prompt text, tokenized as vLLM's completions endpoint tokenizes it (special tokens added), sampled at BFCL's
+    temperature up to BFCL's max_tokens, the text decoded as vLLM returns it (special tokens skipped)."""
+    from nemo_rcgrpo.generation.base import SamplingParams
+
+    tokenizer, generator = checkpoint.tokenizer, checkpoint.generator
+    context = _context(checkpoint.model_path, tokenizer)
+    served = cfg.generation.vllm.max_model_len  # set only for a server that holds less than the model's context
+    if served and served < context:  # BFCL's own server would hold the model's whole context
+        context = served
+        checkpoint.description["context_below_the_models"] = served
+    stops = _eos_ids(checkpoint.model_path, tokenizer)
+    seed = [cfg.seed]
+
+    def complete(prompt: str, max_tokens: int, turn: int, step: int) -> tuple:
+        ids = tokenizer(prompt).input_ids
+        if max_tokens < 1 or len(ids) + max_tokens > context:  # vLLM refuses it (HTTP 400): an inference error
+            raise InferenceError(f"the prompt is {len(ids)} tokens and max_tokens {max_tokens}; the model's context "
+                                 f"is {context}")
+        seed[0] += 1
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=request_temperature(cfg),
+                                stop_token_ids=stops, seed=seed[0])
+        [done] = generator.generate([ids], params)
+        return tokenizer.decode(done.token_ids, skip_special_tokens=True), len(ids), len(done.token_ids)
+
+    local = _local_policy(cfg, complete, tokenizer, context, 1, checkpoint.description,
+                          checkpoint.reward_token, checkpoint.goal)
+    local.close = checkpoint.close
+    return local
+
+
+def _eos_ids(model_dir, tokenizer) -> tuple[int, ...]:
+    """The ids a vLLM server stops at: the generation config's eos_token_id(s) and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        eos = GenerationConfig.from_pretrained(str(model_dir), local_files_only=True).eos_token_id
+    except OSError:
+        eos = None
+    ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    return tuple(sorted(ids))

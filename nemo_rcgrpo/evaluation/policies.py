@@ -14,40 +14,9 @@ from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
+from nemo_rcgrpo.evaluation.records import episode_record, failure_reason  # noqa: F401 - failure_reason: public
 from nemo_rcgrpo.registry import lookup, register
 from nemo_rcgrpo.utils.provenance import reward_token_value
-
-
-def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
-                   details: dict[str, Any]) -> str | None:
-    if success:
-        return None
-    if protocol == "bfcl" and official_error:
-        return official_error
-    if truncated:
-        return f"truncated: {truncated}"
-    parts = []
-    diffs = details.get("state_differences") or {}
-    if diffs:
-        parts.append(f"final state differs ({', '.join(sorted(diffs))})")
-    missing = details.get("missing_actions") or []
-    if missing:
-        parts.append(f"{len(missing)} gold action(s) missing, first: {missing[0]}")
-    return "; ".join(parts) or "reward 0"
-
-
-def _record(cfg: EvalConfig, task: BFCLTask, sample: int, seed: int, reward_token: str | None, *, reward,
-            official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
-            calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
-    success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
-    return {
-        "task_id": task.id, "category": task.category, "sample": sample, "seed": seed, "reward_token": reward_token,
-        "success": success, "reward": reward, "official_valid": official_valid,
-        "failure_reason": failure_reason(cfg.protocol, success=success, truncated=truncated,
-                                         official_error=official_error, details=details),
-        "truncated": truncated, "num_turns": num_turns, "tool_errors": tool_errors,
-        "generated_tokens": generated_tokens, "calls": calls, "observations": observations, **extra,
-    }
 
 
 def conditioning(cfg: EvalConfig, model_path: Path | None, source: str, has_tokens: bool | None):
@@ -106,7 +75,7 @@ class MessagePolicy:
             reward = env.reward()
             verdict = env.official_verdict()
             token = None if self.reward_token is None else ("high" if self.reward_token else "low")
-            rec = _record(self.cfg, task, sample, episode_seed, token, reward=reward.value,
+            rec = episode_record(self.cfg, task, sample, episode_seed, token, reward=reward.value,
                           official_valid=None if verdict is None else verdict.valid,
                           official_error=None if verdict is None or verdict.valid else
                           f"{verdict.error_type}: {verdict.error_message}",
@@ -171,6 +140,7 @@ class CheckpointPolicy:
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
             max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
             reward_goal=goal, name=setup.env.name, rejected_message=cfg.chat.rejected_message)
+        self.goal, self.model_path = goal, model_path
         self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}
@@ -186,7 +156,7 @@ class CheckpointPolicy:
             part = task_ids[start:start + chunk]
             specs = [RolloutSpec(suite[t], start + i, self.reward_token) for i, t in enumerate(part)]
             for t in self.engine.rollout(specs, seed=seed + start):
-                rec = _record(self.cfg, suite[t.task_id], sample, seed + start, t.reward_token, reward=t.reward,
+                rec = episode_record(self.cfg, suite[t.task_id], sample, seed + start, t.reward_token, reward=t.reward,
                               official_valid=t.official_valid, official_error=t.official_error,
                               truncated=t.truncated, details=t.reward_details, num_turns=t.num_turns,
                               tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
@@ -255,10 +225,10 @@ def oracle_policy(cfg: EvalConfig, suite: BFCLSuite):
     """The gold calls (the reward's and the checker's ceiling)."""
     if leaderboard_pipeline(cfg):
         from nemo_rcgrpo.data.trajectories import ClosingTexts
-        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, oracle_responder
+        from nemo_rcgrpo.evaluation.leaderboard import fc_policy, oracle_responder
 
         closing = ClosingTexts()
-        return LeaderboardPolicy(cfg, lambda task: oracle_responder(
+        return fc_policy(cfg, lambda task: oracle_responder(
             task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))), 1,
             {"policy": "oracle"}, model_name="oracle")
     return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
@@ -268,9 +238,9 @@ def oracle_policy(cfg: EvalConfig, suite: BFCLSuite):
 def null_policy(cfg: EvalConfig, suite: BFCLSuite):
     """No call at all (the floor)."""
     if leaderboard_pipeline(cfg):
-        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, null_responder
+        from nemo_rcgrpo.evaluation.leaderboard import fc_policy, null_responder
 
-        return LeaderboardPolicy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
+        return fc_policy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
     return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
 
 
@@ -295,12 +265,16 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
             has_tokens = None
     token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
     description = {"policy": "endpoint", "url": cfg.endpoint.url, "model": cfg.endpoint.model, "reward_token": token}
+    if leaderboard_pipeline(cfg) and cfg.local_handler() is not None:
+        from nemo_rcgrpo.evaluation.leaderboard import endpoint_local_policy
+
+        return endpoint_local_policy(cfg, folder, description, reward_token_value(token), goal)
     if leaderboard_pipeline(cfg):
-        from nemo_rcgrpo.evaluation.leaderboard import LeaderboardPolicy, endpoint_responder
+        from nemo_rcgrpo.evaluation.leaderboard import endpoint_responder, fc_policy
 
         respond = endpoint_responder(cfg)
-        return LeaderboardPolicy(cfg, lambda task: respond, cfg.endpoint.concurrency, description,
-                                 model_name=cfg.endpoint.model, reward_token=reward_token_value(token), goal=goal)
+        return fc_policy(cfg, lambda task: respond, cfg.endpoint.concurrency, description,
+                         model_name=cfg.endpoint.model, reward_token=reward_token_value(token), goal=goal)
     return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
                                                     max_new_tokens=cfg.max_new_tokens),
                          cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
@@ -309,8 +283,17 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
 
 
 @register("eval_policy", "checkpoint")
-def checkpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> CheckpointPolicy:
-    """A trained model (an HF folder, a model name or a run dir) through ``generation.backend``, token in / out."""
+def checkpoint_policy(cfg: EvalConfig, suite: BFCLSuite):
+    """A trained model (an HF folder, a model name or a run dir) through ``generation.backend``, token in / out;
+    with protocol=bfcl, through BFCL's local handler for its family (``bfcl_handler``)."""
+    if leaderboard_pipeline(cfg) and cfg.local_handler() is not None:
+        from nemo_rcgrpo.evaluation.leaderboard import checkpoint_local_policy
+
+        return checkpoint_local_policy(cfg, CheckpointPolicy(cfg, suite))
+    if leaderboard_pipeline(cfg) and cfg.bfcl_handler == "auto":
+        print(f"warning: chat.format={cfg.chat.format} has no BFCL local handler: the checkpoint plays the "
+              "project's per-turn episodes, not BFCL's pipeline (its number is not the leaderboard's); "
+              "bfcl_handler=llama3_1 or qwen_fc picks one", file=sys.stderr)
     return CheckpointPolicy(cfg, suite)
 
 

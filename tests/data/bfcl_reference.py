@@ -4,12 +4,18 @@ module globals and evals the call text, so none of it runs inside the test proce
     python bfcl_reference.py infer SPEC OUT     # `bfcl generate`'s loop per (model, entry) against SPEC's server
     python bfcl_reference.py evaluate SPEC OUT  # `bfcl evaluate`'s runner over SPEC's result folder
     python bfcl_reference.py execute SPEC OUT   # BFCL's executor on call strings (safe ones only: it evals them)
+    python bfcl_reference.py infer_local SPEC OUT  # a local handler's loop (LlamaHandler_3_1 | QwenFCHandler)
 
 SPEC is JSON. infer: {"base_url", "runs": [[model, entry_id], ...]} -> OUT: [{model, id, result, verdict}];
-evaluate: {"result_dir", "score_dir", "models": [registry name], "categories": [...]} -> OUT: the rows of BFCL's
+evaluate: {"result_dir", "score_dir", "models": [registry name], "handlers": {registry name: local handler},
+"categories": [...]} -> OUT: the rows of BFCL's
 data_multi_turn.csv; execute: {"model", "steps": [[entry_id, [call, ...]], ...]} -> OUT: per step, the results
-and the public state of every instance after it (steps of one entry share its instances, as in BFCL). BFCL's model table imports every vendor SDK, so it is replaced by one naming these models
-with BFCL's OpenAI-compatible FC handler; nothing else of BFCL's is replaced.
+and the public state of every instance after it (steps of one entry share its instances, as in BFCL);
+infer_local: {"base_url", "handlers": {model folder: handler}, "runs": [[model folder, entry_id], ...]}: each
+folder's handler on that local model path (`bfcl generate --local-model-path --skip-server-setup`) -> OUT as infer.
+BFCL's model table imports every vendor SDK, so it is replaced by one naming these models with BFCL's
+OpenAI-compatible FC handler or the local handler named; and each run starts with BFCL's executor globals
+emptied, as in a fresh process. Nothing else of BFCL's is replaced.
 """
 
 import copy
@@ -39,29 +45,72 @@ class ModelConfig:  # the fields of bfcl_eval.constants.model_config.ModelConfig
     underscore_to_dot: bool = False
 
 
-def _model_table(models):
+def _model_table(models, handlers):
+    """BFCL's model table for ``models``: BFCL's OpenAI-compatible FC handler, or the local handler named."""
+    import importlib
+
     from bfcl_eval.model_handler.api_inference.openai_completion import OpenAICompletionsHandler
 
+    def handler_class(model):
+        if model not in handlers:
+            return OpenAICompletionsHandler
+        module, cls, _ = LOCAL[handlers[model]]
+        return getattr(importlib.import_module(module), cls)
+
     table = types.ModuleType("bfcl_eval.constants.model_config")
-    table.MODEL_CONFIG_MAPPING = {m: ModelConfig(m, m, "", "", "", OpenAICompletionsHandler) for m in models}
+    table.MODEL_CONFIG_MAPPING = {m: ModelConfig(m, m, "", "", "", handler_class(m)) for m in models}
     sys.modules[table.__name__] = table
 
 
-def infer(spec):
-    from bfcl_eval.eval_checker.eval_runner import _evaluate_single_multi_turn_entry
+# handler -> (module, class, the model_name of its entry in BFCL's model table)
+LOCAL = {"llama3_1": ("bfcl_eval.model_handler.local_inference.llama_3_1", "LlamaHandler_3_1",
+                      "meta-llama/Llama-3.1-8B-Instruct"),
+         "qwen_fc": ("bfcl_eval.model_handler.local_inference.qwen_fc", "QwenFCHandler", "Qwen/Qwen3-8B")}
+
+
+def _openai_handler(model):
     from bfcl_eval.model_handler.api_inference.openai_completion import OpenAICompletionsHandler
+
+    return OpenAICompletionsHandler(model_name=model, temperature=0.001, registry_name=model, is_fc_model=True)
+
+
+def _local_handler(names):
+    import importlib
+
+    def make(folder):  # as _llm_response_generation.build_handler: the table's model_name, not the path
+        module, cls, model_name = LOCAL[names[folder]]
+        handler_class = getattr(importlib.import_module(module), cls)
+        handler = handler_class(model_name=model_name, temperature=0.001, registry_name=model_name + "-FC",
+                                is_fc_model=True)
+        with redirect_stdout(io.StringIO()):  # as `bfcl generate --skip-server-setup --local-model-path`
+            handler.spin_up_local_server(num_gpus=1, gpu_memory_utilization=0.9, backend="vllm",
+                                         skip_server_setup=True, local_model_path=folder)
+        return handler
+    return make
+
+
+def infer(spec, make_handler=_openai_handler):
+    from bfcl_eval.eval_checker.eval_runner import _evaluate_single_multi_turn_entry
     from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
 
     os.environ["OPENAI_BASE_URL"] = spec["base_url"]
-    entries, answers, out = {}, {}, []
+    entries, answers, handlers, out = {}, {}, {}, []
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
     for model, entry_id in spec["runs"]:
+        # BFCL keeps an entry's instances in its executor's globals under the handler's model name; a local
+        # handler's name is its table's, the same for every run here: each run starts as in a fresh process
+        for name in [n for n in vars(multi_turn_utils) if n.endswith("_instance")]:
+            delattr(multi_turn_utils, name)
         category = entry_id.rsplit("_", 1)[0]
         if category not in entries:
             entries[category] = {e["id"]: e for e in load_dataset_entry(category)}
             raw = load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
             answers[category] = ({e["id"]: e for e in raw},
                                  {a["id"]: a["ground_truth"] for a in load_ground_truth_entry(category)})
-        handler = OpenAICompletionsHandler(model_name=model, temperature=0.001, registry_name=model, is_fc_model=True)
+        if model not in handlers:  # one handler per model, as `bfcl generate` builds one for all its entries
+            handlers[model] = make_handler(model)
+        handler = handlers[model]
         try:  # as _llm_response_generation.multi_threaded_inference
             with redirect_stdout(io.StringIO()):
                 result, _ = handler.inference(copy.deepcopy(entries[category][entry_id]), False, True)
@@ -109,5 +158,10 @@ if __name__ == "__main__":
     mode, spec_path, out_path = sys.argv[1:4]
     spec = json.loads(Path(spec_path).read_text())
     os.environ.setdefault("OPENAI_API_KEY", "stand-in")  # BFCL's handler builds an OpenAI client
-    _model_table(spec.get("models", ()))
-    Path(out_path).write_text(json.dumps({"infer": infer, "evaluate": evaluate, "execute": execute}[mode](spec)))
+    _model_table(spec.get("models", ()), spec.get("handlers", {}))
+    if mode == "infer_local":
+        os.environ["REMOTE_OPENAI_BASE_URL"] = spec["base_url"]
+        result = infer(spec, _local_handler(spec["handlers"]))
+    else:
+        result = {"infer": infer, "evaluate": evaluate, "execute": execute}[mode](spec)
+    Path(out_path).write_text(json.dumps(result))

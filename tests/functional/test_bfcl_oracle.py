@@ -230,14 +230,20 @@ def test_chatty_episodes_pass_past_twenty_messages(compared):
     assert any(len(step) == 34 for r in wide for step in r["observations"])
 
 
+# the families whose files BFCL's own evaluator reads back: every outcome (valid, a wrong state or result, an
+# empty turn, a force-quit); every family's result lines already equal BFCL's own (test_every_verdict_is_bfcls)
+EVALUATED = ("truth", "changed", "malformed", "endless")
+
+
 def test_bfcl_evaluate_scores_the_written_result_files_the_same(compared):
     _, _, records, outs, tmp = compared
+    outs = {m: out for m, out in outs.items() if m.split("-")[1] in EVALUATED}
     result_dir = tmp / "bfcl_results"
     for model, out in outs.items():
         shutil.copytree(out / "bfcl_result", result_dir, dirs_exist_ok=True)
     rows = _reference("evaluate", {"result_dir": str(result_dir), "score_dir": str(tmp / "bfcl_scores"),
                                    "models": sorted(outs), "categories": ["multi_turn"]}, tmp)
-    assert {r["Model"] for r in rows} == set(outs)
+    assert {r["Model"] for r in rows} == set(outs) and len(rows) == 16
     for row in rows:
         model = row["Model"]
         ours = json.loads((outs[model] / "results.json").read_text())["bfcl"]
@@ -247,3 +253,54 @@ def test_bfcl_evaluate_scores_the_written_result_files_the_same(compared):
                   "long_context": "Long Context"}[category]
         assert float(row[column].rstrip("%")) == pytest.approx(ours["categories"][category], abs=0.01)
         assert not ours["leaderboard"] and "not the leaderboard's overall" in ours["note"]
+
+
+def test_a_slow_or_refused_request_fails_its_entry_and_a_dead_server_stops_the_run(tmp_path, suite):
+    """As in BFCL, an entry whose request is refused (HTTP 4xx) or answered later than endpoint.timeout on every
+    attempt is that entry's inference error and the evaluation goes on; a server that cannot be reached stops it
+    (exit 3, resumable)."""
+    import time
+
+    slow, refused = "multi_turn_base_0", "multi_turn_base_1"
+    firsts = {suite[t].turns[0][0]["content"]: t for t in (slow, refused, "multi_turn_base_2")}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            task = firsts[next(m["content"] for m in body["messages"] if m["role"] == "user")]
+            if task == slow:
+                time.sleep(1.0)
+            status, reply = (400, {"error": "context too long"}) if task == refused else (200, {
+                "choices": [{"message": {"role": "assistant", "content": "Done."}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            data = json.dumps(reply).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client gave up waiting
+                pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    args = ["policy=endpoint", f"endpoint.url={url}", "endpoint.model=m", "endpoint.timeout=0.3",
+            "endpoint.max_retries=1", "endpoint.backoff=0.01", "protocol=bfcl", "progress=false",
+            "tasks=[multi_turn_base_0,multi_turn_base_1,multi_turn_base_2]", "categories=[base]"]
+    try:
+        assert eval_main([*args, f"out_dir={tmp_path / 'a'}"]) == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    records = {r["task_id"]: r for r in map(json.loads, (tmp_path / "a" / "trajectories.jsonl").open())}
+    assert records[slow]["bfcl_result"]["result"].startswith("Error during inference: endpoint")
+    assert "timed out" in records[slow]["bfcl_result"]["result"]
+    assert "HTTP 400" in records[refused]["bfcl_result"]["result"]
+    assert all(records[t]["failure_reason"].startswith("multi_turn:inference_error") for t in (slow, refused))
+    assert isinstance(records["multi_turn_base_2"]["bfcl_result"]["result"], list)  # played, failed by the checker
+    # nothing listens any more: the run stops with the endpoint's message, exit 3
+    assert eval_main([*args, f"out_dir={tmp_path / 'b'}"]) == 3

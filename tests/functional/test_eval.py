@@ -264,8 +264,11 @@ def stage1_run(tmp_path_factory, data_dir):
 
 @pytest.mark.parametrize("protocol", ["paper", "bfcl"])
 def test_checkpoint_evaluates_end_to_end(tmp_path, stage1_run, protocol):
+    # bfcl_handler=project: the project's per-turn episodes (BFCL's local-handler path of a checkpoint is
+    # tests/functional/test_bfcl_oracle_local.py)
     common = ["policy=checkpoint", f"protocol={protocol}", "limit=1", "categories=[base,miss_param]",
-              "max_new_tokens=12", "max_turns=2", "max_total_tokens=1536", "chat.tool_description=compact"]
+              "max_new_tokens=12", "max_turns=2", "max_total_tokens=1536", "chat.tool_description=compact",
+              "bfcl_handler=project"]
     rc, out = _eval(tmp_path, "hf", *common, f"checkpoint.path={stage1_run}")
     assert rc == 0
     r = _results(out)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.vllm
 def test_checkpoint_eval_through_vllm_equals_hf(tmp_path):
     common = ["policy=checkpoint", "checkpoint.path=smollm2", "protocol=bfcl", "limit=1",
               "categories=[base,miss_param]", "max_new_tokens=16", "max_turns=2", "max_total_tokens=2048",
-              "chat.tool_description=compact", "reward_token=high", "progress=false"]
+              "chat.tool_description=compact", "reward_token=high", "progress=false", "bfcl_handler=project"]
     results = {}
     for backend in ("hf", "vllm"):
         extra = ["generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",

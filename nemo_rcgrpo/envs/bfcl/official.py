@@ -97,17 +97,41 @@ class _NotRun(Exception):
     """A call the safe executor will not run; its text is the observation."""
 
 
-def _arg_value(node: ast.AST) -> Any:
-    """What eval makes of one argument of a rewritten call: a literal, or the NameError of a bare name (``nan``,
-    ``inf``: what repr writes for JSON's NaN and Infinity); anything else is not run."""
+_LITERAL_PARTS = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.UnaryOp, ast.Load, ast.USub, ast.UAdd,
+                  ast.BinOp, ast.Add, ast.Sub)
+
+
+def _first_name(node: ast.AST) -> str | None:
+    """The first bare name eval would look up in a literal-shaped argument (``[1, inf]``: ``inf``), in evaluation
+    order; None when the argument holds something other than literals and names."""
     if isinstance(node, ast.Name):
-        raise NameError(f"name '{node.id}' is not defined")
-    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Name):
-        raise NameError(f"name '{node.operand.id}' is not defined")
+        return node.id
+    if not isinstance(node, _LITERAL_PARTS):
+        return None
+    children = ([x for k, v in zip(node.keys, node.values) for x in (k, v)] if isinstance(node, ast.Dict)
+                else list(ast.iter_child_nodes(node)))
+    for child in children:
+        if child is None or isinstance(child, (ast.Load, ast.USub, ast.UAdd, ast.Add, ast.Sub)):
+            continue
+        if not isinstance(child, (ast.Name, *_LITERAL_PARTS)):
+            return None
+        found = _first_name(child)
+        if found is not None:
+            return found
+    return None
+
+
+def _arg_value(node: ast.AST) -> Any:
+    """What eval makes of one argument of a rewritten call: a literal, or the NameError of the first bare name in
+    it (``nan``, ``inf``: what repr writes for JSON's NaN and Infinity, also inside lists); else it is not run."""
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _NotRun("Error: only literal arguments are run (no expressions, names or nested calls)") from None
+        pass
+    name = _first_name(node)
+    if name is not None and name not in bfcl().executor_globals and not hasattr(builtins, name):
+        raise NameError(f"name '{name}' is not defined")
+    raise _NotRun("Error: only literal arguments are run (no expressions, names or nested calls)")
 
 
 class SafeExecutor:
@@ -152,6 +176,8 @@ class SafeExecutor:
             return f"Error: {e}"
         except (SyntaxError, ValueError, NameError, TypeError) as e:
             return f"Error during execution: {e}"
+        except (RecursionError, MemoryError) as e:  # text nested past the parser's limits: never run
+            return f"Error: the call text is too deeply nested to read ({type(e).__name__})"
         return self._call(method, name, args, kwargs)
 
     @staticmethod
@@ -170,13 +196,17 @@ class SafeExecutor:
         for kw in node.keywords:
             value = _arg_value(kw.value)
             if kw.arg is not None:
+                if kw.arg in kwargs:  # a keyword after **{...} that named it already
+                    raise TypeError(f"{method.__module__}.{method.__qualname__}() got multiple values for keyword "
+                                    f"argument '{kw.arg}'")
                 kwargs[kw.arg] = value
                 continue
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 raise _NotRun("Error: **kwargs unpacking of a value that is not a mapping of names is not run")
             for key, item in value.items():
                 if key in kwargs:
-                    raise TypeError(f"{method.__module__}.{method.__qualname__}() got multiple values for keyword argument '{key}'")
+                    raise TypeError(f"{method.__module__}.{method.__qualname__}() got multiple values for keyword "
+                                    f"argument '{key}'")
                 kwargs[key] = item
         return args, kwargs
 
@@ -185,10 +215,13 @@ class SafeExecutor:
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.by_name
                 and self.methods.get(func.attr) == func.value.id):
             return getattr(self.by_name[func.value.id], func.attr), func.attr
-        if isinstance(func, ast.Name):
-            if func.id in self.methods or func.id in bfcl().executor_globals or hasattr(builtins, func.id):
-                raise _NotRun(f"Error: {func.id} is not a tool of this conversation")
-            raise NameError(f"name '{func.id}' is not defined")
+        root = func
+        while isinstance(root, ast.Attribute):  # functions.ls(): eval looks up `functions` first
+            root = root.value
+        if isinstance(root, ast.Name) and root.id not in self.by_name:
+            if root.id in self.methods or root.id in bfcl().executor_globals or hasattr(builtins, root.id):
+                raise _NotRun(f"Error: {root.id} is not a tool of this conversation")
+            raise NameError(f"name '{root.id}' is not defined")
         raise _NotRun("Error: the called function must be a plain tool name")
 
     def _call(self, method: Callable, name: str, args: list, kwargs: dict) -> str:
@@ -271,6 +304,7 @@ class EntryRun:
     verdict: OfficialVerdict = field(default_factory=lambda: OfficialVerdict(False))
     observations: list = field(default_factory=list)  # execution results per step
     executor: SafeExecutor | None = None
+    prompts: list = field(default_factory=list)  # the prompt text of each request (BFCL's local-model path)
 
     def result_line(self, task_id: str) -> dict:
         """The line BFCL's handler writes to its result file."""
@@ -280,11 +314,22 @@ class EntryRun:
                 "output_token_count": self.output_token_count, "latency": self.latency}
 
 
+def inference_error(run: EntryRun, error: Exception) -> EntryRun:
+    """BFCL's label for an entry whose inference raised (`_llm_response_generation.multi_threaded_inference`)."""
+    text = str(error) if isinstance(error, InferenceError) else f"{type(error).__name__}: {error}"
+    run.inference_error = text
+    run.result = f"Error during inference: {text}"
+    run.verdict = OfficialVerdict(False, "multi_turn:inference_error",
+                                  "Error during inference phase. Model did not output a list of model responses.")
+    return run
+
+
 def play_entry(task: BFCLTask, gold: GoldReplay, respond: Respond, *, model_name: str,
                temperature: float = BFCL_TEMPERATURE, max_steps: int | None = None,
-               edit_first_turn: Callable[[list], list] | None = None) -> EntryRun:
+               edit_first_turn: Callable[[list], list] | None = None, fatal: tuple[type, ...] = ()) -> EntryRun:
     """``task`` through BFCL's multi-turn FC loop; ``respond`` answers each request. ``edit_first_turn`` (the
-    reward goal of a conditioned model) changes the first user turn, and only it."""
+    reward goal of a conditioned model) changes the first user turn, and only it. Whatever an entry raises is
+    BFCL's inference error for that entry, as in BFCL, except the ``fatal`` exceptions (a dead server)."""
     b = bfcl()
     max_steps = b.max_steps if max_steps is None else max_steps
     entry = bfcl_entry(task.id)
@@ -340,12 +385,10 @@ def play_entry(task: BFCLTask, gold: GoldReplay, respond: Respond, *, model_name
             checker.end_turn(turn, executor.instances, results, decoded_steps)
             if run.force_quit:
                 break
-    except InferenceError as e:
-        run.inference_error = str(e)
-        run.result = f"Error during inference: {e}"
-        run.verdict = OfficialVerdict(False, "multi_turn:inference_error",
-                                      "Error during inference phase. Model did not output a list of model responses.")
-        return run
+    except fatal:
+        raise
+    except Exception as e:  # noqa: BLE001 - as BFCL: the entry's inference error, the run goes on
+        return inference_error(run, e)
     run.verdict = checker.verdict(f"Model was force-terminated during inference phase after {max_steps} steps"
                                   if run.force_quit else None)
     return run

@@ -123,3 +123,22 @@ def test_held_out_tasks_of_a_data_builder_without_split_json(suite, tmp_path):
         select_tasks(cfg, suite)
     (tmp_path / "split.json").write_text('{"test": ["kv_1"]}')
     assert select_tasks(cfg, kv) == ["kv_1"]  # a split.json wins
+
+
+def test_which_of_bfcls_handlers_plays_a_policy(tmp_path):
+    def cfg(*overrides):
+        return EvalConfig.from_dict(compose("eval", [f"out_dir={tmp_path}", "protocol=bfcl", *overrides]))
+
+    ckpt = ("policy=checkpoint", "checkpoint.path=tiny-llama")
+    assert cfg(*ckpt).local_handler() == "qwen_fc"  # hermes, the default chat format
+    assert cfg(*ckpt, "chat.format=llama3_json").local_handler() == "llama3_1"
+    assert cfg(*ckpt, "bfcl_handler=project").local_handler() is None
+    endpoint = ("policy=endpoint", "endpoint.model=m")
+    assert cfg(*endpoint).local_handler() is None  # BFCL's OpenAI-compatible FC handler
+    assert cfg(*endpoint, "bfcl_handler=llama3_1").local_handler() == "llama3_1"
+    assert cfg("policy=oracle", "bfcl_handler=qwen_fc").local_handler() is None  # whole messages: FC
+    for overrides, message in ((("bfcl_handler=gpt",), "bfcl_handler='gpt': choose one of"),
+                               ((*endpoint, "bfcl_handler=project"), "bfcl_handler=project is a checkpoint's"),
+                               ((*ckpt, "bfcl_handler=openai_fc"), "needs a chat server")):
+        with pytest.raises(ConfigError, match=message):
+            cfg(*overrides)

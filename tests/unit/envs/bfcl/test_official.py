@@ -19,15 +19,20 @@ STEPS = [
     ("multi_turn_base_0", ["cd(fold='x')", "cd()", "cd(folder='nowhere')", "think(step=1)", "kill(pid=1)",
                            "mkdir(dir_name=nan)", "mkdir(dir_name=-inf)", "touch(file_name='a.txt'"]),
     # a string argument that names a method followed by "(" is rewritten inside the string, as BFCL rewrites it
-    ("multi_turn_base_0", ["touch(file_name='notes.txt')", "echo(content='ls() then cd(x)', file_name='notes.txt')", "cat(file_name='notes.txt')"]),
+    ("multi_turn_base_0", ["touch(file_name='notes.txt')", "echo(content='ls() then cd(x)', file_name='notes.txt')",
+                           "cat(file_name='notes.txt')"]),
     ("multi_turn_base_0", ["post_tweet(content='hi')", "post_tweet(content='again', tags=['a'])",
-                           "cd('document')", "ls(**{'a': True})", "ls(a=True, **{'a': False})", "cd(*['..'])", "mv(source='temp', destination='temp')"]),
+                           "cd('document')", "ls(**{'a': True})", "ls(a=True, **{'a': False})", "cd(*['..'])",
+                           "mv(source='temp', destination='temp')"]),
     ("multi_turn_base_15", ["mean(numbers=[1, 2, 3.5])", "logarithm(value=8, base=2, precision=50)",
                             "square_root(number=2, precision=30)", "add(a=0.1, b=0.2)", "max_value(numbers=[])"]),
     ("multi_turn_base_15", ["standard_deviation(numbers=[1, 2])", "wc(file_name='x', mode='l')",
                             "si_unit_conversion(value=1, unit_in='km', unit_out='m')", "'string'", "[1, {'a': None}]"]),
     ("multi_turn_long_context_0", ["ls(a=True)", "du(human_readable=True)", "find(path='.', name='a')"]),
     ("multi_turn_miss_func_0", ["ls()", "sort(file_name='x')"]),  # any public method, held out or not
+    # what eval looks up first: an unknown prefix, a name inside a list, a keyword after **{...}
+    ("multi_turn_miss_func_0", ["functions.ls()", "cd(folder=[1, inf])", "cd(folder={'a': nan})",
+                                "ls(**{'a': True}, a=False)", "mkdir(dir_name=-nan)"]),
 ]
 
 
@@ -62,7 +67,8 @@ def test_the_safe_executor_says_and_does_what_bfcls_eval_does(suite, reference):
 @pytest.mark.parametrize("call", [
     "__import__('os').system('touch /tmp/rcgrpo_pwned')", "eval('1')", "exec('x=1')", "open(file='/etc/passwd')",
     "print(x=1)", "json.loads(s='1')", "importlib.import_module(name='os')", "re.compile(pattern='a')",
-    "ls.__globals__()", "1 + 2", "().__class__", "cd(folder=__import__('os').getcwd())", "cd(folder=ls())", "cd(folder=(lambda: 1)())",
+    "ls.__globals__()", "1 + 2", "().__class__", "cd(folder=__import__('os').getcwd())", "cd(folder=ls())",
+    "cd(folder=(lambda: 1)())",
     "cd(*(print(),))", "cd(folder=[x for x in 'ab'])", "ls().__class__()",
 ])
 def test_what_would_run_code_is_refused_with_an_error_text(suite, call, tmp_path):
@@ -78,6 +84,9 @@ def test_resource_bombs_are_refused(suite):
     executor = SafeExecutor(suite["multi_turn_base_15"], MODEL)
     [result] = executor.execute(["logarithm(value=8, base=2, precision=10000000)"])
     assert result.startswith("Error: precision must be a number of at most")
+    nested = "mean(numbers=" + "[" * 100_000 + "]" * 100_000 + ")"  # past the parser's nesting limit
+    [result] = executor.execute([nested])
+    assert result.startswith("Error")
 
 
 def test_replies_are_parsed_as_bfcls_handler_parses_them():
@@ -122,3 +131,30 @@ def test_the_entry_and_tools_are_bfcls(suite):
     tools = bfcl().convert_to_tool(entry["function"])
     assert tools[0]["type"] == "function" and tools[0]["function"]["parameters"]["type"] == "object"
     assert bfcl_entry("multi_turn_miss_func_0") == entry  # a private copy each time
+
+
+def test_what_an_entry_raises_is_its_inference_error_and_a_dead_server_stops_the_run(suite):
+    task = suite["multi_turn_base_1"]
+
+    def broken(body, turn, step):
+        raise KeyError("something the handler did not expect")
+
+    run = play_entry(task, suite.gold(task), broken, model_name=MODEL)
+    assert run.result == "Error during inference: KeyError: 'something the handler did not expect'"
+
+    class Dead(RuntimeError):
+        pass
+
+    def dead(body, turn, step):
+        raise Dead("no server")
+
+    with pytest.raises(Dead):
+        play_entry(task, suite.gold(task), dead, model_name=MODEL, fatal=(Dead,))
+
+
+def test_a_huge_power_is_refused(suite):
+    executor = SafeExecutor(suite["multi_turn_base_15"], MODEL)
+    [result] = executor.execute([f"power(base={10 ** 4000}, exponent=4096)"])
+    assert result.startswith("Error: the result of power would hold more than")
+    [result] = executor.execute(["power(base=3, exponent=4000)"])  # a big but bounded result still runs
+    assert not result.startswith("Error")

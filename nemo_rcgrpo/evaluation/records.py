@@ -1,0 +1,40 @@
+"""One evaluated episode's record (a line of trajectories.jsonl) and the reason it failed, as every policy writes
+them (`policies.py` for the message-level and checkpoint policies, `leaderboard.py` for BFCL's pipelines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+
+
+def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
+                   details: dict[str, Any]) -> str | None:
+    if success:
+        return None
+    if protocol == "bfcl" and official_error:
+        return official_error
+    if truncated:
+        return f"truncated: {truncated}"
+    parts = []
+    diffs = details.get("state_differences") or {}
+    if diffs:
+        parts.append(f"final state differs ({', '.join(sorted(diffs))})")
+    missing = details.get("missing_actions") or []
+    if missing:
+        parts.append(f"{len(missing)} gold action(s) missing, first: {missing[0]}")
+    return "; ".join(parts) or "reward 0"
+
+
+def episode_record(cfg, task: BFCLTask, sample: int, seed: int, reward_token: str | None, *, reward,
+            official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
+            calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
+    success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
+    return {
+        "task_id": task.id, "category": task.category, "sample": sample, "seed": seed, "reward_token": reward_token,
+        "success": success, "reward": reward, "official_valid": official_valid,
+        "failure_reason": failure_reason(cfg.protocol, success=success, truncated=truncated,
+                                         official_error=official_error, details=details),
+        "truncated": truncated, "num_turns": num_turns, "tool_errors": tool_errors,
+        "generated_tokens": generated_tokens, "calls": calls, "observations": observations, **extra,
+    }
