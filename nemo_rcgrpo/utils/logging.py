@@ -51,8 +51,7 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "metrics.jsonl"
         if path.exists():
-            kept = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= resume_step]
-            path.write_text("".join(l + "\n" for l in kept))
+            keep_history(path, resume_step)
         self._file = path.open("a")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -109,9 +108,49 @@ def wandb_init_args(wandb_cfg: Any, run_dir: Path, config: dict[str, Any] | None
             "resume": "allow", "reinit": "finish_previous"}
 
 
+def _records(path: Path) -> tuple[list[str], list[dict[str, Any]], str | None]:
+    """The lines of ``path`` that are whole records, the records, and the torn last line if there is one (a run
+    killed while writing it). A malformed line anywhere else is not a torn write: it raises, naming the file."""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    records, torn = [], None
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("a record without an integer step")
+        except ValueError as e:
+            if number == len(lines):
+                torn = line
+                break
+            raise ValueError(f"{path}: line {number} is not a metrics record ({e}); remove it to go on") from None
+        records.append(record)
+    return lines[:len(records)], records, torn
+
+
+def keep_history(path: Path, resume_step: int) -> None:
+    """``metrics.jsonl`` for a run resumed after ``resume_step``: records past it (written by a run killed before
+    its next checkpoint) and a torn last line are dropped, so each step is there once. The file is only ever
+    appended to; when lines must go, the kept ones are written to a new file, flushed to disk and renamed over
+    it, so a kill at any moment leaves the old history or the new one, never a shorter one."""
+    lines, records, torn = _records(path)
+    if torn is not None:
+        print(f"note: {path}: its last line was cut off (a run stopped while writing it) and is dropped: "
+              f"{torn[:80]!r}", file=sys.stderr)
+    kept = [line for line, record in zip(lines, records) if record["step"] <= resume_step]
+    if torn is None and len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write("".join(line + "\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl`` (a torn last line left out)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+    return _records(path)[1] if path.exists() else []
 
 
 class _RunLogHandler(logging.FileHandler):

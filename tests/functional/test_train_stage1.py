@@ -72,6 +72,10 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     assert main(_args(data_dir, tmp_path / "b", "trainer.max_steps=4", "trainer.stop_after=2",
                       "trainer.export_hf=false")) == 0
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1, 2]
+    # as a run killed after logging step 3 and while writing its next line, before step 3's checkpoint: the resume
+    # drops both (the torn line with a note) and goes on from step 2's checkpoint
+    with (tmp_path / "b" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 9.0}\n{"step": 4, "lo')
     assert main(_args(data_dir, tmp_path / "b", "trainer.max_steps=4", "trainer.export_hf=false")) == 0
     a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [m["step"] for m in b] == [1, 2, 3, 4]

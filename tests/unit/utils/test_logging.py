@@ -58,3 +58,54 @@ def test_the_run_log_keeps_tracebacks_in_the_file_and_never_stops_a_run(tmp_path
         log.warning("still logged")
         log.warning("and again")
     assert [r.getMessage() for r in caplog.records][-2:] == ["still logged", "and again"]
+
+
+def _history(path, steps, torn=None):
+    import json
+
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in steps) + (torn or ""))
+
+
+def test_a_resume_keeps_the_history_to_its_step_and_drops_a_torn_last_line(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    _history(path, [1, 2, 3, 4, 5], torn='{"step": 6, "lo')  # killed while writing step 6
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]  # plots and reports read past it
+    log = MetricsLogger(tmp_path, tensorboard=False, resume_step=3)
+    assert "last line was cut off" in capsys.readouterr().err
+    log.log(4, {"loss": 0.0})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_the_history_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Dropped lines go through a new file renamed into place: a run killed while writing it (here: the rename
+    never happens) leaves the old history whole, and a history with nothing to drop is not rewritten at all."""
+    import os
+
+    path = tmp_path / "metrics.jsonl"
+    _history(path, [1, 2, 3])
+    inode = path.stat().st_ino
+    MetricsLogger(tmp_path, tensorboard=False, resume_step=3).close()
+    assert path.stat().st_ino == inode  # appended to, never rewritten
+
+    def killed(src, dst):
+        raise KeyboardInterrupt("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", killed)
+    try:
+        MetricsLogger(tmp_path, tensorboard=False, resume_step=1)
+    except KeyboardInterrupt:
+        pass
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # the old history, whole
+    monkeypatch.undo()
+    MetricsLogger(tmp_path, tensorboard=False, resume_step=1).close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1] and path.stat().st_ino != inode
+
+
+def test_a_malformed_line_inside_the_history_is_one_line_naming_the_file(tmp_path):
+    import pytest
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a metrics record"):
+        MetricsLogger(tmp_path, tensorboard=False, resume_step=2)
