@@ -122,7 +122,7 @@ class EndpointAgent:
             except urllib.error.HTTPError as e:
                 detail = e.read().decode("utf-8", errors="replace")[:300]
                 if e.code in RETRY_STATUS:
-                    last = f"HTTP {e.code}: {detail}"
+                    last, timed_out = f"HTTP {e.code}: {detail}", False
                     continue
                 raise EpisodeRefused(f"endpoint refused the request (HTTP {e.code}): {detail}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:

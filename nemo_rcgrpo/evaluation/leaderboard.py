@@ -32,10 +32,14 @@ def request_temperature(cfg) -> float:
 
 
 def _fatal() -> tuple[type, ...]:
-    """What stops an evaluation instead of failing one entry: a server that does not answer at all."""
-    from nemo_rcgrpo.evaluation.endpoint import EndpointUnavailable
+    """What stops an evaluation instead of failing one entry: a server that does not answer at all, a generator
+    that is gone or out of memory (every later entry would fail the same way)."""
+    import torch
 
-    return (EndpointUnavailable,)
+    from nemo_rcgrpo.evaluation.endpoint import EndpointUnavailable
+    from nemo_rcgrpo.generation.vllm_client import GeneratorError
+
+    return (EndpointUnavailable, GeneratorError, MemoryError, torch.cuda.OutOfMemoryError)
 
 
 def _post(agent, body: dict) -> Any:
@@ -307,7 +311,8 @@ def checkpoint_local_policy(cfg, checkpoint) -> LeaderboardPolicy:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=request_temperature(cfg),
                                 stop_token_ids=stops, seed=seed[0])
         [done] = generator.generate([ids], params)
-        return tokenizer.decode(done.token_ids, skip_special_tokens=True), len(ids), len(done.token_ids)
+        text = tokenizer.decode(done.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return text, len(ids), len(done.token_ids)
 
     local = _local_policy(cfg, complete, tokenizer, context, 1, checkpoint.description,
                           checkpoint.reward_token, checkpoint.goal)

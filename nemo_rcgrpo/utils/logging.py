@@ -133,11 +133,16 @@ def keep_history(path: Path, resume_step: int) -> None:
     appended to; when lines must go, the kept ones are written to a new file, flushed to disk and renamed over
     it, so a kill at any moment leaves the old history or the new one, never a shorter one."""
     lines, records, torn = _records(path)
+    unterminated = False  # a whole last record whose newline was never written: the next line would join it
+    if path.stat().st_size > 0:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            unterminated = f.read(1) != b"\n"
     if torn is not None:
         print(f"note: {path}: its last line was cut off (a run stopped while writing it) and is dropped: "
               f"{torn[:80]!r}", file=sys.stderr)
     kept = [line for line, record in zip(lines, records) if record["step"] <= resume_step]
-    if torn is None and len(kept) == len(lines):
+    if torn is None and len(kept) == len(lines) and not unterminated:
         return
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w") as f:

@@ -316,7 +316,7 @@ class EntryRun:
 
 def inference_error(run: EntryRun, error: Exception) -> EntryRun:
     """BFCL's label for an entry whose inference raised (`_llm_response_generation.multi_threaded_inference`)."""
-    text = str(error) if isinstance(error, InferenceError) else f"{type(error).__name__}: {error}"
+    text = str(error)  # BFCL writes f"Error during inference: {str(e)}", whatever e is
     run.inference_error = text
     run.result = f"Error during inference: {text}"
     run.verdict = OfficialVerdict(False, "multi_turn:inference_error",

@@ -109,3 +109,15 @@ def test_a_malformed_line_inside_the_history_is_one_line_naming_the_file(tmp_pat
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not a metrics record"):
         MetricsLogger(tmp_path, tensorboard=False, resume_step=2)
+
+
+def test_a_whole_last_record_without_its_newline_is_kept_and_ended(tmp_path):
+    """A kill (or a full disk) after a record but before its newline: the record is kept, and the next one starts
+    on a line of its own, so a later resume does not find two records joined on one line."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}')
+    log = MetricsLogger(tmp_path, tensorboard=False, resume_step=2)
+    log.log(3, {"loss": 0.125})
+    log.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    MetricsLogger(tmp_path, tensorboard=False, resume_step=3).close()  # and a later resume reads it
