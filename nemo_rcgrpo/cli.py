@@ -29,7 +29,8 @@ def _score(args: argparse.Namespace) -> int:
     from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
     from nemo_rcgrpo.envs.sources import make_suite
     from nemo_rcgrpo.registry import load_plugins
-    from nemo_rcgrpo.score import ground_truth_lines, read_lines, score_lines, summary_table, write_scores
+    from nemo_rcgrpo.score import OutputBudget, ground_truth_lines, read_lines, score_lines, summary_table
+    from nemo_rcgrpo.score import write_scores
     from nemo_rcgrpo.utils.config import ConfigError
 
     try:
@@ -70,7 +71,8 @@ def _score(args: argparse.Namespace) -> int:
             return 2
     try:
         progress = tqdm(lines, desc="scoring", unit="traj", total=total, file=sys.stderr, disable=args.quiet)
-        summary = write_scores(score_lines(suite, progress, arg_types=args.arg_types), out_path)
+        budget = OutputBudget()  # OUT is bounded in proportion to the input (docs/scoring.md)
+        summary = write_scores(score_lines(suite, budget.count(progress), arg_types=args.arg_types), out_path, budget)
     except OSError as e:
         print(f"error: while scoring: {e.strerror or e}", file=sys.stderr)
         return 2

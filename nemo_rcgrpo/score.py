@@ -14,11 +14,16 @@ offered turn by turn) and written out, in order, as::
 
 A line that cannot be scored (bad JSON, invalid UTF-8, longer than 4 MB, unknown
 id, wrong shape) becomes ``{"line": n, "id": ..., "error": "..."}``; the rest of
-the file goes on. Input and output are streamed (one line in memory at a time);
-an output record is at most ``MAX_RECORD_CHARS`` (observations are cut first,
-``"observations_clipped": true``), and OUT is written to ``OUT.partial`` and
-renamed when the last line is scored, so a killed run never leaves a truncated
-OUT (the lines scored so far are in ``OUT.partial``).
+the file goes on. Input and output are streamed (one line in memory at a time).
+
+OUT is bounded in proportion to the input: at most ``OUTPUT_FLOOR_CHARS`` plus
+``OUTPUT_CHARS_PER_INPUT_CHAR`` characters per character of input read so far,
+and one record at most ``MAX_RECORD_CHARS``. A record past the bound has its
+observations clipped (each clipped one ends in ``... [clipped N characters]``;
+the record says ``"observations_clipped": true``), or dropped when even that
+does not fit; the scores are always written. OUT is written to ``OUT.partial``
+and renamed when the last line is scored, so a killed run never leaves a
+truncated OUT (the lines scored so far are in ``OUT.partial``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 
 MAX_LINE_CHARS = 4_000_000
-MAX_RECORD_CHARS = 1_000_000  # one output record (16 KB of calls produced 37.5 MB of observations before)
-CLIPPED_OBSERVATION_CHARS = 200
+MAX_RECORD_CHARS = 1_000_000  # one output record
+# all of OUT: 16 KB of calls wrote 36 MB of observations before (ground truth needs at most 10 per input character)
+OUTPUT_FLOOR_CHARS = 65_536
+OUTPUT_CHARS_PER_INPUT_CHAR = 128
+MIN_CLIPPED_CHARS = 32  # an observation clipped shorter than this is dropped with the others
 
 
 class _TooLong:
@@ -136,20 +144,51 @@ def read_lines(f: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[bytes | _To
         yield line
 
 
-def bounded_record(record: dict[str, Any]) -> str:
-    """The record as one JSON line of at most about MAX_RECORD_CHARS: observations cut first, then dropped."""
+def _clip(text: str, keep: int) -> str:
+    return text if len(text) <= keep else text[:keep] + f"... [clipped {len(text) - keep} characters]"
+
+
+def bounded_record(record: dict[str, Any], limit: int = MAX_RECORD_CHARS) -> str:
+    """The record as one JSON line of at most about ``limit`` characters: observations clipped to the same
+    length first (shortest first kept whole), dropped when that is too little; the scores always stay."""
     text = json.dumps(record, default=str)
-    if len(text) <= MAX_RECORD_CHARS or "observations" not in record:
+    if len(text) <= limit or "observations" not in record:
         return text
-    clipped = {**record, "observations_clipped": True, "observations": [
-        [o[:CLIPPED_OBSERVATION_CHARS] + ("..." if len(o) > CLIPPED_OBSERVATION_CHARS else "") for o in turn]
-        for turn in record["observations"]]}
-    text = json.dumps(clipped, default=str)
-    if len(text) <= MAX_RECORD_CHARS:
-        return text
+    observations = record["observations"]
+    clipped = {**record, "observations_clipped": True, "observations": [[] for _ in observations]}
+    room = limit - len(json.dumps(clipped, default=str))
+    count = sum(len(turn) for turn in observations)
+    keep = room // (2 * max(1, count)) - 32  # JSON escaping can double a character; the marker takes ~30
+    while keep >= MIN_CLIPPED_CHARS:
+        clipped["observations"] = [[_clip(o, keep) for o in turn] for turn in observations]
+        text = json.dumps(clipped, default=str)
+        if len(text) <= limit:
+            return text
+        keep //= 2
     clipped["observations"] = []
+    text = json.dumps(clipped, default=str)
+    if len(text) <= limit:
+        return text
     clipped["details"] = {"clipped": "the record was longer than the output bound"}
     return json.dumps(clipped, default=str)
+
+
+class OutputBudget:
+    """OUT's bound: OUTPUT_FLOOR_CHARS plus OUTPUT_CHARS_PER_INPUT_CHAR per character of input read so far."""
+
+    def __init__(self) -> None:
+        self.read = 0
+        self.written = 0
+
+    def count(self, lines: Iterable[Any]) -> Iterator[Any]:
+        """``lines`` as they are, counted as they are read (a line too long to read counts as its limit)."""
+        for line in lines:
+            self.read += (MAX_LINE_CHARS if isinstance(line, _TooLong) else len(line)) + 1
+            yield line
+
+    def limit(self) -> int:
+        left = OUTPUT_FLOOR_CHARS + OUTPUT_CHARS_PER_INPUT_CHAR * self.read - self.written
+        return max(0, min(MAX_RECORD_CHARS, left))
 
 
 class Summary:
@@ -168,8 +207,10 @@ class Summary:
                               "official_valid": r["official_valid"]})
 
 
-def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None) -> Summary:
-    """Stream records to ``out_path`` through ``OUT.partial`` (renamed at the end); returns the summary."""
+def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None,
+                 budget: OutputBudget | None = None) -> Summary:
+    """Stream records to ``out_path`` through ``OUT.partial`` (renamed at the end); returns the summary.
+    With ``budget`` (which counted the lines the records came from) OUT stays within its bound."""
     summary = Summary()
     if out_path is None:
         for r in records:
@@ -178,7 +219,10 @@ def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None) -> Su
     partial = out_path.with_name(out_path.name + ".partial")
     with partial.open("w", encoding="utf-8") as out:
         for r in records:
-            out.write(bounded_record(r) + "\n")
+            line = bounded_record(r, MAX_RECORD_CHARS if budget is None else budget.limit()) + "\n"
+            if budget is not None:
+                budget.written += len(line)
+            out.write(line)
             out.flush()
             summary.add(r)
     os.replace(partial, out_path)

@@ -32,7 +32,7 @@ from typing import Any, Collection
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
-MAX_CALLS = 128  # more calls than this in one message reject the message
+MAX_CALLS = 128  # more calls than this in one message: none runs, and one error observation names the cap
 # what the rollout engine makes of a message rejected whole (chat.rejected_message):
 #   content: what a served model's client gets, the text as content and no call: the assistant's turn ends
 #            (the env's step gets no call) and the reward follows from what the env saw
@@ -95,6 +95,14 @@ def _rejected(raws: list[str], reason: str) -> list[ToolCall | ToolCallError]:
     return [ToolCallError(raw=r[:200], message=message) for r in (raws or [""])[:MAX_CALLS]]
 
 
+def _too_many(content: str, count: str, raw: str) -> ParsedMessage:
+    """A message past the cap on calls: one error naming the cap (an observation the model and the dump see). Not
+    a rejection: vLLM would hand every call over, so it is an error whatever ``chat.rejected_message`` says."""
+    message = (f"this message has {count} tool calls; at most {MAX_CALLS} are read per message, so none of them "
+               "was run (call fewer tools per message)")
+    return ParsedMessage(content, [ToolCallError(raw=raw[:200], message=message)])
+
+
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)  # vLLM's Hermes2ProToolParser
 
 
@@ -105,8 +113,7 @@ def parse_hermes(text: str, known_tools: Collection[str] | None = None) -> Parse
     raws = [a or b for a, b in _TOOL_CALL.findall(text)]
     content = _TOOL_CALL.sub("", text).strip()
     if len(raws) > MAX_CALLS:
-        reason = f"more than {MAX_CALLS} tool calls in one message"
-        return ParsedMessage(content, _rejected(raws, reason), reason)
+        return _too_many(content, str(len(raws)), raws[MAX_CALLS])
     calls = []
     for raw in raws:
         try:
@@ -150,7 +157,7 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
                 raise _Reject(f"tool call is not valid JSON: {e}") from None
             raws.append(text[start:end])
             if len(raws) > MAX_CALLS:
-                raise _Reject(f"more than {MAX_CALLS} tool calls in one message")
+                return _too_many(text.strip(), f"more than {MAX_CALLS}", raws[-1])
             calls.append(_call(obj, ("arguments", "parameters"), known_tools))
         except _Reject as e:
             return ParsedMessage(text.strip(), _rejected(raws, str(e)), str(e))

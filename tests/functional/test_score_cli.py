@@ -138,3 +138,27 @@ def test_score_takes_the_tasks_of_another_task_source(tmp_path, capsys, one_fold
     assert capsys.readouterr().err.strip() == ("error: task_source='nope': no task_source of that name; registered: "
                                                "['bfcl', 'bfcl_micro', 'one_folder'] (a plugin's task_source needs "
                                                "plugins=[its module])")
+
+
+def test_output_is_bounded_in_proportion_to_the_input(tmp_path):
+    from nemo_rcgrpo.envs.bfcl import BFCLSuite
+    from nemo_rcgrpo.score import OUTPUT_CHARS_PER_INPUT_CHAR, OUTPUT_FLOOR_CHARS
+
+    # 16 KB of lines each making 12 long-context transaction histories of 65 KB: 36 MB of output before
+    line = json.dumps({"id": "multi_turn_long_context_148", "turns": [["get_transaction_history()"] * 12]})
+    lines = 16_384 // (len(line) + 1)
+    _write(tmp_path / "in.jsonl", [line] * lines)
+    size_in = (tmp_path / "in.jsonl").stat().st_size
+    assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet"]) == 0
+    size_out = (tmp_path / "out.jsonl").stat().st_size
+    assert size_out <= OUTPUT_FLOOR_CHARS + OUTPUT_CHARS_PER_INPUT_CHAR * size_in  # about 2.1 MB; 2,200 x before
+    assert size_out / size_in < 150
+    records = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(records) == lines and all("reward" in r for r in records)  # every score is written
+    clipped = [r for r in records if r.get("observations_clipped")]
+    assert clipped and "... [clipped " in clipped[-1]["observations"][0][0]
+    # the ground truth of the same task is written whole
+    task = BFCLSuite(categories=("long_context",))["multi_turn_long_context_148"]
+    _write(tmp_path / "gt.jsonl", [json.dumps({"id": task.id, "turns": [list(t) for t in task.ground_truth]})])
+    assert main(["score", str(tmp_path / "gt.jsonl"), str(tmp_path / "gt_out.jsonl"), "--quiet"]) == 0
+    assert "observations_clipped" not in (tmp_path / "gt_out.jsonl").read_text()

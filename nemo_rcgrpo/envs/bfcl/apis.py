@@ -1,15 +1,11 @@
 """Fresh, private BFCL API instances for one rollout (or one gold replay).
 
-``_load_scenario`` gets a deep copy of the task's config and itself deep-copies
-the class defaults, so ordinary instances share nothing. The long-context
-load is different: TravelAPI puts BFCL's module-level credit-card and booking
-dicts into the instance without copying them, so one rollout charging a card
-would change it for every other instance in the process. The attributes
-that the long-context load fills with module-level objects are deep-copied
-right after loading (`LONG_CONTEXT_SHARED`); a test walks every instance of
-all 800 tasks and proves no public state is reachable from BFCL's
-module-level objects, so a new bfcl-eval that adds aliasing fails loudly.
-(Deep-copying whole instances instead costs about as much as the replay.)
+``_load_scenario`` gets a deep copy of the task's config and itself deep-copies the class defaults. The
+long-context load also puts BFCL's module-level objects into the instance (TravelAPI's credit-card and booking
+dicts, without copying them), so construction and loading run under `isolation.isolated`, as every later call
+does: what the instance takes from module level comes from its own private copies, and BFCL's module objects
+are never touched. A test walks every instance of all 800 tasks and proves no public state is reachable from
+BFCL's module-level objects.
 """
 
 from __future__ import annotations
@@ -17,15 +13,10 @@ from __future__ import annotations
 import copy
 import importlib
 import pickle
-from types import MappingProxyType
 from typing import Any, Mapping
 
+from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.tasks import API_CLASSES, STATELESS_CLASSES, BFCLTask
-
-# class -> attributes that BFCL's long-context _load_scenario fills with module-level objects
-LONG_CONTEXT_SHARED: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"TravelAPI": ("credit_card_list", "booking_record")}
-)
 
 
 def api_class(class_name: str) -> type:
@@ -37,13 +28,13 @@ def build_instances(task: BFCLTask) -> dict[str, object]:
     """class name -> a new instance loaded from the task's initial config."""
     instances: dict[str, object] = {}
     for class_name in task.involved_classes:
-        instance = api_class(class_name)()
-        if class_name not in STATELESS_CLASSES:
-            config = deep_copy(task.initial_config.get(class_name, {}))
-            instance._load_scenario(config, long_context=task.long_context)
-        if task.long_context:
-            for attr in LONG_CONTEXT_SHARED.get(class_name, ()):
-                setattr(instance, attr, deep_copy(getattr(instance, attr)))
+        cls = api_class(class_name)
+        instance = cls.__new__(cls)
+        config = None if class_name in STATELESS_CLASSES else deep_copy(task.initial_config.get(class_name, {}))
+        with isolated(instance, "__init__", "_load_scenario"):
+            instance.__init__()
+            if config is not None:
+                instance._load_scenario(config, long_context=task.long_context)
         instances[class_name] = instance
     return instances
 

@@ -191,7 +191,7 @@ class BFCLEnv:
                 if self.mode == "merged" and call.name == "done":
                     finished = True
                     break
-            obs = self._execute(call, call_id, too_many=i >= self.max_calls_per_step)
+            obs = self._execute(call, call_id, too_many=len(calls) if i >= self.max_calls_per_step else 0)
             observations.append(obs)
             step_log.append(obs)
             log.results.append(obs.content)
@@ -212,15 +212,16 @@ class BFCLEnv:
             return StepResult(observations, messages, done=True)
         return StepResult(observations, messages, done=False)
 
-    def _execute(self, call: ToolCall | ToolCallError, call_id: str, too_many: bool) -> Observation:
+    def _execute(self, call: ToolCall | ToolCallError, call_id: str, too_many: int) -> Observation:
         obs = self._observe(call, call_id, too_many)
         return Observation(valid_text(obs.content), obs.ok, obs.name, obs.tool_call_id)  # always encodable text
 
-    def _observe(self, call: ToolCall | ToolCallError, call_id: str, too_many: bool) -> Observation:
+    def _observe(self, call: ToolCall | ToolCallError, call_id: str, too_many: int) -> Observation:
         if isinstance(call, ToolCallError):
             return Observation(f"Error: could not parse tool call: {call.message}", False, None, call_id)
         if too_many:
-            return Observation(f"Error: more than {self.max_calls_per_step} calls in one message", False, call.name, call_id)
+            return Observation(f"Error: this message has {too_many} tool calls; at most {self.max_calls_per_step} are "
+                               "run per message, so this one was not run", False, call.name, call_id)
         try:
             executed = self.toolbox.execute(call, self.offered)
         except CallRejected as e:

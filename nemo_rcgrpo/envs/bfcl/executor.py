@@ -15,7 +15,9 @@ one instead:
    ground-truth call, ``close_ticket(ticket_id='ticket_001')``, relies on it);
 4. formats the result exactly like BFCL's executor (str as is, dict as
    ``json.dumps`` falling back to ``str``, anything else ``str``, exceptions as
-   ``"Error during execution: ..."``), so observations match the leaderboard's.
+   ``"Error during execution: ..."``), so observations match the leaderboard's;
+5. runs each call under `isolation.isolated`: alone in the process, on the rollout's private copies of BFCL's
+   module-level objects, with the numeric state MathAPI changes restored.
 
 Every rejection comes back as an error observation, never as an exception.
 """
@@ -23,17 +25,14 @@ Every rejection comes back as an error observation, never as an exception.
 from __future__ import annotations
 
 import copy
-import decimal
 import inspect
 import json
-import threading
 from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
-import mpmath
-
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected
+from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
 from nemo_rcgrpo.types import ToolCall, valid_text
 
@@ -42,14 +41,6 @@ MAX_TREE_ENTRIES = 100_000  # paths that GorillaFileSystem.find / du may walk
 MAX_INT_EXPONENT = 4_096  # MathAPI power() with integer base and exponent
 MAX_POWER_BITS = 1_000_000  # and the size of its result: bits of the base x the exponent
 MAX_WALK_CHARS = 4_000_000  # total path characters a find / du walk may produce (its output is built from them)
-
-# BFCL's MathAPI mutates process-wide numeric state (mpmath.mp.dps; the decimal
-# context) and long-context VehicleControlAPI writes into a module-level dict
-# before returning it. Calls are therefore run, formatted and the numeric state
-# restored under one lock, so concurrently stepped rollouts never observe each
-# other. It guards third-party globals; it holds no state of its own.
-_BFCL_GLOBALS_LOCK = threading.Lock()
-
 
 # --------------------------------------------------------------------------- validation
 
@@ -185,28 +176,6 @@ def named_arguments(tool: ToolDoc, call: ToolCall) -> dict[str, Any]:
     return {k: v for k, v in _bind(tool, call).arguments.items() if k != "self"}
 
 
-_DECIMAL_FIELDS = ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
-
-
-def _numeric_state() -> tuple:
-    """Everything of mpmath's and decimal's process/thread state that MathAPI can change."""
-    ctx = decimal.getcontext()
-    return (mpmath.mp.prec, ctx, {f: getattr(ctx, f) for f in _DECIMAL_FIELDS}, dict(ctx.flags), dict(ctx.traps))
-
-
-def _restore_numeric_state(saved: tuple) -> None:
-    """Restore exactly what was there: mpmath's binary precision (``prec``, which also sets ``dps``) and the
-    thread's own decimal context object with its settings (an outer ``localcontext()`` keeps its object)."""
-    prec, ctx, fields, flags, traps = saved
-    mpmath.mp.prec = prec
-    if decimal.getcontext() is not ctx:
-        decimal.setcontext(ctx)
-    for f, v in fields.items():
-        setattr(ctx, f, v)
-    ctx.flags.update(flags)
-    ctx.traps.update(traps)
-
-
 ArgTypes = Literal["bfcl", "strict"]
 ARG_TYPE_MODES: tuple[str, ...] = ("bfcl", "strict")
 
@@ -258,14 +227,11 @@ class Toolbox:
             if param.name not in call_args and param.name != "self" and isinstance(param.default, (list, dict, set)):
                 call_args[param.name] = copy.deepcopy(param.default)
         method = getattr(self.instances[tool.class_name], tool.name)
-        with _BFCL_GLOBALS_LOCK:
-            saved = _numeric_state()
+        with isolated(self.instances[tool.class_name], tool.name):  # BFCL's module-level objects: the rollout's own
             try:
                 result, ok = format_result(method(**call_args)), True
             except Exception as e:  # the API's own errors are observations, as in BFCL
                 result, ok = f"Error during execution: {e}", False
-            finally:
-                _restore_numeric_state(saved)
         result = valid_text(result)
         bound.apply_defaults()
         full = {k: v for k, v in bound.arguments.items() if k != "self"}

@@ -41,8 +41,8 @@ from typing import Any, Callable
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.bfcl.calls import CallRejected
-from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, _BFCL_GLOBALS_LOCK, _numeric_state, _resource_guard
-from nemo_rcgrpo.envs.bfcl.executor import _restore_numeric_state, format_result
+from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, _resource_guard, format_result
+from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.types import OfficialVerdict, valid_text
@@ -234,14 +234,11 @@ class SafeExecutor:
             for param in inspect.signature(method).parameters.values():
                 if param.name not in bound.arguments and isinstance(param.default, (list, dict, set)):
                     kwargs[param.name] = copy.deepcopy(param.default)
-        with _BFCL_GLOBALS_LOCK:
-            saved = _numeric_state()
+        with isolated(method.__self__, method.__name__):  # BFCL's module-level objects: this entry's own
             try:
                 result, ok = format_result(method(*copy.deepcopy(args), **copy.deepcopy(kwargs))), True
             except Exception as e:  # noqa: BLE001 - the API's own errors (and Python's call errors) are observations
                 result, ok = f"Error during execution: {e}", False
-            finally:
-                _restore_numeric_state(saved)
         if bound is not None:
             explicit = {k: v for k, v in bound.arguments.items()}
             bound.apply_defaults()

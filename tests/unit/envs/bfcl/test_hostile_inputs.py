@@ -202,12 +202,41 @@ def test_llama3_json_past_128_calls_and_duplicate_keys_are_error_observations(su
     import json
 
     many = "; ".join(json.dumps({"name": "ls", "parameters": {}}) for _ in range(129))
-    calls = parse_llama3_json(many, {"ls"}).calls
-    assert calls and all(isinstance(c, ToolCallError) for c in calls) and "more than 128" in calls[0].message
-    obs = _env(suite).step(calls).observations
-    assert obs and all(not o.ok and "more than 128 tool calls" in o.content for o in obs)
+    (call,) = parse_llama3_json(many, {"ls"}).calls  # one error for the message, not 128 (and 1 silently dropped)
+    assert isinstance(call, ToolCallError) and "more than 128 tool calls; at most 128 are read" in call.message
+    (obs,) = _env(suite).step([call]).observations
+    assert not obs.ok and "at most 128 are read per message, so none of them was run" in obs.content
     for text, parser in (('{"name": "ls", "parameters": {"a": true, "a": false}}', parse_llama3_json),
                          ('<tool_call>{"name": "ls", "arguments": {"a": true, "a": false}}</tool_call>', parse_hermes)):
         (call,) = parser(text, {"ls"}).calls
         assert isinstance(call, ToolCallError) and "duplicate key 'a'" in call.message
     assert "given twice" in _env(suite).step(["ls(a=True, a=False)"]).observations[0].content
+
+
+# --------------------------------------------------------------------------- 9: the cap on calls per message is said
+
+def test_a_message_past_the_call_cap_is_one_error_observation_in_the_dump(suite, renderer):
+    """5000 calls in one message: before, 128 errors (4872 calls dropped without a word) or, with the default
+    chat.rejected_message=content, no call, no observation and no reason in the rollout record."""
+    task = suite[FS_TASK]
+    block = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
+    many = "\n".join([block] * 5000)
+    parsed = parse_hermes(many, {"ls"})
+    assert parsed.rejected is None and len(parsed.calls) == 1
+    assert parsed.calls[0].message.startswith("this message has 5000 tool calls; at most 128 are read per message")
+    marker = renderer.encode_text(task.turns[0][0]["content"][:40], user_text=True)[2:8]
+    engine = RolloutEngine(FixedGenerator(renderer, [(marker, many)]), renderer,
+                           make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
+                           SamplingParams(max_new_tokens=100_000), max_turns=1, max_total_tokens=200_000)
+    (traj,) = engine.rollout([RolloutSpec(task, 0)])
+    record = traj.record()
+    assert record["turns"][0] == [{"error": parsed.calls[0].message, "raw": parsed.calls[0].raw}]
+    (observation,) = traj.observations[0]
+    assert "5000 tool calls; at most 128 are read per message" in observation
+    assert any(m["role"] == "tool" and m["content"] == observation for m in record["messages"])
+
+
+def test_calls_past_the_env_cap_name_the_cap(suite):
+    obs = _env(suite, max_calls_per_step=2).step(["ls()"] * 3).observations
+    assert [o.ok for o in obs] == [True, True, False]
+    assert obs[2].content == "Error: this message has 3 tool calls; at most 2 are run per message, so this one was not run"
