@@ -40,6 +40,7 @@ from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
+from nemo_rcgrpo.envs.contract import PluginContractError
 from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, lookup
@@ -265,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {**os.environ, "PYTHONHASHSEED": "0"}
             return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
         stats = run(cfg)
-    except (ConfigError, BFCLDataError, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, BFCLDataError, FileExistsError, FileNotFoundError, PluginContractError) as e:
+        print(f"error: {e}", file=sys.stderr)  # PluginContractError: a plugin's part or task source, located
         return 2
     except Exception as e:  # noqa: BLE001 - tokenizer/model files and the like: one line, not a traceback
         from nemo_rcgrpo.models.hf import ModelFilesError

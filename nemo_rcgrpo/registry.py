@@ -11,7 +11,10 @@ command's setting) and every entry point of the group ``nemo_rcgrpo.plugins`` is
 validated, so the names it registers are valid choices there; a wrong name gets one line listing the registered
 ones. ``rcgrpo plugins [plugins=[mod,...]]`` prints every kind and its names.
 
-``KINDS`` says, per kind, what a registered object must be and which setting chooses it.
+``KINDS`` says, per kind, what a registered object must be and which setting chooses it. A part that is not what its
+kind asks (a registered object of the wrong class or not callable, a factory whose return misses a member of its
+Protocol) is one ``PluginContractError`` line when it is looked up or built, at start: the kind, the name, where it
+was registered or its factory defined (file and line), and what is missing (`check_part`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages"
              "env": "nemo_rcgrpo.envs.sources", "env_settings": "nemo_rcgrpo.envs.sources", "reward": "nemo_rcgrpo.envs.bfcl.reward"}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+_SITES: dict[tuple[str, str], str] = {}  # (kind, name) -> "file.py:line" of the register() call, for the error lines
+# kinds whose entries are objects of one class (lookup's ``of``), not functions or factories
+_OBJECT_KINDS = ("stage", "loop", "stage1_dataset", "chat_format")
 _loaded: set[str] = set()
 
 
@@ -91,6 +97,8 @@ def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], 
     """Decorator: ``obj`` becomes the ``name`` of ``kind``. A name taken by another object is refused unless
     ``replace`` (registering the same object again, as a re-imported module does, is fine)."""
     table = _TABLES[_kind(kind)]
+    caller = sys._getframe(1)  # the plugin's line that registers it
+    site = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
     importlib.import_module(_BUILTINS[kind])  # the shipped names first (a no-op while that module registers them)
     if not isinstance(name, str) or not name:
         raise ValueError(f"register({kind!r}, {name!r}): the name must be a non-empty string")
@@ -106,6 +114,7 @@ def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], 
             raise ValueError(f"{kind} {name!r} is already registered ({where}); pick another name or "
                              f"register({kind!r}, {name!r}, replace=True)")
         table[name] = obj
+        _SITES[(kind, name)] = site
         return obj
 
     return wrap
@@ -134,8 +143,71 @@ def lookup(kind: str, name: str, of: type | None = None, setting: str | None = N
                           f"{did_you_mean(name, list(entries))} (a plugin's {kind} needs plugins=[its module])")
     entry = entries[name]
     if of is not None and not isinstance(entry, of):
-        raise ValueError(f"{kind} {name!r} is registered as a {type(entry).__name__}, not a {of.__name__}")
+        raise _contract_error(f"{registered(kind, name)} is a {type(entry).__name__}, not a {of.__name__}: "
+                              f"register a {of.__name__}(...) ({of.__module__})")
+    if kind not in _OBJECT_KINDS and not callable(entry):
+        raise _contract_error(f"{registered(kind, name)} is {_short(entry)}, which cannot be called: register "
+                              f"a {KINDS[kind][1]}")
     return entry
+
+
+def _contract_error(message: str) -> ValueError:
+    from nemo_rcgrpo.envs.contract import PluginContractError
+
+    return PluginContractError(message)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def registered(kind: str, name: str) -> str:
+    """``kind 'name' (registered at file.py:line)``: an entry, located for an error line."""
+    site = _SITES.get((kind, name))
+    return f"{kind} {name!r}" + (f" (registered at {site})" if site else "")
+
+
+def _defined(obj: Any) -> str:
+    """``Class (file.py:line)`` of an object's class, or its type's name where the source cannot be found."""
+    import inspect
+
+    cls = type(obj)
+    try:
+        line = inspect.getsourcelines(cls)[1]
+        return f"{cls.__qualname__} ({Path(inspect.getsourcefile(cls) or '?').name}:{line})"
+    except (OSError, TypeError):
+        return cls.__qualname__
+
+
+def protocol_members(protocol: type) -> tuple[list[str], list[str]]:
+    """(attributes, methods) a ``Protocol`` declares: its annotated fields and properties, and its methods."""
+    attributes = list(getattr(protocol, "__annotations__", {}))
+    methods = []
+    for member, value in vars(protocol).items():
+        if isinstance(value, property):
+            attributes.append(member)
+        elif callable(value) and not member.startswith("_"):
+            methods.append(member)
+    return attributes, methods
+
+
+def check_part(kind: str, name: str, factory: Any, part: Any, protocol: type, what: str) -> Any:
+    """``part``, what the ``kind`` entry ``name`` (``factory``) built, when it has every attribute and method its
+    Protocol declares (a method: something callable); else one ``PluginContractError`` line: the kind and name, the
+    factory's function with its file and line, the class it returned and where that is defined, what is missing,
+    and ``what`` (the Protocol and its file). A presence check, once per part, when the run builds it."""
+    attributes, methods = protocol_members(protocol)
+    missing = [m for m in attributes if not hasattr(part, m)]
+    missing += [f"{m}()" for m in methods if not callable(getattr(part, m, None))]
+    if not missing:
+        return part
+    from nemo_rcgrpo.envs.contract import where
+
+    made = where(factory) or registered(kind, name)
+    returned = "None" if part is None else f"a {_defined(part)}"
+    raise _contract_error(f"{kind} {name}: its factory {made} returned {returned} without {', '.join(missing)}: "
+                          f"{what}")
 
 
 _PACKAGE = Path(__file__).resolve().parent

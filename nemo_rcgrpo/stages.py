@@ -62,6 +62,9 @@ class Stage:
     def __post_init__(self) -> None:
         if not isinstance(self.loop, str) or not self.loop:  # a registered loop's name (checked in config validation)
             raise ValueError(f"Stage(loop={self.loop!r}): name a registered loop, e.g. 'stage1' or 'rl'")
+        if self.keep_group is not None and not isinstance(self.keep_group, str) and not callable(self.keep_group):
+            raise ValueError(f"Stage(keep_group={self.keep_group!r}): give a group_filter's name or a function "
+                             "fn(rewards of one group) -> bool")
         if self.loop == "stage1" and (self.keep_group is not None or not self.data_file):
             raise ValueError("a stage-1 Stage names its data_file and has no keep_group")
         if self.loop == "rl" and (self.data_file is not None or self.dataset is not None):

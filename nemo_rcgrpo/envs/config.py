@@ -31,11 +31,12 @@ class NoSettings:
 
 def settings_class(env: str) -> type:
     """The dataclass of ``env``'s settings: its registered ``env_settings`` entry, else `NoSettings`."""
-    from nemo_rcgrpo.registry import table
+    from nemo_rcgrpo.registry import registered, table
 
     cls = table("env_settings").get(env, NoSettings)
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise ConfigError(f"env_settings {env!r} is {cls!r}: register a dataclass (its fields are env.settings)")
+        raise ConfigError(f"{registered('env_settings', env)} is {cls!r}: register a dataclass (its fields are "
+                          "env.settings)")
     return cls
 
 

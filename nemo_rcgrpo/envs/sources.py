@@ -30,7 +30,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from nemo_rcgrpo.registry import error_line, lookup, plugin_frame, register
+from nemo_rcgrpo.envs.interfaces import EnvOpener
+from nemo_rcgrpo.registry import check_part, error_line, lookup, plugin_frame, register
 from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.contract import PluginContractError, check_suite, where
 
@@ -69,11 +70,14 @@ def make_opener(config, suite):
     `envs/config.py: EnvConfig`'s) and the suite of ``env.task_source``."""
     factory = lookup("env", config.name, setting="env.name")
     try:
-        return factory(config.settings, suite)
+        opener = factory(config.settings, suite)
     except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
         if _shipped(factory) or plugin_frame(e) is None:  # this package's own errors: as they are
             raise
         raise PluginContractError(f"env {config.name}: its factory {where(factory)} failed: {error_line(e)}") from e
+    return check_part("env", config.name, factory, opener, EnvOpener,
+                      "an env factory returns an opener whose open(task) returns (Env, opening messages) "
+                      "(the EnvOpener Protocol, nemo_rcgrpo/envs/interfaces.py)")
 
 
 def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):

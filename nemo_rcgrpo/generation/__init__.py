@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nemo_rcgrpo.registry import lookup, register
+from nemo_rcgrpo.registry import check_part, lookup, register
 
 if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and needs none of the config
     from nemo_rcgrpo.config import PolicySetup
@@ -48,12 +48,13 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any, gated: bool =
         raise TypeError(f"make_generator takes a PolicySetup, not {type(setup).__name__}")
     from nemo_rcgrpo.generation.base import Generator
 
-    generator = lookup("generator", setup.generation.backend)(setup, model, tokenizer)
-    if not isinstance(generator, Generator):  # the loops call these without probing for them
-        missing = [m for m in ("generate", "update_weights", "close", "version", "shares_policy_weights")
-                   if not hasattr(generator, m)]
-        raise TypeError(f"generation.backend={setup.generation.backend}: the factory returned a "
-                        f"{type(generator).__name__} without {missing} (the Generator Protocol, generation/base.py)")
+    backend = setup.generation.backend
+    factory = lookup("generator", backend)
+    generator = factory(setup, model, tokenizer)
+    # the loops call these without probing for them: a missing one is one line now, not an AttributeError mid-step
+    check_part("generator", backend, factory, generator, Generator,
+               "a generator has version and shares_policy_weights, and generate(), update_weights() and close() "
+               "(the Generator Protocol, nemo_rcgrpo/generation/base.py)")
     if gated and not generator.shares_policy_weights:
         from nemo_rcgrpo.generation.gated import GatedGenerator
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nemo_rcgrpo.models.interfaces import Policy
-from nemo_rcgrpo.registry import lookup, register
+from nemo_rcgrpo.registry import check_part, lookup, register
 from nemo_rcgrpo.utils.checkpoint import checkpoint_tmp_dir, prepare_checkpoint, save_checkpoint
 from nemo_rcgrpo.utils.dist import DistInfo, barrier
 from nemo_rcgrpo.utils.weight_stream import WeightStream
@@ -41,7 +41,10 @@ def make_policy(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, tota
 
     if not isinstance(build, PolicyBuild):  # a whole TrainConfig is not a factory's input (cfg.policy_build())
         raise TypeError(f"make_policy takes a PolicyBuild, not {type(build).__name__}")
-    return lookup("policy_backend", build.policy.backend)(build, model, dist, total_steps)
+    factory = lookup("policy_backend", build.policy.backend)
+    return check_part("policy_backend", build.policy.backend, factory, factory(build, model, dist, total_steps),
+                      Policy, "a policy declares the capabilities the loops ask of it and has the methods they call "
+                      "(the Policy Protocol, nemo_rcgrpo/models/interfaces.py)")
 
 
 def sync_generator(policy: Policy, generator, shares_weights: bool, version: int) -> None:

@@ -83,8 +83,21 @@ SCHEMAS = {"train_schema": "nemo_rcgrpo.config:TrainConfig",
 # schema node leaves them empty, the recipe's keys are merged in, and ``section.key=value`` adds or replaces a key
 OPEN_SECTIONS = ("env.settings",)
 
-# settings that became others, named in the error of a command line that still gives them
+# settings that became others, named in the error of a command line or a recipe that still gives them
 MOVED = {"rl.loss.tis_cap": "rl.loss.correction=token_tis rl.loss.correction_cap=<the cap> (null: rl.loss.correction=none)"}
+
+
+def moved_line(key: str) -> str | None:
+    """``"unknown setting KEY: ..."``, the line for a setting that moved: ``MOVED``'s, and the env section's keys
+    that went into ``env.settings`` (`utils/run_dir.py: RENAMED`, which also lets a run saved under them resume)."""
+    from nemo_rcgrpo.utils.run_dir import RENAMED  # imported here: run_dir imports this module
+
+    if key in MOVED:
+        return f"unknown setting {key}: it is now {MOVED[key]}"
+    if key in RENAMED:
+        return (f"unknown setting {key}: it moved to {RENAMED[key]} (each env has a settings section of its own; "
+                f"in a recipe: env: {{settings: {{{key.rsplit('.', 1)[-1]}: ...}}}})")
+    return None
 
 
 def schema_defaults(spec: str) -> dict[str, Any]:
@@ -179,8 +192,8 @@ def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | 
     if not m:
         return None
     key = m.group(1)
-    if key in MOVED:
-        return f"unknown setting {key}: it is now {MOVED[key]}"
+    if moved_line(key):
+        return moved_line(key)
     try:
         keys = _flat_keys(compose(config_name, [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]))
     except ConfigError:
@@ -210,6 +223,11 @@ def reject_unknown(section: str, given: dict[str, Any], known: set[str]) -> None
     unknown = sorted(set(given) - known)
     if unknown:
         where = f"{section}." if section else ""
+        renamed = [where + k for k in unknown if moved_line(where + k)]
+        if renamed:  # a recipe written before the setting moved: where it went
+            others = [where + k for k in unknown if where + k not in renamed]
+            raise ConfigError(moved_line(renamed[0]) + (f" (moved too: {renamed[1:]})" if renamed[1:] else "")
+                              + (f" (also unknown: {others})" if others else ""))
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.5)
         hint = f"did you mean {where}{close[0]}? " if close else ""
         raise ConfigError(f"unknown setting {where}{unknown[0]}; {hint}known: {sorted(known)}"

@@ -34,6 +34,7 @@ def test_shipped_env_config_composes_and_builds_an_env(suite):
         ("categories=[base,web_search]", "use a non-empty subset"),
         ("+temperature=1.0", "unknown setting env.temperature"),
         ("+settings.temperature=1.0", "unknown setting env.settings.temperature"),
+        ("+max_steps=3", "unknown setting env.max_steps: it moved to env.settings.max_steps"),
         ("settings.arg_types=loose", "env.settings.arg_types='loose'"),
         ("settings=3", "env.settings must be a section (mapping), got 3"),
     ],
@@ -53,7 +54,9 @@ def test_bad_settings_are_explained(override, message):
     ("train", ["logging.wandb.enabled=no"], "logging.wandb.enabled='no' must be a boolean"),
     ("train", ["logging.wandb.enabled=yes"], "logging.wandb.enabled='yes' must be a boolean"),
     ("train", ["env.settings.max_steps=many"], "env.settings.max_steps='many' must be an integer"),
-    ("train", ["env.mode=per_turn"], "unknown setting env.mode; did you mean env.settings.mode?"),
+    ("train", ["env.mode=per_turn"], "unknown setting env.mode: it moved to env.settings.mode (each env has a "
+     "settings section of its own; in a recipe: env: {settings: {mode: ...}})"),
+    ("train", ["+env.max_steps=5"], "unknown setting env.max_steps: it moved to env.settings.max_steps"),
     ("train", ["rl.loss.tis_cap=2"], "unknown setting rl.loss.tis_cap: it is now rl.loss.correction=token_tis "
      "rl.loss.correction_cap=<the cap>"),
     ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),

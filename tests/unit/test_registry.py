@@ -311,8 +311,11 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
     register("generator", "test_no_close")(lambda setup, model, tokenizer: NoClose())
     setup = _cfg("generation=scripted", "model.path=tiny-llama").policy_setup()
     setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_no_close"))
-    with pytest.raises(TypeError, match=r"generation.backend=test_no_close: the factory returned a NoClose without "
-                                        r"\['close'\]"):
+    from nemo_rcgrpo.envs.contract import PluginContractError
+
+    with pytest.raises(PluginContractError, match=r"^generator test_no_close: its factory .*<lambda> \(test_registry"
+                                                  r".py:\d+\) returned a .*NoClose \(test_registry.py:\d+\) without "
+                                                  r"close\(\): a generator has version and shares_policy_weights"):
         make_generator(setup, None, None)
 
 

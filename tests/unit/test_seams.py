@@ -191,7 +191,11 @@ def test_a_plugin_generator_without_a_declared_capability_is_refused_naming_it()
     try:
         setup = TrainConfig.from_dict(compose("smoke_stage1", [])).policy_setup()
         setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_old_style"))
-        with pytest.raises(TypeError, match=r"without \['shares_policy_weights'\]"):
+        from nemo_rcgrpo.envs.contract import PluginContractError  # a ValueError: the CLI's one line, exit 2
+
+        with pytest.raises(PluginContractError, match=r"^generator test_old_style: its factory .*<lambda> "
+                                                      r"\(test_seams.py:\d+\) returned a .*OldStyle \(test_seams.py:"
+                                                      r"\d+\) without shares_policy_weights: "):
             make_generator(setup, None, None)
     finally:
         registry.table("generator").pop("test_old_style", None)
