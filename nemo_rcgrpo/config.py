@@ -176,6 +176,7 @@ class TrainConfig:
         _choice("data.mode", self.data.mode, EPISODE_MODES)
         _choice("data.split", self.data.split, ("train", "test", "all"))
         _choice("trainer.schedule", self.trainer.schedule, ("cosine", "linear", "constant"))
+        _choice("trainer.on_nonfinite", self.trainer.on_nonfinite, ("stop", "skip"))
         lookup("policy_backend", self.policy.backend, setting="policy.backend")
         self._validate_megatron()
         _choice("logging.wandb.mode", self.logging.wandb.mode, ("offline", "online", "disabled"))

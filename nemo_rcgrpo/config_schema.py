@@ -60,6 +60,9 @@ class TrainerConfig:
     # as the policy runs them): in stage 2 whole groups where they fit, else rollouts; null: micro_batch_size each
     micro_batch_tokens: int | None = None
     grad_clip: float = 1.0
+    # a NaN or infinite loss or gradient norm: stop (one line, exit 2, nothing saved from that step) | skip (no
+    # update from a non-finite gradient; the run stops after 5 such steps in a row)
+    on_nonfinite: str = "stop"
     log_every: int = 1
     save_every: int = 50  # optimizer steps between checkpoints (and at the end)
     keep_last: int = 2  # checkpoints kept (the newest)

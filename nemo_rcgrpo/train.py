@@ -11,6 +11,7 @@ The config (``conf/<name>.yaml``) is composed with Hydra, validated against
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,18 @@ def _wrote_config(run_dir: str, since: float) -> bool:
         return False
 
 
+def _disk_full_line(error: OSError, run_dir: str | None) -> str:
+    """``no space left on device while writing <what> in <where>; the newest complete checkpoint is <path>``."""
+    from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+    from nemo_rcgrpo.utils.run_lock import DiskFull
+
+    head = str(error) if isinstance(error, DiskFull) else f"no space left on device ({error})"
+    if run_dir is None:
+        return head
+    ckpt = latest_checkpoint(run_dir)
+    return f"{head}; the newest complete checkpoint is {ckpt}" if ckpt else f"{head}; no checkpoint was written"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
@@ -40,8 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
     from nemo_rcgrpo.utils.config import ConfigError
+    from nemo_rcgrpo.recipes.run_loop import NonFiniteTraining
     from nemo_rcgrpo.utils.logging import run_log
-    from nemo_rcgrpo.utils.signals import StopRequested
+    from nemo_rcgrpo.utils.run_lock import FolderNotWritable, RunLocked, check_writable, disk_full, run_lock
+    from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -50,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         invocation, cfg = resolved
         started = time.time()
-        with run_log(cfg.run_dir):
+        check_writable(cfg.run_dir, "run_dir")  # before any model loads
+        # a signal at start-up (loading, a server starting) is held here and answered before the first step
+        with StopFlag(), run_lock(cfg.run_dir, int(os.environ.get("RANK", "0"))), run_log(cfg.run_dir):
             try:
                 from nemo_rcgrpo.stages import loop_of
 
@@ -60,8 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log.debug("the run stopped: %s", e, exc_info=e)
                 raise
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
-            ValueError) as e:
+            ValueError, FolderNotWritable, RunLocked, NonFiniteTraining) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder that cannot be written: one line (the run log keeps the traceback)
+        if disk_full(e):
+            print(f"error: {_disk_full_line(e, cfg.run_dir if 'cfg' in locals() else None)}", file=sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except StopRequested as e:  # a signal: the step finished and was saved
         print(str(e), file=sys.stderr)

@@ -57,6 +57,7 @@ class UpdateTotals:
     updates: int
     grad_norm: float  # the mean over the updates
     lr: float  # the mean over the updates
+    skipped: int = 0  # updates not applied: their gradients were not finite
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:
@@ -87,7 +88,7 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
         # per token over every update (stats.tokens: the generated tokens of all updates, each epoch once)
         "kl": stats.kl_sum / max(stats.tokens, 1.0),
         "clip_fraction": stats.clipped_tokens / max(stats.tokens, 1.0),
-        "updates": float(out.updates),
+        "updates": float(out.updates), "skipped_updates": float(out.skipped),
         "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
         "turns": statistics.fmean(t.num_turns for t in trajs),
         "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),

@@ -176,7 +176,8 @@ class CheckpointPolicy:
 def resolve_checkpoint(path: str, step: int | None = None):
     """(HF folder of the architecture, weights to load on top or None, description) for checkpoint.path."""
     from nemo_rcgrpo.models.hf import resolve_model_path
-    from nemo_rcgrpo.utils.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
+    from nemo_rcgrpo.utils.checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint, load_checkpoint
+    from nemo_rcgrpo.utils.checkpoint import verify_checkpoint
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():
@@ -189,6 +190,10 @@ def resolve_checkpoint(path: str, step: int | None = None):
             p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
         if ckpt is None or not ckpt.is_dir():
             raise FileNotFoundError(f"no checkpoint {'step_' + str(step) if step else ''} in {run_dir}/checkpoints")
+        reason = verify_checkpoint(ckpt)  # never evaluate weights that are not what was written
+        if reason is not None:
+            raise CheckpointError(f"checkpoint {ckpt} fails verification ({reason}); choose another step "
+                                  f"(checkpoint.step=N) or resume the run, which falls back to one that verifies")
         state = load_checkpoint(ckpt)
         base = state["trainer_state"].get("model_path")
         tokenizer_dir = ckpt / "tokenizer"

@@ -150,7 +150,10 @@ def _load_done(path: Path) -> list[dict]:
 
 
 def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
+    from nemo_rcgrpo.utils.run_lock import check_writable
+
     out_dir = Path(cfg.out_dir)
+    check_writable(out_dir, "out_dir")  # before any model loads
     if (out_dir / "results.json").exists() and not (cfg.overwrite or cfg.resume):
         raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
                               f"or resume=true to finish an incomplete evaluation")
@@ -279,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
+    from nemo_rcgrpo.utils.run_lock import DiskFull, FolderNotWritable, RunLocked, check_writable, disk_full
+    from nemo_rcgrpo.utils.run_lock import run_lock
 
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -286,10 +291,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if resolved is None:  # --help or --cfg job
             return 0
         cfg = resolved[1]
-        result = evaluate(cfg)
+        check_writable(cfg.out_dir, "out_dir")
+        with run_lock(cfg.out_dir):  # one evaluation per out_dir
+            result = evaluate(cfg)
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, FileExistsError,
-            ValueError) as e:
+            ValueError, FolderNotWritable, RunLocked, DiskFull) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a folder that cannot be written, a full disk: one line, not a traceback
+        where = cfg.out_dir if "cfg" in locals() else "out_dir"
+        what = f"no space left on device while writing the results in {where}" if disk_full(e) else str(e)
+        print(f"error: {what}", file=sys.stderr)
         return 2
     except EvaluationIncomplete as e:
         print(f"error: evaluation stopped: {e}", file=sys.stderr)

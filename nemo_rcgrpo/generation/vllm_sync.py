@@ -49,7 +49,7 @@ _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "fl
 def _atomic_write(folder: Path, write) -> Path:
     from nemo_rcgrpo.utils.atomic import staged_folder
 
-    with staged_folder(folder) as tmp:
+    with staged_folder(folder, durable=False) as tmp:  # rebuilt from the policy if lost
         write(tmp)
     return folder
 

@@ -33,6 +33,7 @@ class TrainStepResult:
     grad_norm: float  # before clipping
     lr: float  # the learning rate of this step
     entropy_sums: list[torch.Tensor] | None = None  # with_entropy: per micro-batch the [B] token-entropy sums
+    skipped: bool = False  # the gradients were not finite: no update was applied (weights, optimizer, schedule kept)
 
 
 WeightMeta = list[tuple[str, tuple[int, ...], torch.dtype]]  # (HF name, shape, dtype) in export order

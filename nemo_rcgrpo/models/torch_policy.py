@@ -267,6 +267,9 @@ class TorchPolicy:
             self._gradients_to_master()  # under DDP: once, after the last micro-batch's reduction
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master, self.grad_clip if self.grad_clip > 0 else float("inf"))
         lr = self.scheduler.get_last_lr()[0]
+        if not torch.isfinite(grad_norm):  # never an update from NaN / inf gradients (the loop stops or goes on)
+            self.optimizer.zero_grad(set_to_none=True)
+            return TrainStepResult(stats, float(grad_norm), lr, entropy_sums if with_entropy else None, skipped=True)
         self.optimizer.step()
         self.scheduler.step()
         if self.mixed:

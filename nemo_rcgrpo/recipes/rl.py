@@ -58,6 +58,7 @@ from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import reward_token_value, training_record
 
@@ -234,7 +235,7 @@ class RLTrainer:
         n = len(tokens)
         slices = min(rl.mini_batches, n)  # dapo_filter may train on fewer groups than a full step: no empty slice
         bounds = [round(k * n / slices) for k in range(slices + 1)]
-        stats, grad_norm, lr = PolicyLossStats(), 0.0, 0.0
+        stats, grad_norm, lr, skipped = PolicyLossStats(), 0.0, 0.0, 0
         entropy = torch.zeros(sum(b.rows for b in tokens), dtype=torch.float64)
         for _epoch in range(rl.ppo_epochs):
             for lo, hi in zip(bounds, bounds[1:]):
@@ -248,9 +249,9 @@ class RLTrainer:
                     entropy[b.first:b.first + len(sums)] = sums
                 # one collective per update, on every replica alike (one without micro-batches adds zeros)
                 stats = stats + PolicyLossStats.total(result.stats, self.dp_sum)
-                grad_norm, lr = grad_norm + result.grad_norm, lr + result.lr
+                grad_norm, lr, skipped = grad_norm + result.grad_norm, lr + result.lr, skipped + result.skipped
         updates = rl.ppo_epochs * slices
-        return UpdateTotals(stats, updates, grad_norm / updates, lr / updates), entropy
+        return UpdateTotals(stats, updates, grad_norm / updates, lr / updates, skipped), entropy
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
@@ -364,10 +365,13 @@ class RLTrainer:
         cfg, main = self.cfg, self.dist.is_main
         total = cfg.trainer.max_steps
         if main:
-            write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups, adv, self.tokenizer.decode)
+            dump = self.run_dir / "rollouts" / f"step_{step}.jsonl"
+            with writing("the rollout dump", dump):
+                write_rollouts(dump, step, groups, adv, self.tokenizer.decode)
         if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
             t0 = time.perf_counter()
-            metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
+            with writing("the evaluation dump", self.run_dir / "eval"):
+                metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
         metrics["step_seconds"] = time.perf_counter() - started
         metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
         loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})

@@ -1,7 +1,8 @@
 """What every training loop does around its steps (stage 1 and RL alike), in one place:
 
 - ``open_run``: refuse another run's folder, keep this invocation's config (config.N.yaml), and where resuming load
-  the newest checkpoint into the policy (refused when it was written for another model) and the RNG state;
+  the newest checkpoint that verifies against its manifest into the policy (refused when it was written for another
+  model) and the RNG state;
 - ``RunLoop``: the progress bar and the metrics logger of the steps from ``start`` to ``end``; after each step a
   clean stop on a signal (the step finishes and is saved), a checkpoint every ``trainer.save_every`` steps and at
   the end; after the loop the stop reported, or the HF export when the run reached its last step.
@@ -9,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,9 +20,12 @@ from tqdm import tqdm
 
 from nemo_rcgrpo.models.factory import save_policy_checkpoint
 from nemo_rcgrpo.models.setup import export_hf
-from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_rng_state
-from nemo_rcgrpo.utils.dist import DistInfo, barrier
+from nemo_rcgrpo.utils.banner import say
+from nemo_rcgrpo.utils.checkpoint import CheckpointError, choose_checkpoint, latest_checkpoint, load_checkpoint
+from nemo_rcgrpo.utils.checkpoint import set_rng_state
+from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, broadcast_object
 from nemo_rcgrpo.utils.logging import MetricsLogger
+from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
@@ -32,9 +38,10 @@ def open_run(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None
     check_run_dir(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite, may_change=t.resume_may_change)
     barrier(dist)
     if dist.is_main:
-        save_run_config(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite)
+        with writing("the run's config", run_dir):
+            save_run_config(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite)
     barrier(dist)
-    ckpt = latest_checkpoint(run_dir) if t.resume else None
+    ckpt = resume_checkpoint(run_dir, dist) if t.resume else None
     if ckpt is None:
         return None, {}
     state = load_checkpoint(ckpt)
@@ -45,6 +52,36 @@ def open_run(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None
     policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
     set_rng_state(state["rng"])
     return ckpt, ts
+
+
+NONFINITE_KEYS = ("loss", "grad_norm")
+MAX_CONSECUTIVE_SKIPS = 5  # trainer.on_nonfinite=skip: the run stops after this many skipped steps in a row
+
+
+class NonFiniteTraining(RuntimeError):
+    """A step's loss or gradient norm was NaN or infinite: the run stops with nothing saved from that step."""
+
+
+def nonfinite(metrics: dict[str, float]) -> dict[str, float]:
+    """The step's loss and gradient norm where they are NaN or infinite."""
+    return {k: float(metrics[k]) for k in NONFINITE_KEYS
+            if metrics.get(k) is not None and not math.isfinite(float(metrics[k]))}
+
+
+def resume_checkpoint(run_dir: Path, dist: DistInfo) -> Path | None:
+    """The checkpoint to resume: rank 0 verifies (`choose_checkpoint`: the newest that verifies, the failing newer
+    ones named and set aside), every rank gets its choice, or the same one-line CheckpointError."""
+    chosen: tuple[str | None, str | None] = (None, None)
+    if dist.is_main:
+        try:
+            path = choose_checkpoint(run_dir, note=say)
+            chosen = (str(path) if path else None, None)
+        except CheckpointError as e:
+            chosen = (None, str(e))
+    path, error = broadcast_object(chosen, dist)
+    if error:
+        raise CheckpointError(error)
+    return Path(path) if path else None
 
 
 class RunLoop:
@@ -67,6 +104,8 @@ class RunLoop:
         self.step = start  # the last step that finished
         self.stopped: StopRequested | None = None
         self._stop = StopFlag()
+        self.skips = 0  # steps skipped in a row (trainer.on_nonfinite=skip)
+        self._last_state: dict[str, Any] | None = None  # the trainer state of the last finished step
 
     def __enter__(self) -> "RunLoop":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -78,17 +117,46 @@ class RunLoop:
         self._stop.install()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.restore()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:  # else `finish` keeps answering signals through the export, then restores
+            self._stop.restore()
         self.bar.close()
-        self.logger.close()
+        try:
+            with writing("the metrics", self.run_dir / "metrics.jsonl"):
+                self.logger.close()
+        except OSError:
+            if exc is None:  # an error already on its way is the one to report
+                raise
 
     def steps(self) -> Iterator[int]:
-        """The number (from 1) of each step to run, until ``end`` or a stop."""
+        """The number (from 1) of each step to run, until ``end`` or a stop. Before each step a signal that arrived
+        since the last check (at start-up, during the last checkpoint) stops the run there, the step before it
+        saved."""
         for step in range(self.start + 1, self.end + 1):
+            if self.stopped is None:
+                signum = self._stop.requested(self.dist)  # every rank alike
+                if signum:
+                    self._stop_here(signum)
+            if self.stopped is not None:
+                return
             yield step
             if self.stopped is not None:
                 return
+
+    def _stop_here(self, signum: int) -> None:
+        """Stop before the next step: the last finished step saved first, where its checkpoint is not there yet."""
+        if self.step > self.start and self._last_state is not None:
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is None or ckpt.name != f"step_{self.step}":
+                self._save(self.step, self._last_state)
+        self.stopped = StopRequested(signum, self.step, latest_checkpoint(self.run_dir))
+
+    def _save(self, step: int, trainer_state: dict[str, Any]) -> None:
+        with writing(f"checkpoint step_{step}", self.run_dir / "checkpoints"):
+            save_policy_checkpoint(self.policy, self.dist, self.run_dir, step, keep_last=self.cfg.trainer.keep_last,
+                                   tokenizer=self.tokenizer, record=self.record,
+                                   trainer_state={**trainer_state, "fingerprint": self.fingerprint,
+                                                  "model_path": self.cfg.model.path, "stage": self.cfg.stage})
 
     def end_step(self, step: int, metrics: dict[str, float], log: bool, trainer_state: dict[str, Any]) -> int | None:
         """After step ``step`` finished: whether a signal arrived (asked of every rank alike), the metrics logged
@@ -96,26 +164,66 @@ class RunLoop:
         ``trainer.save_every`` steps, at the end, on a stop). Returns the signal number, or None."""
         self.step = step
         signum = self._stop.requested(self.dist)  # a signal arrived: this step is the last of the invocation
-        if log or step == self.end or signum:
-            self.logger.log(step, metrics)
+        bad = nonfinite(metrics)
+        with writing("the metrics", self.run_dir / "metrics.jsonl"):
+            if log or step == self.end or signum or bad:
+                self.logger.log(step, metrics)  # non-finite values recorded as such
         self.bar.update(1)
+        stop = self._nonfinite(step, bad, metrics) if bad else None
+        self.skips = self.skips if bad else 0
+        if self.dist.world_size > 1 and all_reduce_sum(1.0 if stop else 0.0, self.dist) and not stop:
+            stop = f"non-finite values on another rank at step {step}; the run stopped"  # every rank stops alike
+        if stop:
+            raise NonFiniteTraining(stop)
+        self._last_state = trainer_state
         if step % self.cfg.trainer.save_every == 0 or step == self.end or signum:
-            save_policy_checkpoint(self.policy, self.dist, self.run_dir, step, keep_last=self.cfg.trainer.keep_last,
-                                   tokenizer=self.tokenizer, record=self.record,
-                                   trainer_state={**trainer_state, "fingerprint": self.fingerprint,
-                                                  "model_path": self.cfg.model.path, "stage": self.cfg.stage})
-        if signum and step < self.end:
-            self.stopped = StopRequested(signum, step, latest_checkpoint(self.run_dir))
+            self._save(step, trainer_state)
+        if signum:  # the last step too: the export is left to the resume
+            self.stopped = StopRequested(signum, step, latest_checkpoint(self.run_dir),
+                                         command_hint="run the same command again" if step < self.end else
+                                         "run the same command again (it writes what is left)")
         return signum
+
+    def _nonfinite(self, step: int, bad: dict[str, float], metrics: dict[str, float]) -> str | None:
+        """A NaN or infinite loss or gradient norm: why the run stops (nothing saved from this step), or None with
+        ``trainer.on_nonfinite=skip`` where the policy applied no update from it."""
+        what = " ".join(f"{k}={v}" for k, v in bad.items())
+        skipped = self.cfg.trainer.on_nonfinite == "skip" and metrics.get("skipped_updates", 0) > 0
+        self.skips = self.skips + 1 if skipped else 0
+        newest = latest_checkpoint(self.run_dir)
+        where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written"
+        if skipped and self.skips <= MAX_CONSECUTIVE_SKIPS:
+            if self.dist.is_main:
+                say(f"note: step {step}: non-finite {what}; its update was skipped (trainer.on_nonfinite=skip)")
+            return None
+        if skipped:
+            return f"{self.skips} steps in a row had non-finite values (step {step}: {what}); the run stopped, {where}"
+        return (f"non-finite {what} at step {step}; the run stopped and nothing was saved from this step ({where}); "
+                "lower trainer.lr, or skip such steps with trainer.on_nonfinite=skip")
 
     def finish(self) -> None:
         """After the loop: the stop raised (every rank), or the HF export (run_dir/hf) where the run reached its
-        last step and ``trainer.export_hf``."""
-        if self.stopped is not None:
+        last step and ``trainer.export_hf``. A signal during the export lets it finish whole, then stops with the
+        same line. The signal handlers are given back at the end."""
+        try:
+            if self.stopped is not None:
+                barrier(self.dist)
+                raise self.stopped
+            signum = self._stop.requested(self.dist)
+            if signum:  # it arrived during the last checkpoint: no export begins (the resume writes it)
+                raise StopRequested(signum, self.step, latest_checkpoint(self.run_dir),
+                                    command_hint="run the same command again (it writes what is left)")
+            exported = False
+            if self.cfg.trainer.export_hf and self.step == self.total:
+                hf = self.policy.sync_hf_model()  # a collective with the megatron backend
+                if self.dist.is_main:
+                    with writing("the HF export", self.run_dir / "hf"):
+                        export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=self.cfg.chat)
+                exported = True
             barrier(self.dist)
-            raise self.stopped
-        if self.cfg.trainer.export_hf and self.step == self.total:
-            hf = self.policy.sync_hf_model()  # a collective with the megatron backend
-            if self.dist.is_main:
-                export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=self.cfg.chat)
-        barrier(self.dist)
+            signum = self._stop.requested(self.dist)
+            if signum:  # it arrived after the last step's check: what was under way finished
+                done = f"the export {self.run_dir / 'hf'} is complete" if exported else "the steps are complete"
+                raise StopRequested(signum, self.step, latest_checkpoint(self.run_dir), done=done)
+        finally:
+            self._stop.restore()

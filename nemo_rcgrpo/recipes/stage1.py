@@ -31,6 +31,7 @@ from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import training_record
+from nemo_rcgrpo.utils.run_lock import writing
 
 
 def micro_batches_for_rank(examples: list[Example], batch: list[int], micro: int, dist: DistInfo, pad_id: int,
@@ -104,7 +105,8 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
     ckpt, ts = open_run(cfg, dist, policy, fingerprint)
     start_step, tokens_seen = ts.get("step", 0), ts.get("tokens_seen", 0)
     if dist.is_main:
-        (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
+        with writing("the data statistics", run_dir / "data_stats.json"):
+            (run_dir / "data_stats.json").write_text(json.dumps(data_stats, indent=1))
         say(start_banner(
             cfg, recipe=recipe, parameters=sum(p.numel() for p in model.parameters()), checkpoint=ckpt,
             start_step=start_step,
@@ -137,7 +139,7 @@ def _run(cfg: TrainConfig, dist: DistInfo, recipe: str | None) -> dict[str, Any]
             last = {"loss": nll / num_valid, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens": num_valid, "tokens_total": step_tokens, "tokens_per_s": step_tokens / elapsed,
                     "step_seconds": elapsed, "epoch": epoch + index / steps_per_epoch, "tokens_seen": tokens_seen,
-                    "micro_batches": float(len(groups)),
+                    "micro_batches": float(len(groups)), "skipped_updates": float(result.skipped),
                     "forward_positions_saved": 1.0 - run_positions / padded_positions if padded_positions else 0.0}
             loop.end_step(step, last, log=step % t.log_every == 0,
                           trainer_state={"tokens_seen": tokens_seen, "epoch": epoch})

@@ -10,23 +10,36 @@ Backends that shard their state (Megatron) write their shards from every rank
 into the temporary folder first (``prepare_checkpoint``), then rank 0 adds the
 rest and moves the whole folder into place; a relative ``dir`` in the saved
 optimizer state is resolved against the checkpoint on load (``path``).
+
+Each checkpoint proves itself: ``manifest.json``, written last (atomically,
+fsynced with every file before the folder is renamed into place), holds the
+step and every file's size and sha256. A resume verifies the newest checkpoint
+against it and falls back to the newest one that verifies (`choose_checkpoint`):
+a flipped byte, an edited state file, a missing or truncated file is never
+loaded. Checkpoints written before manifests existed resume with a note.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from nemo_rcgrpo.utils.atomic import swap_in
+from nemo_rcgrpo.utils.atomic import fsync_tree, swap_in
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification is set aside as checkpoints/corrupt-step_N
+_HASH_CHUNK = 8 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -115,12 +128,128 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
 
             write_record(tmp / "tokenizer", record)
     (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+    fsync_tree(tmp)  # every file on disk before the manifest vouches for it
+    write_manifest(tmp, step)
     swap_in(tmp, final)  # an older step_N is set aside, not deleted, until the new one is in place
     complete = _complete(root)
     for old in complete[:-keep_last]:
         if old != final:  # never the checkpoint just written
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)  # hashlib releases the GIL on large buffers: files hash in parallel threads
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def file_digests(folder: Path, threads: int | None = None) -> dict[str, dict[str, Any]]:
+    """{relative path: {"size", "sha256"}} of every file under ``folder`` but the manifest (files hashed in
+    parallel, ``threads`` at most: by default up to 8, one per CPU)."""
+    files = _files(folder)
+    workers = max(1, min(len(files) or 1, threads or min(8, os.cpu_count() or 1)))
+    with ThreadPoolExecutor(workers) as pool:
+        digests = list(pool.map(_sha256, files))
+    return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
+
+
+def write_manifest(folder: Path, step: int) -> Path:
+    """``folder/manifest.json``: the step and every file's size and sha256, written atomically (a temporary file,
+    fsynced, renamed) after every other file."""
+    manifest = {"format": 1, "step": step, "files": file_digests(folder)}
+    tmp = folder / f".{MANIFEST}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MANIFEST)
+    return folder / MANIFEST
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """Why checkpoint ``path`` must not be loaded (a short reason), or None when it verifies against its manifest.
+    A checkpoint without a manifest (written before manifests) returns None; `has_manifest` tells them apart."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        return None if (path / STATE_FILE).is_file() else f"no {STATE_FILE}"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files, step = dict(manifest["files"]), int(manifest["step"])
+    except Exception as e:  # noqa: BLE001 - any damage to the manifest itself
+        return f"unreadable {MANIFEST} ({type(e).__name__})"
+    m = _STEP.fullmatch(path.name)
+    if m and int(m.group(1)) != step:
+        return f"{MANIFEST} is of step {step}"
+    on_disk = {p.relative_to(path).as_posix() for p in _files(path)}
+    missing = sorted(set(files) - on_disk)
+    if missing:
+        return f"{missing[0]} is missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+    extra = sorted(on_disk - set(files))
+    if extra:
+        return f"{extra[0]} is not in {MANIFEST}"
+    for name, want in files.items():
+        size = (path / name).stat().st_size
+        if size != want["size"]:
+            return f"{name} has {size} bytes, {want['size']} written"
+    digests = file_digests(path)
+    for name, want in files.items():
+        if digests[name]["sha256"] != want["sha256"]:
+            return f"{name} differs from what was written (sha256)"
+    try:
+        state_step = json.loads((path / STATE_FILE).read_text()).get("step")
+    except Exception as e:  # noqa: BLE001
+        return f"unreadable {STATE_FILE} ({type(e).__name__})"
+    if state_step != step:
+        return f"{STATE_FILE} says step {state_step}"
+    return None
+
+
+def has_manifest(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of ``run_dir`` (``step_N`` with its state file), oldest first."""
+    root = checkpoint_dir(run_dir)
+    return _complete(root) if root.is_dir() else []
+
+
+def choose_checkpoint(run_dir: str | Path, note: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint of ``run_dir`` that verifies (`verify_checkpoint`), or None when there is none.
+
+    Each newer one that fails is named in one ``note`` line with the checkpoint resumed instead, and set aside as
+    ``checkpoints/corrupt-step_N`` (kept for a look, never loaded, out of the way of the steps to come). When
+    checkpoints exist and none verifies: CheckpointError naming them and what to remove."""
+    candidates = complete_checkpoints(run_dir)
+    failed: list[tuple[Path, str]] = []
+    for path in reversed(candidates):
+        reason = verify_checkpoint(path)
+        if reason is None:
+            if not has_manifest(path):
+                note(f"note: checkpoint {path} has no {MANIFEST} (written before checkpoints were verified); "
+                     "resuming from it unverified")
+            for bad, why in failed:
+                aside, n = bad.parent / f"{CORRUPT_PREFIX}{bad.name}", 1
+                while aside.exists():  # an earlier one set aside under that name is kept too
+                    aside, n = bad.parent / f"{CORRUPT_PREFIX}{bad.name}.{n}", n + 1
+                os.replace(bad, aside)
+                note(f"note: checkpoint {bad} fails verification ({why}); set aside as {aside.name}, "
+                     f"resuming from {path}")
+            return path
+        failed.append((path, reason))
+    if failed:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in failed)
+        raise CheckpointError(
+            f"no checkpoint in {checkpoint_dir(run_dir)} verifies ({listed}); remove "
+            f"{' '.join(str(p) for p, _ in failed)} to start over, or use a new run_dir")
+    return None
 
 
 def _load_extra(path: Path) -> dict[str, Any]:

@@ -55,6 +55,15 @@ def all_reduce_sum(value, info: DistInfo, group=None):
     return t.cpu() if torch.is_tensor(value) else float(t.item())
 
 
+def broadcast_object(value, info: DistInfo):
+    """Rank 0's ``value`` (picklable) on every rank."""
+    if info.world_size == 1:
+        return value
+    box = [value if info.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(info: DistInfo) -> None:
     if info.world_size > 1:
         dist.barrier()

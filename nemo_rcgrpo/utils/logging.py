@@ -1,6 +1,8 @@
 """Run metrics: ``metrics.jsonl`` always, TensorBoard and W&B (offline by default) when enabled.
 
-Only rank 0 writes them. Every record has ``step``; values must be numbers. ``metrics.jsonl`` keeps the flat names;
+Only rank 0 writes them. Every record has ``step``; values must be numbers. A NaN or infinite value is recorded
+as such: the string ``"nan"``, ``"inf"`` or ``"-inf"`` in ``metrics.jsonl`` (strict JSON), a float again in
+`read_metrics`, the float itself in TensorBoard and W&B. ``metrics.jsonl`` keeps the flat names;
 TensorBoard and W&B get them in namespaces (`namespaced`): ``train/``, ``rollout/``, ``timing/``, ``eval/``.
 
 The run's log file (`run_log`): ``run_dir/run.log``, every log record of the package while the run lasts, with the
@@ -68,8 +70,8 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self._file.write(json.dumps({"step": step, **{k: _json_number(v) for k, v in clean.items()}}) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in clean.items():
@@ -85,6 +87,19 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _json_number(value: float) -> float | str:
+    """A finite float as itself; NaN and the infinities as the strings "nan", "inf", "-inf" (JSON has no such
+    numbers: Python's NaN token breaks other readers)."""
+    return value if math.isfinite(value) else str(value)
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _from_json(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -155,7 +170,7 @@ def keep_history(path: Path, resume_step: int) -> None:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of ``run_dir/metrics.jsonl`` (a torn last line left out)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return _records(path)[1] if path.exists() else []
+    return [_from_json(r) for r in _records(path)[1]] if path.exists() else []
 
 
 class _RunLogHandler(logging.FileHandler):
@@ -178,6 +193,18 @@ class _RunLogHandler(logging.FileHandler):
             self.setLevel(logging.CRITICAL + 1)
             print(f"warning: the run log {self.baseFilename} cannot be written ({e}); it is not written further",
                   file=sys.stderr)
+
+    def flush(self):
+        try:
+            super().flush()
+        except OSError:  # a full disk: what could not be written is lost, the run is not
+            self.setLevel(logging.CRITICAL + 1)
+
+    def close(self):
+        try:
+            super().close()
+        except OSError:
+            self.stream = None
 
 
 class _ToRoot(logging.Handler):

@@ -29,6 +29,7 @@ RESUME_FREE = (
     "run_dir", "trainer.resume", "trainer.stop_after", "trainer.resume_may_change", "overwrite",
     # bookkeeping: what is logged, saved and shown, not what is computed
     "logging", "trainer.save_every", "trainer.keep_last", "trainer.log_every", "trainer.export_hf",
+    "trainer.on_nonfinite",  # what happens if a step goes non-finite, not what a finite step computes
     "rl.eval_every", "rl.eval_tasks", "rl.max_failed_share", "data.prepare_if_missing",
     # where and how the generation server is reached
     "generation.vllm.url", "generation.vllm.host", "generation.vllm.port", "generation.vllm.devices",

@@ -259,8 +259,8 @@ class MegatronPolicy:
             group["lr"] = lr
         stats = self.backward(micro_batches, loss_fn, num_valid_tokens)
         ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise FloatingPointError("the optimizer step was skipped (non-finite gradients)")
+        if not ok:  # megatron-core found NaN / inf gradients and applied no update: the loop stops or goes on
+            return TrainStepResult(stats, float("nan"), lr, skipped=True)
         self.optimizer_step += 1
         return TrainStepResult(stats, float(grad_norm or 0.0), lr)
 

@@ -3,20 +3,24 @@
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from nemo_rcgrpo.utils.checkpoint import (
+    MANIFEST,
     STATE_FILE,
     CheckpointError,
     checkpoint_dir,
+    choose_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     prepare_checkpoint,
     save_checkpoint,
     set_rng_state,
+    verify_checkpoint,
 )
 
 
@@ -115,8 +119,9 @@ def test_keep_last_prunes_only_the_oldest_and_only_after_the_new_one_is_complete
     real_replace = os.replace
 
     def spy_replace(src, dst):
-        seen_at_rename.append(sorted(p.name for p in root.glob("step_*")))
-        assert (src / STATE_FILE).is_file()  # the state file is written before the move
+        if Path(src).is_dir():  # the folder's move (the manifest's own rename comes before it)
+            seen_at_rename.append(sorted(p.name for p in root.glob("step_*")))
+            assert (src / STATE_FILE).is_file() and (src / MANIFEST).is_file()  # both written before the move
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", spy_replace)  # utils/atomic.py: swap_in
@@ -234,3 +239,93 @@ def test_checkpoints_with_the_older_rng_format_still_load(tmp_path):
     np.random.seed(0)
     set_rng_state(state["rng"])
     assert (random.random(), float(np.random.rand())) == expected
+
+
+# ------------------------------------------------------------------ manifests: checkpoints that prove themselves
+
+
+def _flip(path: Path, at: int = -40) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
+    import hashlib
+
+    ckpt = _save(tmp_path, 3)
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    assert manifest["step"] == 3
+    on_disk = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST)
+    assert sorted(manifest["files"]) == on_disk and STATE_FILE in on_disk and "model.pt" in on_disk
+    for name, entry in manifest["files"].items():
+        data = (ckpt / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert verify_checkpoint(ckpt) is None
+
+
+@pytest.mark.parametrize("fault, reason", [
+    ("flip model", "model.pt differs from what was written"),
+    ("flip optimizer", "optimizer.pt differs from what was written"),
+    ("edit step", f"{STATE_FILE} differs from what was written"),
+    ("truncate", "model.pt has"),
+    ("delete", "extra.pt is missing"),
+    ("extra file", "stray.bin is not in"),
+    ("bad manifest", f"unreadable {MANIFEST}"),
+])
+def test_any_damage_fails_verification_and_the_newest_good_checkpoint_is_resumed(tmp_path, fault, reason):
+    _save(tmp_path, 2)
+    bad = _save(tmp_path, 4)
+    if fault == "flip model":
+        _flip(bad / "model.pt")
+    elif fault == "flip optimizer":
+        _flip(bad / "optimizer.pt")
+    elif fault == "edit step":  # valid JSON, one step on: would skip a step silently
+        state = json.loads((bad / STATE_FILE).read_text())
+        (bad / STATE_FILE).write_text(json.dumps({**state, "step": 5}, indent=1))
+    elif fault == "truncate":
+        (bad / "model.pt").write_bytes((bad / "model.pt").read_bytes()[:100])
+    elif fault == "delete":
+        (bad / "extra.pt").unlink()
+    elif fault == "extra file":
+        (bad / "stray.bin").write_bytes(b"x")
+    else:
+        (bad / MANIFEST).write_text("{")
+    assert reason in verify_checkpoint(bad)
+    notes = []
+    chosen = choose_checkpoint(tmp_path, note=notes.append)
+    assert chosen == checkpoint_dir(tmp_path) / "step_2"
+    assert len(notes) == 1 and "step_4 fails verification" in notes[0] and reason in notes[0] \
+        and "resuming from" in notes[0] and "step_2" in notes[0]
+    # set aside, kept for a look, out of the way of the steps to come (and of pruning)
+    assert _steps(tmp_path) == ["corrupt-step_4", "step_2"]
+    assert latest_checkpoint(tmp_path) == chosen
+    assert load_checkpoint(chosen)["trainer_state"]["step"] == 2
+
+
+def test_when_no_checkpoint_verifies_the_error_names_them_and_what_to_remove(tmp_path):
+    for step in (2, 4):
+        _flip(_save(tmp_path, step) / "model.pt")
+    with pytest.raises(CheckpointError) as e:
+        choose_checkpoint(tmp_path, note=lambda _: None)
+    text = str(e.value)
+    assert "\n" not in text and "no checkpoint in" in text and "step_4: model.pt differs" in text \
+        and "step_2: model.pt differs" in text and "remove" in text
+    assert _steps(tmp_path) == ["step_2", "step_4"]  # nothing moved when there is nothing to resume instead
+
+
+def test_a_checkpoint_without_a_manifest_resumes_with_a_note(tmp_path):
+    ckpt = _save(tmp_path, 3)
+    (ckpt / MANIFEST).unlink()  # as written before manifests existed
+    notes = []
+    assert choose_checkpoint(tmp_path, note=notes.append) == ckpt
+    assert len(notes) == 1 and "no manifest.json" in notes[0] and "unverified" in notes[0]
+    assert choose_checkpoint(tmp_path / "empty", note=notes.append) is None
+
+
+def test_a_second_corrupt_copy_of_a_step_is_kept_beside_the_first(tmp_path):
+    _save(tmp_path, 1)
+    for _ in range(2):
+        _flip(_save(tmp_path, 2) / "model.pt")
+        assert choose_checkpoint(tmp_path, note=lambda _: None).name == "step_1"
+    assert _steps(tmp_path) == ["corrupt-step_2", "corrupt-step_2.1", "step_1"]
