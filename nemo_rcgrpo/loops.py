@@ -43,7 +43,14 @@ def stage1_first(cfg) -> None:
     stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
     if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
         print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
-    run_stage1(stage1, recipe=cfg.rl.stage1_recipe)
+    from nemo_rcgrpo.utils.run_lock import check_writable, run_lock
+
+    import contextlib
+
+    check_writable(stage1.run_dir, "the stage-1 run_dir")
+    same = Path(stage1.run_dir).resolve() == Path(cfg.run_dir).resolve()  # held already by this invocation
+    with contextlib.nullcontext() if same else run_lock(stage1.run_dir, int(os.environ.get("RANK", "0"))):
+        run_stage1(stage1, recipe=cfg.rl.stage1_recipe)  # its own folder: one writer there too
 
 
 register("loop", "stage1")(Loop(stage1_loop, rl=False))

@@ -65,7 +65,7 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "env_settings": ("env.settings (of the env of the same name)", "a dataclass: its fields are env.settings, their "
                                                                    "defaults the section's (nemo_rcgrpo.envs.config)"),
     "eval_policy": ("policy (rcgrpo eval)", "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
-                                            "seed, on_done, only) -> episode records; .description): "
+                                            "seed, on_done, only) -> episode records; .description; .close()): "
                                             "nemo_rcgrpo.evaluation.policies"),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind)

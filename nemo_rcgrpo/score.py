@@ -19,11 +19,12 @@ the file goes on. Input and output are streamed (one line in memory at a time).
 OUT is bounded in proportion to the input: at most ``OUTPUT_FLOOR_CHARS`` plus
 ``OUTPUT_CHARS_PER_INPUT_CHAR`` characters per character of input read so far,
 and one record at most ``MAX_RECORD_CHARS``. A record past the bound has its
-observations clipped (each clipped one ends in ``... [clipped N characters]``;
-the record says ``"observations_clipped": true``), or dropped when even that
-does not fit; the scores are always written. OUT is written to ``OUT.partial``
-and renamed when the last line is scored, so a killed run never leaves a
-truncated OUT (the lines scored so far are in ``OUT.partial``).
+observations clipped, longest first (each clipped one ends in ``... [clipped N
+characters]``; the record says ``"observations_clipped": true``; `utils/bounded.py`,
+as in the training and evaluation dumps), or dropped when even that does not
+fit; the scores are always written. OUT is written to ``OUT.partial`` and renamed
+when the last line is scored, so a killed run never leaves a truncated OUT (the
+lines scored so far are in ``OUT.partial``).
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ from typing import Any, BinaryIO, Iterable, Iterator
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
+from nemo_rcgrpo.utils.bounded import CLIPPED_FLAG, clip_observations
 
 MAX_LINE_CHARS = 4_000_000
 MAX_RECORD_CHARS = 1_000_000  # one output record
 # all of OUT: 16 KB of calls wrote 36 MB of observations before (ground truth needs at most 10 per input character)
 OUTPUT_FLOOR_CHARS = 65_536
 OUTPUT_CHARS_PER_INPUT_CHAR = 128
-MIN_CLIPPED_CHARS = 32  # an observation clipped shorter than this is dropped with the others
 
 
 class _TooLong:
@@ -144,28 +145,13 @@ def read_lines(f: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[bytes | _To
         yield line
 
 
-def _clip(text: str, keep: int) -> str:
-    return text if len(text) <= keep else text[:keep] + f"... [clipped {len(text) - keep} characters]"
-
-
 def bounded_record(record: dict[str, Any], limit: int = MAX_RECORD_CHARS) -> str:
-    """The record as one JSON line of at most about ``limit`` characters: observations clipped to the same
-    length first (shortest first kept whole), dropped when that is too little; the scores always stay."""
-    text = json.dumps(record, default=str)
-    if len(text) <= limit or "observations" not in record:
-        return text
-    observations = record["observations"]
-    clipped = {**record, "observations_clipped": True, "observations": [[] for _ in observations]}
-    room = limit - len(json.dumps(clipped, default=str))
-    count = sum(len(turn) for turn in observations)
-    keep = room // (2 * max(1, count)) - 32  # JSON escaping can double a character; the marker takes ~30
-    while keep >= MIN_CLIPPED_CHARS:
-        clipped["observations"] = [[_clip(o, keep) for o in turn] for turn in observations]
-        text = json.dumps(clipped, default=str)
-        if len(text) <= limit:
-            return text
-        keep //= 2
-    clipped["observations"] = []
+    """The record as one JSON line of at most about ``limit`` characters: observations clipped longest first
+    (`utils/bounded.py`), dropped when that is too little; the scores always stay."""
+    line = clip_observations(record, limit)
+    if line is not None or "observations" not in record:  # a line that could not be scored is written as it is
+        return line if line is not None else json.dumps(record, default=str)
+    clipped = {**record, CLIPPED_FLAG: True, "observations": []}
     text = json.dumps(clipped, default=str)
     if len(text) <= limit:
         return text
@@ -181,13 +167,18 @@ class OutputBudget:
         self.written = 0
 
     def count(self, lines: Iterable[Any]) -> Iterator[Any]:
-        """``lines`` as they are, counted as they are read (a line too long to read counts as its limit)."""
+        """``lines`` as they are, counted as they are read with their newline, once (a line too long to read
+        counts as its limit)."""
         for line in lines:
-            self.read += (MAX_LINE_CHARS if isinstance(line, _TooLong) else len(line)) + 1
+            if isinstance(line, _TooLong):
+                self.read += MAX_LINE_CHARS + 1
+            else:
+                self.read += len(line) + (not line.endswith(b"\n" if isinstance(line, bytes) else "\n"))
             yield line
 
     def limit(self) -> int:
-        left = OUTPUT_FLOOR_CHARS + OUTPUT_CHARS_PER_INPUT_CHAR * self.read - self.written
+        """The most characters the next record's line may have, its newline left out."""
+        left = OUTPUT_FLOOR_CHARS + OUTPUT_CHARS_PER_INPUT_CHAR * self.read - self.written - 1
         return max(0, min(MAX_RECORD_CHARS, left))
 
 

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.time()
         check_writable(cfg.run_dir, "run_dir")  # before any model loads
         # a signal at start-up (loading, a server starting) is held here and answered before the first step
-        with StopFlag(), run_lock(cfg.run_dir, int(os.environ.get("RANK", "0"))), run_log(cfg.run_dir):
+        with StopFlag() as outer, run_lock(cfg.run_dir, int(os.environ.get("RANK", "0"))), run_log(cfg.run_dir):
             try:
                 from nemo_rcgrpo.stages import loop_of
 
@@ -76,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if _wrote_config(cfg.run_dir, started):  # never into a folder this invocation was refused
                     log.debug("the run stopped: %s", e, exc_info=e)
                 raise
+            if outer.signum:  # it came as the run ended: all was done, said as any stop is
+                from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+
+                raise StopRequested(outer.signum, result["steps"], latest_checkpoint(cfg.run_dir),
+                                    done="the run is complete")
     except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
             ValueError, FolderNotWritable, RunLocked, NonFiniteTraining) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -89,13 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StopRequested as e:  # a signal: the step finished and was saved
         print(str(e), file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
+    except KeyboardInterrupt as e:  # a second signal: what was under way was abandoned
+        import signal
+
         from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
 
+        signum = getattr(e, "signum", signal.SIGINT)
         ckpt = latest_checkpoint(cfg.run_dir) if "cfg" in locals() else None
         where = f"the newest complete checkpoint is {ckpt}" if ckpt else "no checkpoint was written"
-        print(f"interrupted during a step ({where}); to resume, run the same command again", file=sys.stderr)
-        return 130
+        print(f"interrupted by a second {signal.Signals(signum).name} ({where}); to resume, run the same command "
+              "again", file=sys.stderr)
+        return 128 + signum
     print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "
           f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})")
     return 0

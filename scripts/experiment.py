@@ -69,6 +69,11 @@ CONFIDENCE = 0.95
 ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def cores() -> int:
     """The cores this process may run on (its affinity, not the machine's count)."""
     try:
@@ -145,7 +150,7 @@ def prop43_bound(mu_h: float, mu_l: float, p: float = P_HIGH, group_size: int = 
 
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    return [_metric_values(json.loads(l)) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
 
 
 # ------------------------------------------------------------------ running the commands

@@ -81,6 +81,11 @@ VERSIONS = ("torch", "transformers", "triton", "pyarrow", "fsspec", "packaging",
             "huggingface-hub", "tokenizers", "transformer-engine", "apex")
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def plan(work: Path, rehearse: bool = False) -> list[dict]:
     """The steps by value: name, argv or recipe + overrides, time limit. ``rehearse`` (CPU): tiny shapes, x 15."""
     model, data, cuda = work / "smollm2-random", work / "data", not rehearse and _cuda()
@@ -220,7 +225,7 @@ def _all_reduce(backend: str) -> dict:
 # ---------------------------------------------------------------------------------------------- reading results
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    return [_metric_values(json.loads(l)) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
 
 
 def _changed_share(before: Path, after: Path) -> float | None:

@@ -6,7 +6,6 @@ Shapes: N groups of G rollouts; B rows of a micro-batch, T its padded length (ri
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +19,7 @@ from nemo_rcgrpo.algorithms.losses import PolicyLossStats
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.rollout.multi_turn import Trajectory
+from nemo_rcgrpo.utils.bounded import bounded_line
 
 RolloutGroup = list[Trajectory]  # the G rollouts of one task (one group); advantages are taken within it
 
@@ -127,7 +127,8 @@ def write_rollouts(path: Path, step: int, groups: Sequence[RolloutGroup], adv: t
                    decode: Callable[[list[int]], str]) -> None:
     """rollouts/step_N.jsonl (N counts from 1, as metrics.jsonl and checkpoints/ do): one record per rollout; the
     rendered prompt (reward goal included) is written once per group and token, on the first record that has
-    it, and the others name that record's line (``prompt_line``, from 1)."""
+    it, and the others name that record's line (``prompt_line``, from 1). Each line is bounded (`utils/bounded.py`:
+    tool results clipped past a cap that follows the rollout's generated text); the training batch is not."""
     path.parent.mkdir(parents=True, exist_ok=True)
     first_line: dict[tuple[int, str | None], int] = {}
     with path.open("w") as f:
@@ -141,4 +142,4 @@ def write_rollouts(path: Path, step: int, groups: Sequence[RolloutGroup], adv: t
                 else:
                     first_line[(g, t.reward_token)] = line
                     record["prompt"] = decode(t.token_ids[: t.prompt_length])
-                f.write(json.dumps(record, default=str) + "\n")
+                f.write(bounded_line(record) + "\n")

@@ -1,6 +1,7 @@
 """What `rcgrpo eval` evaluates (``policy=``): oracle and null (reference points), an OpenAI-compatible endpoint,
-and a trained checkpoint through the training stack's generator, each with ``run(suite, task_ids, sample, seed,
-on_done, only) -> [episode record]`` and ``close()``; `run.py` runs them and writes the results.
+and a trained checkpoint through the training stack's generator, each an `EvalPolicy`: ``description``, ``run(suite,
+task_ids, sample, seed, on_done, only) -> [episode record]`` and ``close()`` (checked where it is built, one line
+when a plugin's misses one); `run.py` runs them and writes the results.
 """
 
 from __future__ import annotations
@@ -8,15 +9,29 @@ from __future__ import annotations
 import sys
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.evaluation.records import episode_record, failure_reason  # noqa: F401 - failure_reason: public
-from nemo_rcgrpo.registry import lookup, register
+from nemo_rcgrpo.registry import check_part, lookup, register
 from nemo_rcgrpo.utils.provenance import reward_token_value
+
+
+class EvalPolicy(Protocol):
+    """What `run.py: evaluate` uses of the policy an ``eval_policy`` factory returns: what results.json and the
+    first line say of it, its episodes, and its end (called once, also after a failure)."""
+
+    description: dict[str, Any]  # the model, the reward token (`auto` resolved), ...: results.json's ``policy``
+
+    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable[[dict], None],
+            only: set[str] | None = None) -> list[dict]:
+        """The episode records of ``task_ids`` (those in ``only``), each also handed to ``on_done`` when it ends."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def conditioning(cfg: EvalConfig, model_path: Path | None, source: str, has_tokens: bool | None):
@@ -190,7 +205,8 @@ def resolve_checkpoint(path: str, step: int | None = None):
             p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
         if ckpt is None or not ckpt.is_dir():
             raise FileNotFoundError(f"no checkpoint {'step_' + str(step) if step else ''} in {run_dir}/checkpoints")
-        reason = verify_checkpoint(ckpt)  # never evaluate weights that are not what was written
+        # never evaluate weights that are not what was written (the optimizer's bytes, most of them, are not used)
+        reason = verify_checkpoint(ckpt, hashed=lambda name: name not in ("optimizer.pt", "extra.pt"))
         if reason is not None:
             raise CheckpointError(f"checkpoint {ckpt} fails verification ({reason}); choose another step "
                                   f"(checkpoint.step=N) or resume the run, which falls back to one that verifies")
@@ -302,6 +318,10 @@ def checkpoint_policy(cfg: EvalConfig, suite: BFCLSuite):
     return CheckpointPolicy(cfg, suite)
 
 
-def make_policy(cfg: EvalConfig, suite: BFCLSuite):
-    """The ``policy`` entry (kind ``eval_policy``: oracle, null, endpoint, checkpoint or a plugin's)."""
-    return lookup("eval_policy", cfg.policy)(cfg, suite)
+def make_policy(cfg: EvalConfig, suite: BFCLSuite) -> EvalPolicy:
+    """The ``policy`` entry (kind ``eval_policy``: oracle, null, endpoint, checkpoint or a plugin's), checked for
+    what `evaluate` uses of it before any episode runs."""
+    factory = lookup("eval_policy", cfg.policy)
+    return check_part("eval_policy", cfg.policy, factory, factory(cfg, suite), EvalPolicy,
+                      "an eval policy has description, and run() and close() (the EvalPolicy Protocol, "
+                      "nemo_rcgrpo/evaluation/policies.py)")

@@ -38,6 +38,7 @@ from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.evaluation.policies import make_policy
+from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.config import ConfigError
 
 SAMPLE_SEED_STRIDE = 1_000_003
@@ -176,7 +177,7 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     records = [r for r in records if r["task_id"] in wanted and r["sample"] < cfg.samples]
     done = {(r["task_id"], r["sample"]) for r in records}
     if cfg.resume:  # rewrite the kept episodes (drops a torn line), then append
-        traj_path.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+        traj_path.write_text("".join(bounded_line(r) + "\n" for r in records))
     random.seed(cfg.seed)
     policy = make_policy(cfg, suite)
     described = policy.description  # what the policy says of itself: the model, the reward token (`auto` resolved)
@@ -198,7 +199,7 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         with traj_path.open("a" if cfg.resume else "w") as traj_file:
             def on_done(rec: dict) -> None:
                 with lock:
-                    traj_file.write(json.dumps(rec, default=str) + "\n")
+                    traj_file.write(bounded_line(rec) + "\n")  # tool results clipped past the cap (utils/bounded.py)
                     traj_file.flush()
                     bar.update(1)
 

@@ -56,6 +56,8 @@ class Policy(Protocol):
     export_is_collective: bool
     # checkpoints hold a backend folder written by save_sharded from every rank (Megatron's dist_checkpointing)
     sharded_checkpoints: bool
+    # train_step applies no update from non-finite gradients (TrainStepResult.skipped): trainer.on_nonfinite=skip
+    skips_nonfinite_updates: bool
 
     def logprobs(self, batch: MicroBatch, with_entropy: bool = False) -> Any:
         """No gradient: [B, T] token logprobs at the masked positions, or ([B, T], [B, T] entropies)."""

@@ -182,6 +182,7 @@ class TorchPolicy:
 
     export_is_collective = False
     sharded_checkpoints = False
+    skips_nonfinite_updates = True  # train_step applies no update from NaN / inf gradients (trainer.on_nonfinite)
     fuses_old_logprobs = True  # `train_step(with_entropy=True)` returns the training pass's entropies
     distributed_rl = False  # the stage-2 loop runs it in one process (several: the megatron backend)
 

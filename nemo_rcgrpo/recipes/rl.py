@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import random
 import statistics
 import time
@@ -57,6 +56,7 @@ from nemo_rcgrpo.models.factory import make_policy, sync_generator
 from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
+from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
 from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
@@ -267,10 +267,11 @@ class RLTrainer:
         out.update({f"eval_accuracy_{c}": v["accuracy"] for c, v in summary["categories"].items()})
         folder = self.run_dir / "eval"
         folder.mkdir(parents=True, exist_ok=True)
-        with (folder / f"step_{self.step}.jsonl").open("w") as f:
+        dump = folder / f"step_{self.step}.jsonl"
+        with writing("the evaluation dump", dump), dump.open("w") as f:
             for t in trajs:
                 record = {"step": self.step, **t.record(), "prompt": self.tokenizer.decode(t.token_ids[: t.prompt_length])}
-                f.write(json.dumps(record, default=str) + "\n")
+                f.write(bounded_line(record) + "\n")  # tool results clipped past the dump cap (utils/bounded.py)
         return out
 
     # ------------------------------------------------------------------ loop
@@ -370,8 +371,7 @@ class RLTrainer:
                 write_rollouts(dump, step, groups, adv, self.tokenizer.decode)
         if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
             t0 = time.perf_counter()
-            with writing("the evaluation dump", self.run_dir / "eval"):
-                metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
+            metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
         metrics["step_seconds"] = time.perf_counter() - started
         metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
         loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})

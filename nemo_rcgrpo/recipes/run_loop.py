@@ -78,6 +78,8 @@ def resume_checkpoint(run_dir: Path, dist: DistInfo) -> Path | None:
             chosen = (str(path) if path else None, None)
         except CheckpointError as e:
             chosen = (None, str(e))
+        except Exception as e:  # noqa: BLE001 - any failure reaches every rank as one line (none waits forever)
+            chosen = (None, f"cannot verify the checkpoints in {run_dir}/checkpoints: {type(e).__name__}: {e}")
     path, error = broadcast_object(chosen, dist)
     if error:
         raise CheckpointError(error)
@@ -105,7 +107,13 @@ class RunLoop:
         self.stopped: StopRequested | None = None
         self._stop = StopFlag()
         self.skips = 0  # steps skipped in a row (trainer.on_nonfinite=skip)
+        if t.on_nonfinite == "skip" and not policy.skips_nonfinite_updates:
+            from nemo_rcgrpo.utils.config import ConfigError
+
+            raise ConfigError(f"trainer.on_nonfinite=skip needs a policy backend that skips non-finite updates; "
+                              f"policy.backend={cfg.policy.backend} applies them (use trainer.on_nonfinite=stop)")
         self._last_state: dict[str, Any] | None = None  # the trainer state of the last finished step
+        self._saved_step: int | None = None  # the last step this invocation saved
 
     def __enter__(self) -> "RunLoop":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +134,7 @@ class RunLoop:
                 self.logger.close()
         except OSError:
             if exc is None:  # an error already on its way is the one to report
+                self._stop.restore()  # `finish` will not run
                 raise
 
     def steps(self) -> Iterator[int]:
@@ -145,13 +154,12 @@ class RunLoop:
 
     def _stop_here(self, signum: int) -> None:
         """Stop before the next step: the last finished step saved first, where its checkpoint is not there yet."""
-        if self.step > self.start and self._last_state is not None:
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is None or ckpt.name != f"step_{self.step}":
-                self._save(self.step, self._last_state)
+        if self.step > self.start and self._last_state is not None and self._saved_step != self.step:
+            self._save(self.step, self._last_state)  # decided from memory: every rank alike
         self.stopped = StopRequested(signum, self.step, latest_checkpoint(self.run_dir))
 
     def _save(self, step: int, trainer_state: dict[str, Any]) -> None:
+        self._saved_step = step
         with writing(f"checkpoint step_{step}", self.run_dir / "checkpoints"):
             save_policy_checkpoint(self.policy, self.dist, self.run_dir, step, keep_last=self.cfg.trainer.keep_last,
                                    tokenizer=self.tokenizer, record=self.record,
@@ -188,7 +196,8 @@ class RunLoop:
         """A NaN or infinite loss or gradient norm: why the run stops (nothing saved from this step), or None with
         ``trainer.on_nonfinite=skip`` where the policy applied no update from it."""
         what = " ".join(f"{k}={v}" for k, v in bad.items())
-        skipped = self.cfg.trainer.on_nonfinite == "skip" and metrics.get("skipped_updates", 0) > 0
+        skip = self.cfg.trainer.on_nonfinite == "skip"
+        skipped = skip and metrics.get("skipped_updates", 0) > 0
         self.skips = self.skips + 1 if skipped else 0
         newest = latest_checkpoint(self.run_dir)
         where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written"
@@ -198,8 +207,9 @@ class RunLoop:
             return None
         if skipped:
             return f"{self.skips} steps in a row had non-finite values (step {step}: {what}); the run stopped, {where}"
-        return (f"non-finite {what} at step {step}; the run stopped and nothing was saved from this step ({where}); "
-                "lower trainer.lr, or skip such steps with trainer.on_nonfinite=skip")
+        advice = ("the update was applied all the same (its gradient norm was finite), so it cannot be skipped; "
+                  "lower trainer.lr" if skip else "lower trainer.lr, or skip such steps with trainer.on_nonfinite=skip")
+        return f"non-finite {what} at step {step}; the run stopped and nothing was saved from this step ({where}); {advice}"
 
     def finish(self) -> None:
         """After the loop: the stop raised (every rank), or the HF export (run_dir/hf) where the run reached its

@@ -34,10 +34,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from nemo_rcgrpo.utils.atomic import fsync_tree, swap_in
+from nemo_rcgrpo.utils.atomic import _fsync, fsync_tree, swap_in
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
+MANIFEST_MARK = "manifest"  # trainer_state.json of a checkpoint written with a manifest has "manifest": 1
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification is set aside as checkpoints/corrupt-step_N
 _HASH_CHUNK = 8 << 20
 
@@ -127,7 +128,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimi
             from nemo_rcgrpo.utils.provenance import write_record
 
             write_record(tmp / "tokenizer", record)
-    (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+    (tmp / STATE_FILE).write_text(json.dumps({**trainer_state, "step": step, MANIFEST_MARK: 1}, indent=1))
     fsync_tree(tmp)  # every file on disk before the manifest vouches for it
     write_manifest(tmp, step)
     swap_in(tmp, final)  # an older step_N is set aside, not deleted, until the new one is in place
@@ -147,7 +148,8 @@ def _sha256(path: Path) -> str:
 
 
 def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    own = folder / MANIFEST  # only the checkpoint's own manifest is left out (a tokenizer's file of that name is not)
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p != own)
 
 
 def file_digests(folder: Path, threads: int | None = None) -> dict[str, dict[str, Any]]:
@@ -160,6 +162,10 @@ def file_digests(folder: Path, threads: int | None = None) -> dict[str, dict[str
     return {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
 
 
+def _fsync_dir(folder: Path) -> None:
+    _fsync(folder, directory=True)
+
+
 def write_manifest(folder: Path, step: int) -> Path:
     """``folder/manifest.json``: the step and every file's size and sha256, written atomically (a temporary file,
     fsynced, renamed) after every other file."""
@@ -170,15 +176,24 @@ def write_manifest(folder: Path, step: int) -> Path:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, folder / MANIFEST)
+    _fsync_dir(folder)  # the rename on the disk
     return folder / MANIFEST
 
 
-def verify_checkpoint(path: Path) -> str | None:
+def verify_checkpoint(path: Path, hashed: Callable[[str], bool] | None = None) -> str | None:
     """Why checkpoint ``path`` must not be loaded (a short reason), or None when it verifies against its manifest.
-    A checkpoint without a manifest (written before manifests) returns None; `has_manifest` tells them apart."""
+    A checkpoint without a manifest (written before manifests) returns None; `has_manifest` tells them apart; one
+    whose state says it was written with one fails. ``hashed``: which files (by relative path) to hash; all of
+    them by default (every file's presence and size is checked in any case)."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
-        return None if (path / STATE_FILE).is_file() else f"no {STATE_FILE}"
+        if not (path / STATE_FILE).is_file():
+            return f"no {STATE_FILE}"
+        try:  # a checkpoint written with a manifest says so in its state: a missing manifest is then damage
+            marked = json.loads((path / STATE_FILE).read_text()).get(MANIFEST_MARK)
+        except Exception as e:  # noqa: BLE001
+            return f"unreadable {STATE_FILE} ({type(e).__name__})"
+        return f"{MANIFEST} is missing" if marked else None
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files, step = dict(manifest["files"]), int(manifest["step"])
@@ -198,9 +213,12 @@ def verify_checkpoint(path: Path) -> str | None:
         size = (path / name).stat().st_size
         if size != want["size"]:
             return f"{name} has {size} bytes, {want['size']} written"
-    digests = file_digests(path)
-    for name, want in files.items():
-        if digests[name]["sha256"] != want["sha256"]:
+    names = [n for n in files if hashed is None or hashed(n)]
+    workers = max(1, min(len(names) or 1, min(8, os.cpu_count() or 1)))
+    with ThreadPoolExecutor(workers) as pool:
+        digests = dict(zip(names, pool.map(lambda n: _sha256(path / n), names)))
+    for name in names:
+        if digests[name] != files[name]["sha256"]:
             return f"{name} differs from what was written (sha256)"
     try:
         state_step = json.loads((path / STATE_FILE).read_text()).get("step")
@@ -272,6 +290,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
     try:
         trainer_state = json.loads(state_file.read_text())
+        trainer_state.pop(MANIFEST_MARK, None)  # the checkpoint's own bookkeeping, not the trainer's
         # memory-mapped: ranks that do not need the full model (sharded backends) never read it
         model = torch.load(path / "model.pt", map_location="cpu", weights_only=True, mmap=True)
         optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +28,8 @@ from filelock import FileLock, Timeout
 
 LOCK_DIR = ".lock"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_CODE_28 = re.compile(r"\bcode: 28\b")  # Rust's io::Error (safetensors): Os { code: 28, kind: StorageFull }
+_WRITER = re.compile(r"iostream|unexpected pos|PytorchStreamWriter|IoError|write", re.IGNORECASE)
 
 
 class RunLocked(RuntimeError):
@@ -53,12 +57,15 @@ def disk_full(error: BaseException, where: str | Path | None = None) -> bool:
     writing in ``where``, by that file system having less than 1 MiB left."""
     if isinstance(error, DiskFull):
         return True
-    if isinstance(error, OSError) and error.errno in _FULL:
-        return True
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno in _FULL
     text = str(error)
-    if "No space left on device" in text or "Disk quota exceeded" in text or "code: 28" in text:
+    if "No space left on device" in text or "Disk quota exceeded" in text or _CODE_28.search(text):
         return True
-    return where is not None and free_bytes(where) < (1 << 20)
+    # a writer's error without an errno (torch's zip writer: "iostream error", "unexpected pos"), where the disk
+    # has nothing left
+    return (where is not None and not isinstance(error, OSError) and bool(_WRITER.search(text))
+            and free_bytes(where) < (1 << 20))
 
 
 def free_bytes(where: str | Path) -> int:
@@ -121,13 +128,19 @@ def run_lock(run_dir: str | Path, rank: int = 0) -> Iterator[Path]:
     owner = lock_dir / f"rank{rank}.owner"
     try:
         lock.acquire()
-    except Timeout:
+    except Timeout:  # (a TimeoutError, so before OSError)
         try:
             holder = owner.read_text().strip() or "unknown"
         except OSError:
             holder = "unknown"
         raise RunLocked(f"run_dir {run_dir} is in use by another run ({holder}); wait for it to end, stop it, "
                         "or choose another run_dir") from None
+    except (NotImplementedError, OSError) as e:  # a file system without OS locks (some Lustre / NFS mounts)
+        if rank == 0:
+            print(f"note: run_dir {run_dir} is on a file system without file locks ({e}); one run per folder is "
+                  "not enforced there", file=sys.stderr)
+        yield lock_dir
+        return
     try:
         owner.write_text(f"host {socket.gethostname()}, pid {os.getpid()}, since "
                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")

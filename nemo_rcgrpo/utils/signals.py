@@ -4,7 +4,8 @@ The first signal asks the run to stop: the step under way finishes, a checkpoint
 written, and the run prints one line saying where it stopped and how to resume, then exits with
 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM, 138 for SIGUSR1). A second Ctrl-C
 abandons the step at once (``KeyboardInterrupt``); checkpoints are written atomically, so the
-newest complete one is what a resume continues from. With several ranks, every rank stops after
+newest complete one is what a resume continues from. So does a second SIGTERM or SIGUSR1 (a start-up that
+hangs can be ended with a second ``kill``). With several ranks, every rank stops after
 the same step (the request is combined across ranks once per step).
 
 Every phase answers alike: the entry point installs a flag for the whole invocation (start-up, model loading,
@@ -38,6 +39,14 @@ class StopRequested(Exception):
         return 128 + self.signum
 
 
+class Abandoned(KeyboardInterrupt):
+    """A second signal: what was under way is abandoned at once (exit 128 + ``signum``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 _ACTIVE: list["StopFlag"] = []  # the installed flags, innermost last
 
 
@@ -50,9 +59,9 @@ class StopFlag:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: abandon the step
-        self.signum = self.signum or signum
+        if self.signum is not None:
+            raise Abandoned(signum)  # a second signal (Ctrl-C, kill): abandon what is under way
+        self.signum = signum
 
     def install(self) -> "StopFlag":
         import threading

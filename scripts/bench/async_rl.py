@@ -49,6 +49,11 @@ START, END = "<!-- bench:async_rl:start -->", "<!-- bench:async_rl:end -->"
 TARGET = 0.65  # the asynchronous step at most this fraction of the synchronous one
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def prepare(data: Path) -> Path:
     if not data.exists():
         subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "prepare-data", "task_source=bfcl_micro",
@@ -86,7 +91,7 @@ def run(side: str, k: int, args, data: Path, work: Path, rep: int) -> list[dict]
     if proc.returncode != 0:
         raise SystemExit(f"{side} run {rep} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     print(f"{side} run {rep}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [_metric_values(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def per_step(m: dict) -> dict[str, float]:

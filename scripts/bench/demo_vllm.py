@@ -44,9 +44,14 @@ COLUMNS = (("step_seconds", "step seconds"), ("generation_seconds", "generation"
            ("train_seconds", "update"), ("weight_sync_seconds", "weight sync"), ("reward_mean", "reward"))
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    return [_metric_values(json.loads(l)) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
 
 
 def main() -> int:

@@ -42,6 +42,11 @@ ROOT = Path(__file__).resolve().parents[2]
 START, END = "<!-- bench:experiment_speed:start -->", "<!-- bench:experiment_speed:end -->"
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.data.sft_data import build_examples, collate, epoch_batches, load_records
@@ -94,7 +99,7 @@ def step_records(data: Path, recipe: str, steps: int, tmp: Path, tag: str, alloc
     env.update({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(ALLOCATOR_ENV if allocator else {})})
     if subprocess.call(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env) != 0:
         raise SystemExit(f"{recipe} run in {run_dir} failed")
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return [_metric_values(json.loads(l)) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
 
 def allocator_comparison(data: Path, steps: int, rl_steps: int, tmp: Path) -> list[tuple[str, str, float, float]]:
@@ -129,7 +134,7 @@ def steps_per_second(data: Path, steps: int, runs: int, threads: int, tmp: Path)
     for proc, run_dir in procs:
         if proc.wait() != 0:
             raise SystemExit(f"micro_sft run in {run_dir} failed")
-        metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
+        metrics = [_metric_values(json.loads(l)) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
         per_run.append(statistics.fmean(m["step_seconds"] for m in metrics[3:]))
     return sum(1.0 / s for s in per_run), per_run
 

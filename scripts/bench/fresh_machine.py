@@ -49,6 +49,11 @@ DEMO = Path("outputs/demo")  # the Makefile's demo folders, inside the clone
 STAGE1, STAGE2 = DEMO / "rctp_smollm_cpu", DEMO / "rcgrpo_smollm_cpu"
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def clean_env(cache: Path) -> dict[str, str]:
     """This process's environment without this checkout's venv, with an empty model cache and no pip cache."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
@@ -82,7 +87,7 @@ def newest_mtime(path: Path) -> float | None:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    return [_metric_values(json.loads(l)) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
 
 
 def run_target(target: str, clone: Path, env: dict, logs: Path) -> dict:

@@ -44,6 +44,11 @@ STEPS = ("make install",
 GOAL_S = 300.0
 
 
+def _metric_values(record: dict) -> dict:
+    """A metrics.jsonl record with its non-finite values ("nan", "inf", "-inf") as floats again."""
+    return {k: float(v) if v in ("nan", "inf", "-inf") else v for k, v in record.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ref", default="HEAD")
@@ -71,7 +76,7 @@ def main() -> int:
             print(f"failed; log {log}:\n" + log.read_text()[-3000:], file=sys.stderr)
             break
     run = clone / "runs" / "smoke_rl"
-    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").is_file() else []
+    metrics = [_metric_values(json.loads(l)) for l in (run / "metrics.jsonl").read_text().splitlines()] if (run / "metrics.jsonl").is_file() else []
     produced = {"metrics steps": [m["step"] for m in metrics],
                 "rollouts": sorted(q.name for q in (run / "rollouts").glob("*.jsonl")) if run.is_dir() else [],
                 "hf export": (run / "hf" / "config.json").is_file(),

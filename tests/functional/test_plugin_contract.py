@@ -1,5 +1,5 @@
 """Plugin parts that break their contract, injected into real `rcgrpo train` runs (plugins=[...] and a user's recipe
-folder): each stops at start with one located line on stderr, exit 2, no traceback. A part that misses its Protocol
+folder), `rcgrpo prepare-data` and `rcgrpo eval`: each stops at start with one located line on stderr, exit 2, no traceback. A part that misses its Protocol
 names its kind and name, the file and line of its factory (or of its registration) and what is missing; a recipe or a
 command line written before the env section moved into ``env.settings`` is told where each key went."""
 
@@ -39,7 +39,7 @@ def faults(monkeypatch):
     for kind, name in (("generator", "no_flag_example"), ("env", "reset_only_example"),
                        ("env_settings", "reset_only_example"), ("policy_backend", "no_export_example"),
                        ("advantage_baseline", "not_callable_example"), ("stage", "dict_stage_example"),
-                       ("failure", "name_only_example")):
+                       ("failure", "name_only_example"), ("eval_policy", "describe_only_example")):
         registry.table(kind).pop(name, None)
     registry._loaded.discard(FAULTS)
     sys.modules.pop(FAULTS, None)
@@ -68,7 +68,8 @@ def _registered_at(text: str) -> str:
     ("policy.backend=no_export_example", lambda m: (
         f"error: policy_backend no_export_example: its factory no_export ({_at(m.no_export)}) returned a HalfPolicy "
         f"({_at(m.HalfPolicy)}) without device, fuses_old_logprobs, share_prefix, packs, distributed_rl, "
-        "export_is_collective, sharded_checkpoints, layout(), data_parallel(), sync_hf_model(), frozen_reference(), "
+        "export_is_collective, sharded_checkpoints, skips_nonfinite_updates, layout(), data_parallel(), "
+        "sync_hf_model(), frozen_reference(), "
         "export_meta(), export_weights(), state_dict(), load_state_dict(), save_sharded(): a policy declares the "
         "capabilities the loops ask of it")),
     ("rl.advantage.baseline=not_callable_example", lambda m: (
@@ -101,6 +102,25 @@ def test_prepare_data_refuses_a_part_that_cannot_be_called_in_one_located_line(t
         f"error: failure 'name_only_example' (registered at {_registered_at('name_only_example')}) is 'wrong_tool', "
         "which cannot be called: register a fn(task, plan, rng) -> (perturbed plan, description) or None")
     assert not out.exists()
+
+
+def test_rcgrpo_eval_refuses_a_policy_that_misses_what_evaluation_calls_in_one_located_line(tmp_path, capsys,
+                                                                                              faults):
+    """An ``eval_policy`` whose part lacks ``description`` and ``close()`` (which `evaluate` reads for its first line
+    and results.json, and calls after the episodes) stops before any episode in one line, not with an
+    AttributeError's traceback."""
+    from nemo_rcgrpo.evaluation.run import main as eval_main
+
+    capsys.readouterr()
+    out = tmp_path / "eval"
+    assert eval_main([f"plugins=[{FAULTS}]", "policy=describe_only_example", "protocol=bfcl", "limit=1",
+                      f"out_dir={out}", "progress=false"]) == 2
+    m = faults()
+    assert _one_error_line(capsys) == (
+        f"error: eval_policy describe_only_example: its factory describe_only ({_at(m.describe_only)}) returned a "
+        f"DescribeOnly ({_at(m.DescribeOnly)}) without description, close(): an eval policy has description, and "
+        "run() and close() (the EvalPolicy Protocol, nemo_rcgrpo/evaluation/policies.py)")
+    assert not (out / "trajectories.jsonl").exists() and not (out / "results.json").exists()
 
 
 def test_a_recipe_or_command_line_with_the_old_env_keys_is_told_where_they_went(data_dir, tmp_path, capsys):

@@ -124,12 +124,14 @@ def _signal_during(monkeypatch, module, name, when=lambda *a, **k: True):
     monkeypatch.setattr(module, name, hooked)
 
 
-@pytest.mark.parametrize("phase", ["start-up", "checkpoint", "last step", "export"])
+@pytest.mark.parametrize("phase", ["start-up", "checkpoint", "last step", "export", "the end"])
 def test_a_signal_in_any_phase_ends_with_the_same_line_and_exit_code(data_dir, tmp_path, capsys, monkeypatch, phase):
     """SIGTERM while the model loads, while step 2's checkpoint is written, during the last step and during the
     export: each ends with exit 143 and one `stopped by SIGTERM after step N (...)` line, at the next safe point
     (before the first step; right after that checkpoint, not a step later; before the export; after the export,
     which is whole). Before, these were killed with no line, acted on a step late, or ended with exit 0."""
+    import os
+
     import nemo_rcgrpo.recipes.run_loop as run_loop
     import nemo_rcgrpo.recipes.stage1 as stage1
     from nemo_rcgrpo.train import main
@@ -147,8 +149,16 @@ def test_a_signal_in_any_phase_ends_with_the_same_line_and_exit_code(data_dir, t
         _signal_during(monkeypatch, run_loop, "save_policy_checkpoint", lambda policy, dist, run_dir, step, **k: step == 2)
     elif phase == "last step":
         _signal_during(monkeypatch, run_loop.RunLoop, "end_step", lambda self, step, *a, **k: step == 3)
-    else:
+    elif phase == "export":
         _signal_during(monkeypatch, run_loop, "export_hf")
+    else:  # after the loop gave its handlers back, as the process winds down
+        real_finish = run_loop.RunLoop.finish
+
+        def finish_then_signal(self):
+            real_finish(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        monkeypatch.setattr(run_loop.RunLoop, "finish", finish_then_signal)
     capsys.readouterr()
     try:
         code = main(_phase_args(data_dir, run_dir, *extra))
@@ -157,7 +167,7 @@ def test_a_signal_in_any_phase_ends_with_the_same_line_and_exit_code(data_dir, t
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     assert code == 143 and "Traceback" not in err and last.startswith("stopped by SIGTERM after step "), err[-1500:]
-    step = {"start-up": 0, "checkpoint": 2, "last step": 3, "export": 3}[phase]
+    step = {"start-up": 0, "checkpoint": 2, "last step": 3, "export": 3, "the end": 3}[phase]
     assert last.startswith(f"stopped by SIGTERM after step {step} ("), last
     assert _steps(run_dir) == list(range(1, step + 1))  # each finished step logged once
     ckpt = latest_checkpoint(run_dir)
@@ -165,6 +175,8 @@ def test_a_signal_in_any_phase_ends_with_the_same_line_and_exit_code(data_dir, t
     hf = run_dir / "hf"
     if phase == "export":
         assert "the export" in last and "is complete" in last and (hf / "config.json").is_file()
+    elif phase == "the end":
+        assert last.endswith("; the run is complete") and (hf / "config.json").is_file()
     else:
         assert not hf.exists() and "to resume, run the same command again" in last
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".tmp-")]

@@ -68,6 +68,8 @@ def pad_micro_batches(batches: list[MicroBatch], same_shape: bool = True, multip
 
 class MegatronPolicy:
     sharded_checkpoints = True  # dist_checkpointing folders, written by every rank (save_sharded)
+    # megatron-core applies non-finite gradients without a grad scaler (bf16 / fp32): it skips only under fp16's
+    skips_nonfinite_updates = False
     fuses_old_logprobs = False  # old logprobs and entropies come from a pass of their own
     share_prefix, packs = False, None  # set per run: flat rows where `flags.flat_rows_off` allows
     distributed_rl = True  # TP x PP x DP under torchrun

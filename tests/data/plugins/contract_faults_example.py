@@ -6,6 +6,7 @@
     advantage_baseline not_callable_example   a number where a function goes
     stage dict_stage_example                  a dict where a Stage goes
     failure name_only_example                 a failure type's name where its function goes (prepare-data)
+    eval_policy describe_only_example         an eval policy that describes itself by a method and has no close()
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ class HalfPolicy:
 @register("policy_backend", "no_export_example")
 def no_export(build, model, dist, total_steps):
     return HalfPolicy(model)
+
+
+class DescribeOnly:
+    """An eval policy that plays episodes but says what it is through ``describe()``, not ``description``, and has
+    nothing to end with."""
+
+    def describe(self):
+        return {"policy": "describe_only_example"}
+
+    def run(self, suite, task_ids, sample, seed, on_done, only=None):
+        return []
+
+
+@register("eval_policy", "describe_only_example")
+def describe_only(cfg, suite):
+    return DescribeOnly()
 
 
 register("advantage_baseline", "not_callable_example")(0.5)

@@ -168,3 +168,32 @@ def test_step_metrics_of_one_token_one_rollout_and_one_call():
     assert m["kl"] == pytest.approx(0.3) and m["clip_fraction"] == 1.0
     assert m["tool_error_rate"] == 1.0 and m["rejected_message_rate"] == 1.0
     assert m["advantage_std"] == 0.0 and m["nonzero_advantage_share"] == 1.0  # one advantage: no spread
+
+
+def test_a_rollout_dump_line_is_bounded_by_what_the_model_generated(tmp_path):
+    """A rollout whose last message fetched 128 results of 64 Ki characters (8 MB: recorded before the context
+    budget ended it) is dumped within its cap, the longest results clipped with the marker and the record flagged;
+    a normal rollout beside it is dumped byte for byte as its record, and the trajectory itself is unchanged."""
+    from nemo_rcgrpo.utils.bounded import DUMP_CHARS_PER_GENERATED_CHAR, DUMP_FLOOR_CHARS
+
+    calls = [{"name": "cat", "arguments": {"file_name": f"f{i}.txt"}} for i in range(128)]
+    huge = _traj([7, 8, 9], [0, 0, 1], 0.0, "high")
+    huge.texts, huge.calls = ["cat(...) x 128"], [calls]
+    huge.observations = [["x" * 65_536 for _ in range(127)] + ["short result"]]
+    normal = _traj([7, 8, 9], [0, 0, 1], 1.0, "high")
+    normal.texts, normal.calls, normal.observations = ["ls()"], [[{"name": "ls", "arguments": {}}]], [["a.txt"]]
+    path = tmp_path / "step_1.jsonl"
+    write_rollouts(path, 1, [[huge, normal]], torch.tensor([[0.5, -0.5]]), decode=str)
+    first, second = path.read_text().splitlines()
+    # generated: the text (14 characters) and the calls as JSON; cap = 256 Ki + 64 per generated character
+    generated = len("cat(...) x 128") + len(json.dumps(calls))
+    assert len(first) <= DUMP_FLOOR_CHARS + DUMP_CHARS_PER_GENERATED_CHAR * generated < 1_048_576  # 8.3 MB before
+    record = json.loads(first)
+    assert record["observations_clipped"] is True and record["reward"] == 0.0 and record["turns"] == [calls]
+    results = [m["content"] for m in record["messages"] if m["role"] == "tool"]
+    assert len(results) == 128 and results[-1] == "short result"  # the shortest is whole
+    keep = results[0].index("...")
+    assert all(r == "x" * keep + f"... [clipped {65_536 - keep} characters]" for r in results[:-1])
+    assert len(huge.observations[0][0]) == 65_536  # what trained is not touched
+    expected = {"step": 1, **normal.record(), "group": 0, "advantage": -0.5, "prompt_line": 1}
+    assert second == json.dumps(expected, default=str) and "observations_clipped" not in second

@@ -142,3 +142,45 @@ def test_which_of_bfcls_handlers_plays_a_policy(tmp_path):
                                ((*ckpt, "bfcl_handler=openai_fc"), "needs a chat server")):
         with pytest.raises(ConfigError, match=message):
             cfg(*overrides)
+
+
+def test_trajectories_jsonl_lines_are_bounded_and_the_results_are_whole(suite, tmp_path, monkeypatch):
+    """An episode whose tool results total 8 MB is one line of trajectories.jsonl within its cap (the longest
+    results clipped with the marker, the record flagged); results.json counts it as the policy scored it; a normal
+    episode beside it is written as json.dumps writes it."""
+    import json
+
+    import nemo_rcgrpo.evaluation.run as run
+    from nemo_rcgrpo.utils.bounded import MAX_DUMP_RECORD_CHARS
+
+    def record(task_id, results):
+        return {"task_id": task_id, "category": "base", "sample": 0, "seed": 0, "reward_token": None,
+                "success": True, "reward": 1.0, "official_valid": True, "failure_reason": None, "truncated": None,
+                "num_turns": 1, "tool_errors": 0, "generated_tokens": 4, "calls": [[{"name": "cat", "arguments": {}}]],
+                "observations": [results], "messages": [{"role": "assistant", "content": "cat()", "tool_calls": []}]
+                + [{"role": "tool", "content": r} for r in results]}
+
+    huge, normal = record("multi_turn_base_0", ["x" * 65_536] * 128), record("multi_turn_base_1", ["a.txt"])
+
+    class Policy:
+        description = {"policy": "fake"}
+
+        def run(self, suite, task_ids, sample, seed, on_done, only=None):
+            for r in (huge, normal):
+                on_done(r)
+            return [huge, normal]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(run, "make_policy", lambda cfg, suite: Policy())
+    cfg = EvalConfig(out_dir=str(tmp_path), protocol="bfcl", tasks=("multi_turn_base_0", "multi_turn_base_1"),
+                     progress=False)
+    result = run.evaluate(cfg, suite)
+    first, second = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(first) <= MAX_DUMP_RECORD_CHARS  # 16.8 MB before (each result twice)
+    clipped = json.loads(first)
+    assert clipped["observations_clipped"] is True and clipped["success"] is True
+    assert clipped["observations"][0][0].endswith(" characters]") and "... [clipped " in clipped["observations"][0][0]
+    assert second == json.dumps(normal, default=str)
+    assert result["overall"] == 100.0 and len(huge["observations"][0][0]) == 65_536

@@ -21,6 +21,7 @@ class FakePolicy:
     """A policy whose state is one tensor; records what the loop asks of it."""
 
     sharded_checkpoints = False
+    skips_nonfinite_updates = False
 
     def __init__(self):
         self.weight = torch.zeros(2)
@@ -100,3 +101,38 @@ def test_stop_after_ends_the_invocation_early_without_an_export(tmp_path, monkey
     policy = FakePolicy()
     assert _train(cfg, policy, 0, 5, monkeypatch=monkeypatch) == [1, 2]
     assert latest_checkpoint(tmp_path / "run").name == "step_2" and policy.exported == 0
+
+
+def test_skip_is_refused_for_a_policy_that_cannot_skip_a_non_finite_update(tmp_path):
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.on_nonfinite=skip needs a policy backend that skips"):
+        RunLoop(_cfg(tmp_path, "trainer.on_nonfinite=skip"), DistInfo(), FakePolicy(), None, {}, 0, 3, "fp")
+    able = FakePolicy()
+    able.skips_nonfinite_updates = True
+    RunLoop(_cfg(tmp_path, "trainer.on_nonfinite=skip"), DistInfo(), able, None, {}, 0, 3, "fp")
+
+
+def test_a_stop_decides_what_to_save_from_memory_not_from_the_disk(tmp_path, monkeypatch):
+    """A signal between steps (here: during step 3's end, after its check) stops before step 4; step 3 was not
+    due for a checkpoint, so it is saved then, whatever another rank's view of the folder would say."""
+    from pathlib import Path
+
+    import nemo_rcgrpo.recipes.run_loop as run_loop
+
+    cfg = _cfg(tmp_path, "trainer.save_every=100")
+    policy = FakePolicy()
+    # a rank whose view of the folder (a stale NFS listing) shows step 3 saved already: it must save all the same,
+    # as every other rank does
+    monkeypatch.setattr(run_loop, "latest_checkpoint", lambda run_dir: Path(run_dir) / "checkpoints" / "step_3")
+    ran = []
+    with pytest.raises(StopRequested) as stop:
+        with RunLoop(cfg, DistInfo(), policy, None, {"stage": "sft"}, 0, 6, "fp") as loop:
+            for step in loop.steps():
+                ran.append(step)
+                loop.end_step(step, {"loss": 1.0}, log=True, trainer_state={})
+                if step == 3:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+        loop.finish()
+    assert ran == [1, 2, 3] and stop.value.step == 3
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_3"]

@@ -183,7 +183,8 @@ def test_trainer_state_json_and_tokenizer(tmp_path):
             (d / "tokenizer.json").write_text("{}")
 
     path = _save(tmp_path, 12, trainer_state={"epoch": 1, "step": 0, "data_pos": 37}, tokenizer=Tok())
-    assert json.loads((path / STATE_FILE).read_text()) == {"epoch": 1, "step": 12, "data_pos": 37}  # step wins
+    assert json.loads((path / STATE_FILE).read_text()) == {"epoch": 1, "step": 12, "data_pos": 37, "manifest": 1}  # step wins
+    assert load_checkpoint(path)["trainer_state"] == {"epoch": 1, "step": 12, "data_pos": 37}  # the mark is not state
     assert (path / "tokenizer" / "tokenizer.json").is_file()
 
 
@@ -316,11 +317,39 @@ def test_when_no_checkpoint_verifies_the_error_names_them_and_what_to_remove(tmp
 
 def test_a_checkpoint_without_a_manifest_resumes_with_a_note(tmp_path):
     ckpt = _save(tmp_path, 3)
-    (ckpt / MANIFEST).unlink()  # as written before manifests existed
+    (ckpt / MANIFEST).unlink()  # as written before manifests existed: no manifest, no mark in its state
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    del state["manifest"]
+    (ckpt / STATE_FILE).write_text(json.dumps(state, indent=1))
     notes = []
     assert choose_checkpoint(tmp_path, note=notes.append) == ckpt
     assert len(notes) == 1 and "no manifest.json" in notes[0] and "unverified" in notes[0]
     assert choose_checkpoint(tmp_path / "empty", note=notes.append) is None
+
+
+def test_a_deleted_manifest_does_not_turn_verification_off(tmp_path):
+    _save(tmp_path, 2)
+    bad = _save(tmp_path, 3)
+    (bad / MANIFEST).unlink()
+    _flip(bad / "model.pt")  # what a missing manifest would otherwise let through
+    assert verify_checkpoint(bad) == "manifest.json is missing"
+    assert choose_checkpoint(tmp_path, note=lambda _: None).name == "step_2"
+
+
+def test_a_file_named_like_the_manifest_inside_the_checkpoint_is_verified_too(tmp_path):
+    ckpt = _save(tmp_path, 3, tokenizer=None)
+    (ckpt / "sub").mkdir()
+    (ckpt / "sub" / MANIFEST).write_text("{}")
+    assert verify_checkpoint(ckpt) == f"sub/{MANIFEST} is not in {MANIFEST}"
+
+
+def test_verification_can_hash_only_the_files_a_reader_loads(tmp_path):
+    ckpt = _save(tmp_path, 3)
+    _flip(ckpt / "optimizer.pt")
+    assert verify_checkpoint(ckpt, hashed=lambda name: name != "optimizer.pt") is None
+    assert "optimizer.pt differs" in verify_checkpoint(ckpt)
+    (ckpt / "optimizer.pt").write_bytes(b"short")
+    assert "optimizer.pt has 5 bytes" in verify_checkpoint(ckpt, hashed=lambda name: name != "optimizer.pt")
 
 
 def test_a_second_corrupt_copy_of_a_step_is_kept_beside_the_first(tmp_path):
