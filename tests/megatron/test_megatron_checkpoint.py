@@ -107,8 +107,13 @@ def test_stage1_resumes_from_the_sharded_checkpoint_at_the_same_and_another_layo
     _stage1(data_dir, tmp_path / "straight", 2)
     _stage1(data_dir, tmp_path / "stopped", 2, "trainer.stop_after=2")
     step2 = tmp_path / "stopped" / "checkpoints" / "step_2"
-    assert sorted(p.name for p in step2.iterdir()) == ["extra.pt", "megatron", "model.pt", "optimizer.pt",
-                                                       "tokenizer", "trainer_state.json"]
+    assert sorted(p.name for p in step2.iterdir()) == ["extra.pt", "manifest.json", "megatron", "model.pt",
+                                                       "optimizer.pt", "tokenizer", "trainer_state.json"]
+    from nemo_rcgrpo.utils.checkpoint import verify_checkpoint
+
+    manifest = json.loads((step2 / "manifest.json").read_text())
+    shards = [name for name in manifest["files"] if name.startswith("megatron/")]
+    assert shards and verify_checkpoint(step2) is None  # every rank's shards are in the manifest, and verify
     shutil.copytree(tmp_path / "stopped", tmp_path / "tp2")
     _stage1(data_dir, tmp_path / "stopped", 2)
     _stage1(data_dir, tmp_path / "tp2", 2, "policy.megatron.tp=2")

@@ -212,6 +212,8 @@ def test_bfcl_module_objects_never_change_and_each_rollout_keeps_its_own_writes(
     second = envs[1].step(["get_outside_temperature_from_google()"]).observations[0].content
     assert first != second  # a different draw of each rollout's own generator, into its own dict
     assert vehicle_control.LONG_WEATHER_EXTENSION is module_dict is long_context.LONG_WEATHER_EXTENSION
-    assert module_dict == before and "outsideTemperature" not in module_dict
+    # unchanged by these rollouts (BFCL's own executor, run in this process by other tests, may have written it
+    # before; the fresh-process test above checks the first use)
+    assert module_dict == before
     again = envs[0].step(["get_outside_temperature_from_google()"]).observations[0].content
     assert list(json.loads(again)) == list(json.loads(first))  # a rollout sees its own earlier write, in place
