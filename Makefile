@@ -30,6 +30,7 @@ browser:
 test: $(STAMP)
 	@test -x /usr/bin/chromium || $(MAKE) --no-print-directory browser \
 	    || echo "note: no /usr/bin/chromium (apt-get needs root): the browser test of rcgrpo report skips"
+	$(VENV)/bin/lint-imports
 	RCGRPO_REQUIRE=megatron,vllm$$(test -x /usr/bin/chromium && echo ,browser) $(PY) -m pytest tests --durations=15
 
 # the README's first run, about a minute: tiny stage 1, 2 RC-GRPO steps, plot and HTML report

@@ -16,8 +16,7 @@ from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
 from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.data.tokenize import RENDERERS
 from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
-from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
+from nemo_rcgrpo.envs.interfaces import EPISODE_MODES
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
                                         ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
@@ -61,41 +60,14 @@ class PolicySetup:
         _choice("chat.renderer", self.chat.renderer, RENDERERS)
         _choice("chat.tool_description", self.chat.tool_description, TOOL_DESCRIPTIONS)
         _choice("chat.rejected_message", self.chat.rejected_message, REJECTED_MESSAGE)
-        lookup("generator", self.generation.backend, setting="generation.backend")
+        factory = lookup("generator", self.generation.backend, setting="generation.backend")
         if self.generation.max_batch_size <= 0:
             raise ConfigError(f"generation.max_batch_size={self.generation.max_batch_size}: must be > 0")
-        if self.generation.backend == "vllm":
-            self._validate_vllm()
-        if self.generation.backend == "scripted":
-            self._validate_scripted()
+        check = getattr(factory, "check", None)  # the generator's own settings (generation.<backend>), one line
+        if check is not None:
+            check(self)
         if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
             raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
-
-    def _validate_vllm(self) -> None:
-        v = self.generation.vllm
-        _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
-        _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
-        if v.url is not None and not str(v.url).startswith(("http://", "https://")):
-            raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
-        for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
-            if getattr(v, key) <= 0:
-                raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
-        if v.max_retries < 0 or not 0 <= v.port < 65536 or not 0 < v.gpu_memory_utilization <= 1:
-            raise ConfigError("generation.vllm: max_retries >= 0, 0 <= port < 65536, 0 < gpu_memory_utilization <= 1")
-        if v.max_model_len is not None and v.max_model_len <= 0:
-            raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
-
-    def _validate_scripted(self) -> None:
-        s = self.generation.scripted
-        if not isinstance(self.env.settings, BFCLSettings):
-            raise ConfigError(f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
-                              f"{self.env.name} is another environment: use generation.backend=hf (or vllm)")
-        lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
-        for key in ("success_rate", "success_high", "success_low"):
-            value = getattr(s, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
-
 
 @dataclass(frozen=True)
 class TrainConfig:

@@ -154,7 +154,7 @@ class ScriptedConfig:
     success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
     success_high: float = 1.0  # ... with the high reward token in its prompt (a perfectly conditioned RCTP-FT model)
     success_low: float = 0.0  # ... with the low reward token
-    # preferred failure type of the failing rollouts: wrong_tool | wrong_param | premature_termination (data/failures.py)
+    # preferred failure type of the failing rollouts: wrong_tool | wrong_param | premature_termination (envs/bfcl/failures.py)
     failure_type: str = "wrong_param"
     seed: int = 0
 

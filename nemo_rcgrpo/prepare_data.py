@@ -32,16 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
-from tqdm import tqdm
 
 from nemo_rcgrpo.data.chat_format import TokenCounter
-from nemo_rcgrpo.data.failures import assign_types, load_rollout_failures, make_failure
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan, play
-from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError
+from nemo_rcgrpo.data.closing import ClosingTexts
 from nemo_rcgrpo.envs.contract import PluginContractError
-from nemo_rcgrpo.envs.sources import make_suite
+from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, DataError
+from nemo_rcgrpo.envs.sources import check_categories, make_suite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
@@ -73,7 +70,7 @@ class PrepareDataConfig:
     # docs/experiments.md) | a plugin's (rcgrpo plugins)
     task_source: str = "bfcl"
     mode: str = "merged"  # merged (the paper's RL episode, ends with done()) | per_turn (BFCL's turns)
-    categories: tuple[str, ...] = CATEGORIES
+    categories: tuple[str, ...] = ()  # the task source's categories to build ([]: every one it declares)
     test_fraction: float = 0.1  # of the 200 scenarios (x4 categories): 720 train / 80 test
     calls_per_message: str = "turn"  # turn: a BFCL turn's calls in one assistant message | one: one call per message
     bfcl_data_dir: str | None = None  # null: the data of the installed bfcl-eval
@@ -111,9 +108,8 @@ class PrepareDataConfig:
         lookup("task_source", self.task_source, setting="task_source")
         if self.mode not in EPISODE_MODES:
             raise ConfigError(f"mode={self.mode!r}: choose one of {list(EPISODE_MODES)}")
-        bad = [c for c in self.categories if c not in CATEGORIES]
-        if bad or not self.categories:
-            raise ConfigError(f"categories={list(self.categories)}: unknown {bad}; use a subset of {list(CATEGORIES)}")
+        object.__setattr__(self, "categories", check_categories(self.task_source, self.categories, "categories"))
+        lookup("data_builder", self.task_source, setting="task_source")
         if self.calls_per_message not in ("turn", "one"):
             raise ConfigError(f"calls_per_message={self.calls_per_message!r}: choose 'turn' or 'one'")
         if not 0.0 < self.test_fraction < 1.0:
@@ -137,43 +133,15 @@ def _percentiles(values: list[int]) -> dict[str, int]:
 def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     """Build every file into ``out`` (an empty folder). Returns the stats."""
     load_plugins(cfg.plugins)  # a plugin's task source or failure types (a no-op for modules already imported)
-    suite = make_suite(cfg.task_source, cfg.categories, data_dir=cfg.bfcl_data_dir)
+    categories = check_categories(cfg.task_source, cfg.categories, "categories")  # []: the source's own
+    suite = make_suite(cfg.task_source, categories, data_dir=cfg.bfcl_data_dir)
     if not len(suite):
-        raise BFCLDataError(f"task_source={cfg.task_source} has no tasks of categories {list(cfg.categories)}")
+        raise DataError(f"task_source={cfg.task_source} has no tasks of categories {list(categories)}")
+    builder = lookup("data_builder", cfg.task_source, setting="task_source")
     split = suite.split(cfg.seed, cfg.test_fraction)
     rng = random.Random(cfg.seed)
-    play_kwargs = {"mode": cfg.mode, "closing": cfg.closing, "calls_per_message": cfg.calls_per_message}
     tasks = list(suite)
-
-    rollouts, rollout_counts = ({}, {})
-    if cfg.failures.rollout_files:
-        rollouts, rollout_counts = load_rollout_failures(cfg.failures.rollout_files, suite, cfg.mode)
-    failure_types = assign_types(len(tasks), cfg.failures.types, rng)
-
-    experts, failures = [], []
-    for task, preferred in tqdm(list(zip(tasks, failure_types)), desc="trajectories", unit="task",
-                                disable=not cfg.progress, file=sys.stderr):
-        gold = suite.gold(task)
-        base = {"task_id": task.id, "category": task.category, "split": split.side(task.scenario), "mode": cfg.mode}
-        plan = gold_plan(task)
-        expert = play(task, plan, gold=gold, **play_kwargs)
-        if expert.reward.value != 1.0:
-            raise BFCLDataError(f"the ground truth of {task.id} does not score 1 ({expert.reward.details})")
-        experts.append({**base, "messages": expert.messages, "tools": expert.tools})
-
-        candidates = rollouts.get(task.id, [])
-        if candidates and rng.random() < cfg.failures.rollout_fraction:
-            record = candidates[rng.randrange(len(candidates))]
-            failures.append({**base, "messages": record["messages"], "tools": record.get("tools", expert.tools),
-                             "failure_type": record.get("failure_type", "exploration"),
-                             "failure_detail": "recorded rollout", "source": "rollout"})
-            continue
-        failure = make_failure(task, plan, preferred, rng, {**play_kwargs, "gold": gold}, cfg.failures.max_tries)
-        if failure is None:
-            raise BFCLDataError(f"no perturbation of {task.id} scores 0; raise failures.max_tries")
-        failures.append({**base, "messages": failure.played.messages, "tools": failure.played.tools,
-                         "failure_type": failure.failure_type, "failure_detail": failure.detail,
-                         "source": failure.source})
+    experts, failures, extra_stats = builder(cfg, suite, split, rng)
 
     goal = cfg.reward_goal
     rctp = []
@@ -188,7 +156,8 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     for record in experts:
         record["reward"] = 1
 
-    pointers = {side: [{"task_id": t.id, "category": t.category, "env": "bfcl", "task_source": cfg.task_source,
+    env = getattr(builder, "env", cfg.task_source)
+    pointers = {side: [{"task_id": t.id, "category": t.category, "env": env, "task_source": cfg.task_source,
                         "mode": cfg.mode}
                        for t in tasks if split.side(t.scenario) == side] for side in ("train", "test")}
     files = {"sft.jsonl": experts, "failures.jsonl": failures, "rctp.jsonl": rctp,
@@ -200,13 +169,13 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     split_json = split.to_json(suite)
     (out / "split.json").write_text(json.dumps(split_json, indent=1) + "\n")
 
-    stats = _stats(cfg, files, split_json, rollout_counts)
+    stats = _stats(cfg, files, split_json, extra_stats)
     (out / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
     (out / "config.yaml").write_text(yaml.safe_dump(plain(asdict(cfg)), sort_keys=False))
     return stats
 
 
-def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, rollout_counts: dict) -> dict[str, Any]:
+def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, extra: dict) -> dict[str, Any]:
     counter = None
     if cfg.tokenizer:
         from nemo_rcgrpo.models.hf import load_tokenizer
@@ -226,8 +195,7 @@ def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, rol
         stats["files"][name] = entry
     stats["failure_types"] = dict(sorted(Counter(r["failure_type"] for r in files["failures.jsonl"]).items()))
     stats["failure_sources"] = dict(sorted(Counter(r["source"] for r in files["failures.jsonl"]).items()))
-    if rollout_counts:
-        stats["rollout_files"] = rollout_counts
+    stats.update(extra)  # the builder's own (BFCL's: the recorded rollouts used, per file)
     stats["tokenizer"] = cfg.tokenizer
     stats["chat_format"] = "hermes"
     return stats
@@ -266,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {**os.environ, "PYTHONHASHSEED": "0"}
             return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
         stats = run(cfg)
-    except (ConfigError, BFCLDataError, FileExistsError, FileNotFoundError, PluginContractError) as e:
+    except (ConfigError, DataError, FileExistsError, FileNotFoundError, PluginContractError) as e:
         print(f"error: {e}", file=sys.stderr)  # PluginContractError: a plugin's part or task source, located
         return 2
     except Exception as e:  # noqa: BLE001 - tokenizer/model files and the like: one line, not a traceback

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
+_ENVS = "nemo_rcgrpo.envs.builtin"  # the shipped environments' names, of every kind
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
     "stage": ("stage", "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
                        "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
@@ -67,8 +68,18 @@ KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, wh
     "eval_policy": ("policy (rcgrpo eval)", "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
                                             "seed, on_done, only) -> episode records; .description; .close()): "
                                             "nemo_rcgrpo.evaluation.policies"),
+    "data_builder": ("task_source (rcgrpo prepare-data; the builder of the same name as the task source)",
+                     "fn(prepare-data config, suite, split, rng) -> (experts, failures, extra stats): the "
+                     "stage-1 records of every task (nemo_rcgrpo.prepare_data)"),
+    "official_pipeline": ("protocol=bfcl of rcgrpo eval (the pipeline of the same name as env)",
+                          "factory(eval config) -> OfficialPipeline (.policy(name, cfg, suite, context) -> EvalPolicy "
+                          "or None; .finish(records, cfg, out_dir) -> (key, scores, table) or None) or None: "
+                          "nemo_rcgrpo.evaluation.policies"),
+    "command": ("rcgrpo NAME", "fn(argv: list[str]) -> exit code, with .help: one line for rcgrpo --help "
+                               "(nemo_rcgrpo.cli)"),
 }
-# where the shipped entries of each kind are registered (imported on first use of the kind)
+# where the shipped entries of each kind are registered (imported on first use of the kind); the environments that
+# ship with the package register theirs from one module, imported for every kind (`envs/builtin.py`)
 _BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "loop": "nemo_rcgrpo.loops",
              "eval_policy": "nemo_rcgrpo.evaluation.policies",
              "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
@@ -77,8 +88,9 @@ _BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages"
              "policy_loss": "nemo_rcgrpo.algorithms.losses",
              "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
              "policy_backend": "nemo_rcgrpo.models.factory",
-             "chat_format": "nemo_rcgrpo.data.chat_format", "failure": "nemo_rcgrpo.data.failures", "task_source": "nemo_rcgrpo.envs.sources",
-             "env": "nemo_rcgrpo.envs.sources", "env_settings": "nemo_rcgrpo.envs.sources", "reward": "nemo_rcgrpo.envs.bfcl.reward"}
+             "chat_format": "nemo_rcgrpo.data.chat_format", "failure": _ENVS, "task_source": _ENVS,
+             "env": _ENVS, "env_settings": _ENVS, "reward": _ENVS,
+             "data_builder": _ENVS, "official_pipeline": _ENVS, "command": _ENVS}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _SITES: dict[tuple[str, str], str] = {}  # (kind, name) -> "file.py:line" of the register() call, for the error lines
@@ -99,7 +111,13 @@ def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], 
     table = _TABLES[_kind(kind)]
     caller = sys._getframe(1)  # the plugin's line that registers it
     site = f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"
-    importlib.import_module(_BUILTINS[kind])  # the shipped names first (a no-op while that module registers them)
+    # the shipped names first, so a clash is refused here (a no-op while that module registers them); the shipped
+    # environments' only for a plugin's name (theirs register from envs/builtin.py, which they must not import)
+    shipped = caller.f_globals.get("__name__", "").startswith("nemo_rcgrpo.")
+    if _BUILTINS[kind] != _ENVS or not shipped:
+        importlib.import_module(_BUILTINS[kind])
+    if not shipped:
+        importlib.import_module(_ENVS)
     if not isinstance(name, str) or not name:
         raise ValueError(f"register({kind!r}, {name!r}): the name must be a non-empty string")
 
@@ -120,10 +138,14 @@ def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], 
     return wrap
 
 
+def _import_builtins(kind: str) -> None:
+    importlib.import_module(_BUILTINS[kind])
+    importlib.import_module(_ENVS)
+
+
 def table(kind: str) -> dict[str, Any]:
     """The live name -> object table of a kind (the shipped entries included)."""
-    _kind(kind)
-    importlib.import_module(_BUILTINS[kind])
+    _import_builtins(_kind(kind))
     return _TABLES[kind]
 
 

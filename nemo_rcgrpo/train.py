@@ -47,7 +47,7 @@ def _disk_full_line(error: OSError, run_dir: str | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.config import TrainConfig
-    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
+    from nemo_rcgrpo.envs.interfaces import DataError
     from nemo_rcgrpo.generation.vllm_client import GeneratorError
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 raise StopRequested(outer.signum, result["steps"], latest_checkpoint(cfg.run_dir),
                                     done="the run is complete")
-    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, GeneratorError, FileNotFoundError,
+    except (ConfigError, ModelFilesError, CheckpointError, DataError, GeneratorError, FileNotFoundError,
             ValueError, FolderNotWritable, RunLocked, NonFiniteTraining) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -104,7 +104,7 @@ TARGETS: dict[str, Target] = {
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py",
                      ("tests/unit/envs/bfcl/test_reward.py", "tests/unit/envs/bfcl/test_reward_classes.py")),
     "calls": Target(
-        "nemo_rcgrpo/envs/bfcl/calls.py",
+        "nemo_rcgrpo/envs/calls.py",
         ("tests/unit/envs/bfcl/test_executor.py", "tests/unit/envs/bfcl/test_arg_strictness.py", "tests/unit/envs/bfcl/test_security.py"),
         scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call", "to_tool_call",
                "_check_plain_names", "_check_call_id"),

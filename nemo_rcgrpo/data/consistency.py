@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.data.stage1_datasets import reward_conditioned
 
 
@@ -89,28 +88,22 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     record = _first_line(data_dir, set(task_ids), high if conditioned else None)
     if record is None:
         return None
-    # BFCL's settings say which episode shape and system prompt its env opens with; another env's decide its own
-    bfcl = env_config.settings if isinstance(env_config.settings, BFCLSettings) else None
-    saved_mode = data_settings(data_dir).get("mode", record.get("mode"))
-    if saved_mode and bfcl is not None and saved_mode != bfcl.mode:
-        raise DataMismatchError(f"env.settings.mode={bfcl.mode} but {data_dir} was prepared with mode={saved_mode}: "
-                                f"set env.settings.mode={saved_mode} or prepare the data with mode={bfcl.mode}")
+    # the env's settings may say which of the data's settings they must agree with (BFCL's: the episode mode)
+    settings = env_config.settings
+    prepared = {**({"mode": record["mode"]} if record.get("mode") else {}), **data_settings(data_dir)}
+    mismatch = getattr(settings, "data_mismatch", None)
+    problem = mismatch(prepared, str(data_dir)) if callable(mismatch) else None
+    if problem:
+        raise DataMismatchError(problem)
     # the row as the rctp dataset prepared it for stage 1 (its goal templated from ``reward`` when it has none)
     messages = reward_conditioned(record, engine.reward_goal)["messages"] if conditioned else record["messages"]
     stage1 = renderer.render(messages, record.get("tools")).ids
     prompt = engine.prompt_ids(suite[record["task_id"]], True if conditioned else None)
     if stage1[: len(prompt)] == prompt:
         return record["task_id"]
-    system = next((m.get("content") for m in record["messages"] if m.get("role") == "system"), None)
-    if bfcl is None:  # another registered env: its own settings decide the prompt
-        setting = f"the opening messages and tools of env {env_config.name} against the data's"
-    elif system is not None and system != bfcl.make_env().system_prompt:
-        setting = "env.settings.system_prompt"
-    elif [t.get("function", {}).get("name") for t in record.get("tools") or []] != \
-            [t["function"]["name"] for t in engine.opening(suite[record["task_id"]], None)[2]]:
-        setting = "the tools offered at the start (env settings)"
-    else:
-        setting = "the reward goal or the env's rendering of the first messages"
+    hint = getattr(settings, "prompt_mismatch", None)  # which of its settings the env suspects, where it can tell
+    setting = hint(record, engine.opening(suite[record["task_id"]], None)[2]) if callable(hint) else None
+    setting = setting or f"the opening messages and tools of env {env_config.name} against the data's"
     at = next((i for i, (a, b) in enumerate(zip(stage1, prompt)) if a != b), min(len(stage1), len(prompt)))
     tok = renderer.tokenizer
     raise DataMismatchError(

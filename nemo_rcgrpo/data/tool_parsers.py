@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Collection
 
-from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_json_call
+from nemo_rcgrpo.envs.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
 MAX_CALLS = 128  # more calls than this in one message: none runs, and one error observation names the cap

@@ -16,11 +16,9 @@ class's. An environment that registers none takes no settings. The env's factory
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, reject_unknown
 
 
@@ -61,18 +59,20 @@ def build_settings(env: str, given: Mapping[str, Any] | None, prefix: str = "env
 class EnvConfig:
     name: str = "bfcl"  # a registered environment: bfcl | a plugin's
     task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro (docs/experiments.md) | a plugin's
-    categories: tuple[str, ...] = CATEGORIES  # the task source's categories played (rl_*.jsonl pointers: the data's)
-    settings: Any = field(default_factory=BFCLSettings)  # env.name's registered settings (kind env_settings)
+    # the task source's categories played ([]: every one it declares; rl_*.jsonl pointers: the data's)
+    categories: tuple[str, ...] = ()
+    settings: Any = None  # env.name's registered settings (kind env_settings); null: that class's defaults
 
     def __post_init__(self) -> None:
+        from nemo_rcgrpo.envs.sources import check_categories
         from nemo_rcgrpo.registry import lookup
 
         lookup("env", self.name, setting="env.name")
         lookup("task_source", self.task_source, setting="env.task_source")
-        bad = [c for c in self.categories if c not in CATEGORIES]
-        if bad or not self.categories:
-            raise ConfigError(f"env.categories={list(self.categories)}: use a non-empty subset of {list(CATEGORIES)}")
+        object.__setattr__(self, "categories", check_categories(self.task_source, self.categories, "env.categories"))
         cls = settings_class(self.name)
+        if self.settings is None:
+            object.__setattr__(self, "settings", cls())
         if type(self.settings) is not cls:
             raise ConfigError(f"env.settings is a {type(self.settings).__name__}, but env {self.name} takes "
                               f"{cls.__name__} (its registered env_settings)")

@@ -24,13 +24,36 @@ class Task(Protocol):
 
 class Suite(Protocol):
     """What a task source returns, checked once when it is built, before anything trains (`envs/contract.py:
-    check_suite`). ``prepare-data``, ``rcgrpo eval policy=oracle`` and BFCL's env also need ``gold(task)`` (the
-    ground-truth replay) and ``split(seed, test_fraction)`` (train / held-out ids): subclass `envs/bfcl/suite.py:
-    BFCLSuite` for them, or bring your own data builder (`examples/plugins/kv_store/make_data.py`)."""
+    check_suite`). The generic commands ask a suite for more only where they need it; each capability is optional
+    and named in the error of a command that needs one a suite lacks:
+
+    - ``gold(task)``: the task's ground-truth replay. ``prepare-data``'s BFCL data builder and ``rcgrpo eval
+      policy=oracle`` need it.
+    - ``split(seed, test_fraction)``: the train / held-out ids (`envs/splits.py`). ``prepare-data`` and the paper
+      protocol of ``rcgrpo eval`` need it (or the data's ``rl_test.jsonl``).
+    - ``category_order(category)``: a sort key, the order of the per-category tables (default: by name).
+    - ``oracle_calls(task)``: the calls an oracle makes, per user turn (``rcgrpo eval policy=oracle``).
+    - ``title``: what the evaluation results say they were run on (default: the task source's name).
+
+    The task source itself may declare ``categories`` (a tuple attribute of the registered function): the names
+    ``env.categories`` and ``categories`` are checked against, and their default. A source that declares none
+    is given what the setting lists (by default nothing: all its tasks). Data a source cannot read is a `DataError` (one line, what to install or rebuild).
+    `envs/bfcl/suite.py: BFCLSuite` has all of these; `examples/plugins/kv_store` shows a suite with the few it
+    needs."""
 
     tasks: Mapping[str, Task]  # {task.id: task}; tools a task carries as dicts must be OpenAI function schemas
 
     def __getitem__(self, task_id: str) -> Task: ...  # tasks[task_id]
+
+
+class DataError(RuntimeError):
+    """A task source's data is missing or inconsistent: the message is one line naming what to install or rebuild
+    (every command prints it and exits 2)."""
+
+
+# The episode shapes an environment may offer (``data.mode``, BFCL's ``env.settings.mode``): merged (the paper's RL
+# episode: every user turn in the first prompt, the model ends it with done()) | per_turn (user turns one at a time)
+EPISODE_MODES: tuple[str, ...] = ("per_turn", "merged")
 
 
 class StepResult(Protocol):

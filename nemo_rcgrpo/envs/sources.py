@@ -6,8 +6,11 @@
     def my_tasks(categories):          # -> a suite: .tasks {id: task}, .gold(task), .split(seed, test_fraction)
         return MySuite(categories)
 
-Shipped: ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (1,320 short generated tasks on BFCL's
-file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
+A source may declare its category names as an attribute of the function (``my_tasks.categories = ("easy",
+"hard")``): the settings that list categories are checked against them and default to them (`check_categories`).
+
+Shipped (registered by `envs/builtin.py`): ``bfcl`` (the 800 BFCL v4 multi-turn tasks) and ``bfcl_micro`` (1,320
+short generated tasks on BFCL's file-system and math classes, `envs/bfcl/micro.py`). `prepare-data`, stage 2, the scripted generator and
 `rcgrpo eval` all build their suite through `make_suite`, so one name picks the tasks everywhere.
 
 An environment is a factory of its settings and the suite that returns an opener (`envs/interfaces.py`); its
@@ -22,7 +25,7 @@ settings are a dataclass registered under the same name, ``env.settings`` of a r
     def my_env(settings, suite):       # settings: a MySettings; -> .open(task) -> (Env, opening messages)
         return MyOpener(suite, max_steps=settings.max_steps)
 
-Shipped: ``bfcl`` (settings `envs/bfcl/config.py: BFCLSettings`). `examples/plugins/kv_store/` trains a key-value-store environment of its own from the CLI.
+Shipped: ``bfcl`` (settings `envs/bfcl/config.py: BFCLSettings`, registered in `envs/bfcl/plugin.py`). `examples/plugins/kv_store/` trains a key-value-store environment of its own from the CLI.
 """
 
 from __future__ import annotations
@@ -30,35 +33,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from nemo_rcgrpo.envs.interfaces import EnvOpener
-from nemo_rcgrpo.registry import check_part, error_line, lookup, plugin_frame, register
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.contract import PluginContractError, check_suite, where
-
-register("env_settings", "bfcl")(BFCLSettings)
-
-
-@register("task_source", "bfcl")
-def bfcl(categories: Iterable[str], data_dir: Path | None = None):
-    from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-
-    return BFCLSuite(tuple(categories), data_dir=data_dir)
+from nemo_rcgrpo.envs.interfaces import EnvOpener
+from nemo_rcgrpo.registry import check_part, error_line, lookup, plugin_frame, table
 
 
-@register("task_source", "bfcl_micro")
-def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
-    from nemo_rcgrpo.envs.bfcl.micro import MicroSuite
+def source_categories(name: str) -> tuple[str, ...] | None:
+    """The categories the task source ``name`` declares (its ``categories`` attribute, in its order), or None: it
+    declares none and takes any."""
+    categories = getattr(table("task_source").get(name), "categories", None)
+    return tuple(categories) if categories else None
 
-    return MicroSuite(tuple(categories), data_dir=data_dir)
+
+def check_categories(task_source: str, categories, setting: str) -> tuple[str, ...]:
+    """``categories`` as a tuple: for a task source that declares its categories, a non-empty subset of them (empty:
+    all of them, in its order), else what was given (empty: every task); a name the source does not declare is one
+    ConfigError line."""
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    declared = source_categories(task_source)
+    categories = tuple(categories or ())
+    if declared is None:
+        return categories
+    unknown = [c for c in categories if c not in declared]
+    if unknown:
+        raise ConfigError(f"{setting}={list(categories)}: unknown {unknown}; use a non-empty subset of "
+                          f"{list(declared)} (the categories of task source {task_source})")
+    return categories or declared
 
 
-@register("env", "bfcl")
-def bfcl_env(settings: BFCLSettings, suite):
-    """BFCL's executable environment (`envs/bfcl/env.py`) with these settings, reset with the suite's memoised
-    gold replay: the task sources ``bfcl``, ``bfcl_micro`` and any BFCL-like suite (``.gold``)."""
-    from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
-
-    return BFCLOpener(settings, suite)
+def category_key(suite):
+    """The sort key of a suite's category names: its ``category_order`` where it has one, else by name."""
+    order = getattr(suite, "category_order", None)
+    return order if callable(order) else (lambda category: (0, category))
 
 
 def _shipped(fn) -> bool:

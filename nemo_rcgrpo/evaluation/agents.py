@@ -1,4 +1,4 @@
-"""Message-level agents for evaluation and the loop that plays them through a `BFCLEnv`.
+"""Message-level agents for evaluation and the loop that plays them through an environment (`envs/interfaces.py`).
 
 Checkpoints are evaluated token-in/token-out through the rollout engine (the
 same code as RL rollouts). Everything that speaks whole messages — the two
@@ -8,7 +8,7 @@ right now, answers with text and/or tool calls, the env executes the calls and
 appends its messages. Both paths end in the same env scoring.
 
 Reference policies (they make the harness itself testable):
-- ``oracle`` plays the ground truth: per turn, the turn's gold calls in one
+- ``oracle`` plays the suite's ``oracle_calls(task)`` (BFCL's: the ground truth): per turn, the turn's calls in one
   message, then (per-turn episodes) a closing text; in merged episodes every
   non-empty gold turn in order, then ``done()``. It must score 100%.
 - ``null`` never calls a tool. It must score 0%.
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-from nemo_rcgrpo.data.trajectories import ClosingTexts, gold_plan
-from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.data.closing import ClosingTexts
+from nemo_rcgrpo.envs.interfaces import Env, Task
 from nemo_rcgrpo.types import Message, ToolCall, ToolCallError
 
 
@@ -40,18 +39,20 @@ class AgentReply:
 
 
 class Agent(Protocol):
-    def start(self, task: BFCLTask, mode: str, seed: int) -> None: ...
+    def start(self, task: Task, mode: str, seed: int) -> None: ...
 
     def act(self, messages: list[Message], tools: list[dict], turn: int) -> AgentReply: ...
 
 
 class OracleAgent:
-    def __init__(self, closing: ClosingTexts = ClosingTexts()):
-        self.closing = closing
+    """``plan_of(task)``: the calls per user turn (the suite's ``oracle_calls``)."""
 
-    def start(self, task: BFCLTask, mode: str, seed: int) -> None:
+    def __init__(self, plan_of: Callable[[Task], list[list[ToolCall]]], closing: ClosingTexts = ClosingTexts()):
+        self.plan_of, self.closing = plan_of, closing
+
+    def start(self, task: Task, mode: str, seed: int) -> None:
         self.task, self.mode = task, mode
-        self.plan = gold_plan(task)
+        self.plan = self.plan_of(task)
         self.next_turn = 0  # merged: next gold turn to emit
         self.emitted: set[int] = set()  # per_turn: turns whose calls were sent
 
@@ -70,7 +71,7 @@ class OracleAgent:
 
 
 class NullAgent:
-    def start(self, task: BFCLTask, mode: str, seed: int) -> None:
+    def start(self, task: Task, mode: str, seed: int) -> None:
         pass
 
     def act(self, messages: list[Message], tools: list[dict], turn: int) -> AgentReply:
@@ -93,7 +94,7 @@ def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
     return {"name": call.name, "arguments": call.kwargs}
 
 
-def play_episode(agent: Agent, env: BFCLEnv, opening: list[Message], *, max_turns: int) -> MessageEpisode:
+def play_episode(agent: Agent, env: Env, opening: list[Message], *, max_turns: int) -> MessageEpisode:
     """Alternate agent and env until the env is done, ``max_turns`` messages were written, or the agent stops."""
     ep = MessageEpisode(messages=list(opening))
     while not env.done:
@@ -101,7 +102,7 @@ def play_episode(agent: Agent, env: BFCLEnv, opening: list[Message], *, max_turn
             env.truncate(f"more than {max_turns} assistant messages")
             break
         try:
-            reply = agent.act(ep.messages, env.tools, env.turn)
+            reply = agent.act(ep.messages, env.tools, getattr(env, "turn", 0))  # a per-turn env's user turn
         except EpisodeRefused as e:
             env.truncate(str(e))
             break

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -36,11 +35,22 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return result
 
 
+def _categories(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Every category of the results, in their order (each results.json lists its own in its suite's order)."""
+    return list(dict.fromkeys(c for r in results for c in r["categories"]))
+
+
+def _tasks_title(results: Sequence[dict[str, Any]]) -> str:
+    """What the results were evaluated on: each results.json's ``tasks_title`` (its suite's ``title``)."""
+    titles = [r.get("tasks_title") or f"task source {(r.get('config') or {}).get('task_source', '?')}" for r in results]
+    return " / ".join(dict.fromkeys(titles))
+
+
 def comparison_table(results: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
-    cats = [c for c in CATEGORIES if any(c in r["categories"] for r in results)]
+    cats = _categories(results)
     protocol = results[0]["protocol"]
     head = "| run | " + " | ".join(cats) + " | overall | tasks |"
-    lines = [f"### BFCL v4 multi-turn, {protocol} protocol (accuracy, %)", "", head,
+    lines = [f"### {_tasks_title(results)}, {protocol} protocol (accuracy, %)", "", head,
              "|---|" + "---:|" * (len(cats) + 2)]
     best = max(r["overall"] for r in results)
     for r, label in zip(results, labels):
@@ -59,7 +69,7 @@ def bar_chart(results: Sequence[dict[str, Any]], labels: Sequence[str], out: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cats = [c for c in CATEGORIES if any(c in r["categories"] for r in results)] + ["overall"]
+    cats = _categories(results) + ["overall"]
     width = 0.8 / len(results)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(cats)), 4.0))
     for i, (r, label) in enumerate(zip(results, labels)):
@@ -70,7 +80,7 @@ def bar_chart(results: Sequence[dict[str, Any]], labels: Sequence[str], out: Pat
     ax.set_xticks(range(len(cats)), cats)
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 105)
-    ax.set_title(f"BFCL v4 multi-turn ({results[0]['protocol']} protocol)")
+    ax.set_title(f"{_tasks_title(results)} ({results[0]['protocol']} protocol)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

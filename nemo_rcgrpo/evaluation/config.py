@@ -9,7 +9,6 @@ from typing import Any
 from nemo_rcgrpo.config import PolicySetup, _build, _choice
 from nemo_rcgrpo.config_schema import ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig
 from nemo_rcgrpo.envs.config import EnvConfig, build_settings, settings_class
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
 PROTOCOLS = ("paper", "bfcl")
@@ -56,7 +55,7 @@ class EvalConfig:
     data_dir: str | None = None  # paper: the split.json of this prepared data dir (null: recompute the split)
     split_seed: int = 1234  # paper, without data_dir: the split prepare-data makes with this seed
     test_fraction: float = 0.1  # paper, without data_dir: the held-out share of that split
-    categories: tuple[str, ...] = CATEGORIES
+    categories: tuple[str, ...] = ()  # the task source's categories ([]: every one it declares)
     # a registered task source (bfcl (BFCL v4) | bfcl_micro (docs/experiments.md) | a plugin's), as the run was
     # trained on
     task_source: str = "bfcl"
@@ -125,9 +124,9 @@ class EvalConfig:
         lookup("task_source", self.task_source, setting="task_source")
         lookup("env", self.env, setting="env")
         lookup("reward", self.reward, setting="reward")
-        unknown = sorted(set(self.categories) - set(CATEGORIES))
-        if unknown or not self.categories:
-            raise ConfigError(f"categories={list(self.categories)}: choose from {list(CATEGORIES)}")
+        from nemo_rcgrpo.envs.sources import check_categories
+
+        self.categories = check_categories(self.task_source, self.categories, "categories")
         if self.samples < 1:
             raise ConfigError(f"samples={self.samples}: must be >= 1")
         if self.samples > 1 and self.temperature == 0:
@@ -160,19 +159,6 @@ class EvalConfig:
                 raise ConfigError(f"endpoint.url={e.url!r}: must start with http:// or https://")
             if e.timeout <= 0 or e.max_retries < 0 or e.backoff < 0 or e.concurrency < 1:
                 raise ConfigError("endpoint.timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1")
-
-    def local_handler(self) -> str | None:
-        """The BFCL local handler that plays this policy under protocol=bfcl (llama3_1 | qwen_fc), or None: BFCL's
-        OpenAI-compatible FC handler (endpoints, oracle, null) or the project's episodes (bfcl_handler=project)."""
-        from nemo_rcgrpo.envs.bfcl.local import CHAT_FORMAT_HANDLERS, HANDLERS
-
-        if self.policy not in ("checkpoint", "endpoint"):
-            return None  # oracle and null (and a plugin's policy) speak whole messages
-        if self.bfcl_handler in HANDLERS:
-            return self.bfcl_handler
-        if self.bfcl_handler == "auto" and self.policy == "checkpoint":
-            return CHAT_FORMAT_HANDLERS.get(self.chat.format)
-        return None
 
     def env_config(self) -> EnvConfig:
         """The environment of the episodes: the task source, categories, and the env's settings, of which the

@@ -11,8 +11,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.envs.interfaces import Suite
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
 from nemo_rcgrpo.evaluation.records import episode_record, failure_reason  # noqa: F401 - failure_reason: public
@@ -26,7 +25,7 @@ class EvalPolicy(Protocol):
 
     description: dict[str, Any]  # the model, the reward token (`auto` resolved), ...: results.json's ``policy``
 
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable[[dict], None],
+    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable[[dict], None],
             only: set[str] | None = None) -> list[dict]:
         """The episode records of ``task_ids`` (those in ``only``), each also handed to ``on_done`` when it ends."""
         ...
@@ -70,17 +69,19 @@ class MessagePolicy:
         self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
         self.reward_token, self.goal = reward_token, goal
 
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
+    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
             only: set[str] | None = None) -> list[dict]:
         """Episodes of ``task_ids`` (those in ``only``); episode seeds follow the position in ``task_ids``."""
-        env_cfg = self.cfg.env_config()
-        for t in task_ids:
-            suite.gold(t)  # memoised before the threads start
+        from nemo_rcgrpo.envs.sources import make_opener
+
+        opener = make_opener(self.cfg.env_config(), suite)
+        if callable(getattr(suite, "gold", None)):
+            for t in task_ids:
+                suite.gold(suite[t])  # memoised before the threads start
 
         def one(index: int, task_id: str) -> dict:
             task = suite[task_id]
-            env = env_cfg.settings.make_env()
-            opening = env.reset(task, gold=suite.gold(task))
+            env, opening = opener.open(task)
             if self.reward_token is not None:
                 opening = self.goal.apply(opening, self.reward_token)
             agent = self.make_agent()
@@ -120,7 +121,7 @@ class MessagePolicy:
 class CheckpointPolicy:
     """A trained model through the generator named by ``generation.backend`` (hf or vllm), token in / token out."""
 
-    def __init__(self, cfg: EvalConfig, suite: BFCLSuite):
+    def __init__(self, cfg: EvalConfig, suite: Suite):
         import torch
 
         from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
@@ -160,7 +161,7 @@ class CheckpointPolicy:
                             "generator": cfg.generation.backend, "reward_token": token,
                             "chat_format": cfg.chat.format}
 
-    def run(self, suite: BFCLSuite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
+    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
             only: set[str] | None = None) -> list[dict]:
         from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
 
@@ -236,37 +237,55 @@ def resolve_checkpoint(path: str, step: int | None = None):
     return resolve_model_path(path), None, path
 
 
-def leaderboard_pipeline(cfg: EvalConfig) -> bool:
-    """protocol=bfcl on BFCL's own entries: message-level policies run BFCL's pipeline (evaluation/leaderboard.py)."""
-    return cfg.protocol == "bfcl" and cfg.task_source == "bfcl" and cfg.env == "bfcl"
+class OfficialPipeline(Protocol):
+    """What an ``official_pipeline`` factory returns (kind ``official_pipeline``, named as the env): the env's own
+    evaluation pipeline under ``protocol=bfcl`` (BFCL's: `envs/bfcl/leaderboard.py`), where it plays the policy."""
+
+    def policy(self, name: str, cfg: EvalConfig, suite: Suite, context: dict[str, Any]) -> EvalPolicy | None:
+        """The pipeline's policy for the shipped policy ``name`` (oracle, null, endpoint, checkpoint), or None: the
+        project's episodes play it. ``context``: what the generic factory resolved (endpoint: ``folder``,
+        ``description``, ``reward_token``, ``goal``; checkpoint: ``build()`` -> the project's CheckpointPolicy)."""
+        ...
+
+    def finish(self, records: list[dict], cfg: EvalConfig, out_dir: Path) -> tuple[str, dict, str] | None:
+        """After the episodes: (results.json key, its scores, a Markdown table), or None when it played none."""
+        ...
+
+
+def official_pipeline(cfg: EvalConfig) -> OfficialPipeline | None:
+    """The env's own pipeline under protocol=bfcl (kind ``official_pipeline``, the name of ``env``), or None."""
+    from nemo_rcgrpo.registry import table
+
+    factory = table("official_pipeline").get(cfg.env)
+    return None if cfg.protocol != "bfcl" or factory is None else factory(cfg)
+
+
+def _pipeline_policy(name: str, cfg: EvalConfig, suite: Suite, **context) -> EvalPolicy | None:
+    pipeline = official_pipeline(cfg)
+    return None if pipeline is None else pipeline.policy(name, cfg, suite, context)
 
 
 @register("eval_policy", "oracle")
-def oracle_policy(cfg: EvalConfig, suite: BFCLSuite):
-    """The gold calls (the reward's and the checker's ceiling)."""
-    if leaderboard_pipeline(cfg):
-        from nemo_rcgrpo.data.trajectories import ClosingTexts
-        from nemo_rcgrpo.evaluation.leaderboard import fc_policy, oracle_responder
+def oracle_policy(cfg: EvalConfig, suite: Suite):
+    """The suite's ``oracle_calls`` (BFCL's: the gold calls, the reward's and the checker's ceiling)."""
+    from nemo_rcgrpo.utils.config import ConfigError
 
-        closing = ClosingTexts()
-        return fc_policy(cfg, lambda task: oracle_responder(
-            task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))), 1,
-            {"policy": "oracle"}, model_name="oracle")
-    return MessagePolicy(cfg, OracleAgent, 1, {"policy": "oracle"})
+    plan_of = getattr(suite, "oracle_calls", None)
+    if not callable(plan_of):
+        raise ConfigError(f"policy=oracle plays the suite's oracle_calls(task); task_source={cfg.task_source}'s "
+                          f"suite ({type(suite).__name__}) has none (envs/interfaces.py: Suite)")
+    return _pipeline_policy("oracle", cfg, suite) or MessagePolicy(cfg, lambda: OracleAgent(plan_of), 1,
+                                                                    {"policy": "oracle"})
 
 
 @register("eval_policy", "null")
-def null_policy(cfg: EvalConfig, suite: BFCLSuite):
+def null_policy(cfg: EvalConfig, suite: Suite):
     """No call at all (the floor)."""
-    if leaderboard_pipeline(cfg):
-        from nemo_rcgrpo.evaluation.leaderboard import fc_policy, null_responder
-
-        return fc_policy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
-    return MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
+    return _pipeline_policy("null", cfg, suite) or MessagePolicy(cfg, NullAgent, 1, {"policy": "null"})
 
 
 @register("eval_policy", "endpoint")
-def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
+def endpoint_policy(cfg: EvalConfig, suite: Suite) -> EvalPolicy:
     """Any OpenAI-compatible chat server with tool calling, conditioned as the served model was trained."""
     from nemo_rcgrpo.evaluation.endpoint import EndpointAgent
 
@@ -286,16 +305,10 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
             has_tokens = None
     token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
     description = {"policy": "endpoint", "url": cfg.endpoint.url, "model": cfg.endpoint.model, "reward_token": token}
-    if leaderboard_pipeline(cfg) and cfg.local_handler() is not None:
-        from nemo_rcgrpo.evaluation.leaderboard import endpoint_local_policy
-
-        return endpoint_local_policy(cfg, folder, description, reward_token_value(token), goal)
-    if leaderboard_pipeline(cfg):
-        from nemo_rcgrpo.evaluation.leaderboard import endpoint_responder, fc_policy
-
-        respond = endpoint_responder(cfg)
-        return fc_policy(cfg, lambda task: respond, cfg.endpoint.concurrency, description,
-                         model_name=cfg.endpoint.model, reward_token=reward_token_value(token), goal=goal)
+    pipelined = _pipeline_policy("endpoint", cfg, suite, folder=folder, description=description,
+                                 reward_token=reward_token_value(token), goal=goal)
+    if pipelined is not None:
+        return pipelined
     return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
                                                     max_new_tokens=cfg.max_new_tokens),
                          cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
@@ -304,21 +317,14 @@ def endpoint_policy(cfg: EvalConfig, suite: BFCLSuite) -> MessagePolicy:
 
 
 @register("eval_policy", "checkpoint")
-def checkpoint_policy(cfg: EvalConfig, suite: BFCLSuite):
+def checkpoint_policy(cfg: EvalConfig, suite: Suite):
     """A trained model (an HF folder, a model name or a run dir) through ``generation.backend``, token in / out;
-    with protocol=bfcl, through BFCL's local handler for its family (``bfcl_handler``)."""
-    if leaderboard_pipeline(cfg) and cfg.local_handler() is not None:
-        from nemo_rcgrpo.evaluation.leaderboard import checkpoint_local_policy
-
-        return checkpoint_local_policy(cfg, CheckpointPolicy(cfg, suite))
-    if leaderboard_pipeline(cfg) and cfg.bfcl_handler == "auto":
-        print(f"warning: chat.format={cfg.chat.format} has no BFCL local handler: the checkpoint plays the "
-              "project's per-turn episodes, not BFCL's pipeline (its number is not the leaderboard's); "
-              "bfcl_handler=llama3_1 or qwen_fc picks one", file=sys.stderr)
-    return CheckpointPolicy(cfg, suite)
+    with protocol=bfcl, through the env's official pipeline where it has one (BFCL's local handlers)."""
+    return (_pipeline_policy("checkpoint", cfg, suite, build=lambda: CheckpointPolicy(cfg, suite))
+            or CheckpointPolicy(cfg, suite))
 
 
-def make_policy(cfg: EvalConfig, suite: BFCLSuite) -> EvalPolicy:
+def make_policy(cfg: EvalConfig, suite: Suite) -> EvalPolicy:
     """The ``policy`` entry (kind ``eval_policy``: oracle, null, endpoint, checkpoint or a plugin's), checked for
     what `evaluate` uses of it before any episode runs."""
     factory = lookup("eval_policy", cfg.policy)

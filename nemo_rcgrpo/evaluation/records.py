@@ -1,11 +1,11 @@
 """One evaluated episode's record (a line of trajectories.jsonl) and the reason it failed, as every policy writes
-them (`policies.py` for the message-level and checkpoint policies, `leaderboard.py` for BFCL's pipelines)."""
+them (`policies.py` for the message-level and checkpoint policies, `envs/bfcl/leaderboard.py` for BFCL's pipelines)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.envs.interfaces import Task
 
 
 def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
@@ -26,7 +26,7 @@ def failure_reason(protocol: str, *, success: bool, truncated: str | None, offic
     return "; ".join(parts) or "reward 0"
 
 
-def episode_record(cfg, task: BFCLTask, sample: int, seed: int, reward_token: str | None, *, reward,
+def episode_record(cfg, task: Task, sample: int, seed: int, reward_token: str | None, *, reward,
             official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
             calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
     success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0

@@ -33,11 +33,10 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from nemo_rcgrpo.data.rl_tasks import find_pointers, load_pointers
-from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
+from nemo_rcgrpo.envs.interfaces import Suite
+from nemo_rcgrpo.envs.sources import category_key, source_categories
 from nemo_rcgrpo.evaluation.config import EvalConfig
-from nemo_rcgrpo.evaluation.policies import make_policy
+from nemo_rcgrpo.evaluation.policies import make_policy, official_pipeline
 from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.config import ConfigError
 
@@ -45,7 +44,7 @@ SAMPLE_SEED_STRIDE = 1_000_003
 
 
 # ---------------------------------------------------------------------- tasks
-def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
+def select_tasks(cfg: EvalConfig, suite: Suite) -> list[str]:
     """The protocol's task ids (paper: the held-out split; bfcl: every entry), filtered by categories and limit."""
     if cfg.tasks:
         missing = [t for t in cfg.tasks if t not in suite.tasks]
@@ -56,10 +55,12 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
         ids = held_out_ids(cfg, suite)
     else:
         ids = [t.id for t in suite]
-    # the held-out split names tasks of every category; the suite holds only the chosen ones. `categories` are
-    # BFCL's: a plugin's tasks of other categories are all kept (as in training, where its suite ignores them)
-    ids = [t for t in ids if t in suite.tasks and (suite[t].category in cfg.categories
-                                                   or suite[t].category not in CATEGORIES)]
+    # the held-out split names tasks of every category; the suite holds only the chosen ones. Only the categories
+    # the task source declares are chosen from: a task of another category is kept (as in training, where the
+    # suite is given the categories and decides)
+    declared = source_categories(cfg.task_source) or ()
+    chosen = set(cfg.categories or declared)
+    ids = [t for t in ids if t in suite.tasks and (suite[t].category in chosen or suite[t].category not in declared)]
     if cfg.limit is not None:
         taken: dict[str, int] = defaultdict(int)
         kept = []
@@ -74,13 +75,13 @@ def select_tasks(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
     return ids
 
 
-def held_out_ids(cfg: EvalConfig, suite: BFCLSuite) -> list[str]:
+def held_out_ids(cfg: EvalConfig, suite: Suite) -> list[str]:
     """The paper protocol's tasks: the data's split.json (prepare-data's); for a task source that is not BFCL's (a
     plugin's data builder writes no split) the data's held-out RL pointers, rl_test.jsonl; without data_dir the
     split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
-        pointers = None if isinstance(suite, BFCLSuite) or path.is_file() else find_pointers(cfg.data_dir, "test")
+        pointers = None if hasattr(suite, "split") or path.is_file() else find_pointers(cfg.data_dir, "test")
         if pointers is not None:
             return list(load_pointers(pointers)["task_id"])
         if not path.is_file():
@@ -101,8 +102,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def summarize(records: Sequence[dict[str, Any]], samples: int = 1) -> dict[str, Any]:
-    """Accuracies in percent: overall (over tasks), per category, mean over categories; pass@k with samples > 1."""
+def summarize(records: Sequence[dict[str, Any]], samples: int = 1, order=None) -> dict[str, Any]:
+    """Accuracies in percent: overall (over tasks), per category, mean over categories; pass@k with samples > 1.
+    ``order``: the sort key of the categories (the suite's, `envs/sources.py: category_key`; default by name)."""
+    order = order or (lambda category: (0, category))
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_task[r["task_id"]].append(r)
@@ -114,7 +117,7 @@ def summarize(records: Sequence[dict[str, Any]], samples: int = 1) -> dict[str, 
     out: dict[str, Any] = {
         "overall": 100.0 * statistics.fmean(task_acc.values()) if task_acc else 0.0,
         "categories": {c: {"accuracy": 100.0 * statistics.fmean(v), "tasks": len(v)}
-                       for c, v in sorted(cats.items(), key=lambda kv: category_order(kv[0]))},
+                       for c, v in sorted(cats.items(), key=lambda kv: order(kv[0]))},
         "tasks": len(task_acc), "episodes": len(records),
     }
     out["category_mean"] = statistics.fmean(c["accuracy"] for c in out["categories"].values()) if cats else 0.0
@@ -150,7 +153,7 @@ def _load_done(path: Path) -> list[dict]:
     return done
 
 
-def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
     from nemo_rcgrpo.utils.run_lock import check_writable
 
     out_dir = Path(cfg.out_dir)
@@ -187,7 +190,7 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
           + f", {cfg.protocol} protocol" + (f" ({described['pipeline']}, {described['handler']})"
                                             if "pipeline" in described else "")
           + f": {len(task_ids)} tasks x {cfg.samples} sample(s) of "
-          + f"{sorted({suite[t].category for t in task_ids}, key=category_order)}"
+          + f"{sorted({suite[t].category for t in task_ids}, key=category_key(suite))}"
           + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
           + f"; results in {out_dir}", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -215,10 +218,11 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
         bar.close()
         policy.close()
     seconds = time.perf_counter() - started
-    summary = summarize(records, cfg.samples)
+    summary = summarize(records, cfg.samples, category_key(suite))
     result = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "protocol": cfg.protocol, "policy": policy.description, "config": cfg.to_dict(),
+        "tasks_title": getattr(suite, "title", None) or f"task source {cfg.task_source}",
         "complete": error is None, **({"error": error} if error else {}),
         **summary,
         "mean_accuracy": 100.0 * statistics.fmean(r["success"] for r in records) if records else 0.0,
@@ -227,30 +231,20 @@ def evaluate(cfg: EvalConfig, suite: BFCLSuite | None = None) -> dict[str, Any]:
     }
     title = f"{describe(result)} — {cfg.protocol} protocol"
     table = markdown_table(summary, title)
-    if any("bfcl_result" in r for r in records):  # BFCL's pipeline ran: its scores and its result files
-        from nemo_rcgrpo.evaluation.leaderboard import bfcl_scores, registry_name, write_result_files
-
-        result["bfcl"] = bfcl_scores(records, cfg.samples)
-        files = write_result_files(out_dir / "bfcl_result", registry_name(cfg), records)
-        result["bfcl"]["result_files"] = [str(f.relative_to(out_dir)) for f in files]
-        table += bfcl_table(result["bfcl"])
+    pipeline = official_pipeline(cfg)
+    official = pipeline.finish(records, cfg, out_dir) if pipeline is not None else None
+    if official is not None:  # the env's own pipeline ran (BFCL's): its scores, its files, its table
+        key, scores, official_table = official
+        result[key] = scores
+        table += official_table
     (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str))
     (out_dir / "results.md").write_text(table)
+    if official is not None:
+        result["official_table"] = official_table  # for the command's summary, not results.json
     if error:
         raise EvaluationIncomplete(f"{error} (scored {len(records)} of {len(task_ids) * cfg.samples} episodes; "
                                    f"partial results in {out_dir})")
     return result
-
-
-def bfcl_table(scores: dict[str, Any]) -> str:
-    """BFCL's own numbers: accuracy per category and Multi Turn Overall Acc (a category not run counts 0)."""
-    lines = ["", "BFCL's scores (its definitions):", "", "| category | entries | accuracy (%) |", "|---|---:|---:|"]
-    lines += [f"| {c} | {scores['entries'][c]} | {a:.2f} |" for c, a in scores["categories"].items()]
-    lines.append(f"| **Multi Turn Overall Acc** | {sum(scores['entries'].values())} | "
-                 f"**{scores['multi_turn_overall']:.2f}** |")
-    if scores.get("note"):
-        lines += ["", f"Note: {scores['note']}."]
-    return "\n".join(lines) + "\n"
 
 
 class EvaluationIncomplete(RuntimeError):
@@ -279,7 +273,7 @@ def _per_task(records: list[dict]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError
+    from nemo_rcgrpo.envs.interfaces import DataError
     from nemo_rcgrpo.models.hf import ModelFilesError
     from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
@@ -295,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_writable(cfg.out_dir, "out_dir")
         with run_lock(cfg.out_dir):  # one evaluation per out_dir
             result = evaluate(cfg)
-    except (ConfigError, ModelFilesError, CheckpointError, BFCLDataError, FileNotFoundError, FileExistsError,
+    except (ConfigError, ModelFilesError, CheckpointError, DataError, FileNotFoundError, FileExistsError,
             ValueError, FolderNotWritable, RunLocked, DiskFull) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -307,10 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EvaluationIncomplete as e:
         print(f"error: evaluation stopped: {e}", file=sys.stderr)
         return 3
-    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol")
-          + (bfcl_table(result["bfcl"]) if "bfcl" in result else ""))
-    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl"
-          + (", bfcl_result/ (BFCL's result files: `bfcl evaluate` scores them)" if "bfcl" in result else ""))
+    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol") + result.get("official_table", ""))
+    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
     return 0
 
 

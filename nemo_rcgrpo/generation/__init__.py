@@ -30,11 +30,26 @@ def _vllm(cfg: PolicySetup, model: Any, tokenizer: Any):
     return make_vllm_generator(cfg, model, tokenizer)
 
 
-@register("generator", "scripted")
-def _scripted(cfg: PolicySetup, model: Any, tokenizer: Any):
-    from nemo_rcgrpo.generation.scripted import make_scripted_generator
+def _check_vllm(setup: PolicySetup) -> None:
+    """``generation.vllm``'s settings, checked when the config is validated (one ConfigError line)."""
+    from nemo_rcgrpo.config import _choice
+    from nemo_rcgrpo.utils.config import ConfigError
 
-    return make_scripted_generator(cfg, model, tokenizer)
+    v = setup.generation.vllm
+    _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
+    _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
+    if v.url is not None and not str(v.url).startswith(("http://", "https://")):
+        raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
+    for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
+        if getattr(v, key) <= 0:
+            raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
+    if v.max_retries < 0 or not 0 <= v.port < 65536 or not 0 < v.gpu_memory_utilization <= 1:
+        raise ConfigError("generation.vllm: max_retries >= 0, 0 <= port < 65536, 0 < gpu_memory_utilization <= 1")
+    if v.max_model_len is not None and v.max_model_len <= 0:
+        raise ConfigError(f"generation.vllm.max_model_len={v.max_model_len}: must be > 0 or null")
+
+
+_vllm.check = _check_vllm  # a generator's ``check(setup)``: its settings, validated with the config
 
 
 

@@ -48,7 +48,7 @@ from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, mo
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
-from nemo_rcgrpo.envs.sources import make_opener
+from nemo_rcgrpo.envs.sources import category_key, make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
@@ -262,7 +262,7 @@ class RLTrainer:
         specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
         trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
         records = [{"task_id": t.task_id, "category": t.category, "success": t.reward == 1.0} for t in trajs]
-        summary = summarize(records)
+        summary = summarize(records, order=category_key(self.suite))
         out = {"eval_reward": statistics.fmean(t.reward for t in trajs), "eval_accuracy": summary["overall"]}
         out.update({f"eval_accuracy_{c}": v["accuracy"] for c, v in summary["categories"].items()})
         folder = self.run_dir / "eval"
@@ -284,10 +284,8 @@ class RLTrainer:
         return ckpt
 
     def _categories(self) -> list[str]:
-        """The categories of the run's training tasks (BFCL's in BFCL's order, a plugin's by name)."""
-        from nemo_rcgrpo.envs.bfcl.tasks import category_order
-
-        return sorted({self.suite[t].category for t in self.task_ids}, key=category_order)
+        """The categories of the run's training tasks (in the suite's ``category_order``, else by name)."""
+        return sorted({self.suite[t].category for t in self.task_ids}, key=category_key(self.suite))
 
     def _banner(self, ckpt: Path | None) -> None:
         cfg, rl = self.cfg, self.cfg.rl

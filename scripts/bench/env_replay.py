@@ -34,7 +34,7 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_mult
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv, BFCLSuite
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.reward import replay_gold
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import named_arguments
 from nemo_rcgrpo.evaluation.run import main as eval_main
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.data.trajectories import gold_plan
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
 from nemo_rcgrpo.evaluation.compare import main as compare_main
 from nemo_rcgrpo.evaluation.run import main as eval_main

@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from nemo_rcgrpo.data.trajectories import replay_messages
+from nemo_rcgrpo.envs.bfcl.trajectories import replay_messages
 from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
 
 FILES = ("sft.jsonl", "failures.jsonl", "rctp.jsonl", "rl_train.jsonl", "rl_test.jsonl", "split.json", "stats.json")
@@ -140,7 +140,7 @@ def test_bad_input_gives_one_line_errors(tmp_path, capfd, monkeypatch):
     cases = [
         ([f"bfcl_data_dir={data}"], "missing BFCL data file", "reinstall bfcl-eval"),
         ([f"bfcl_data_dir={corrupt}"], "corrupt BFCL data file", "reinstall bfcl-eval"),
-        (["categories=[base,web_search]"], "categories=", "use a subset of"),
+        (["categories=[base,web_search]"], "categories=", "use a non-empty subset of"),
         ([f"out_dir={existing}"], "already exists", "overwrite=true"),
         (["mode=turnwise"], "mode='turnwise'", "choose one of"),
         (["+epochs=3"], "unknown setting epochs", "known: ["),

@@ -68,7 +68,7 @@ def test_console_script_ground_truth_summary():
 def test_invalid_utf8_and_overlong_lines_are_error_records(tmp_path):
     good = json.dumps({"id": "multi_turn_base_0", "turns": [["cd(folder='document')"]]}).encode()
     bad_utf8 = b'{"id": "multi_turn_base_0", "turns": [["cd(folder=\'\xff\xfe\')"]]}'
-    from nemo_rcgrpo.score import MAX_LINE_CHARS
+    from nemo_rcgrpo.envs.bfcl.score import MAX_LINE_CHARS
 
     long_line = b'{"id": "' + b"x" * (MAX_LINE_CHARS + 10) + b'"}'
     long_id = json.dumps({"id": "y" * 100_000, "turns": []}).encode()  # an error record is bounded too
@@ -93,7 +93,7 @@ def test_unusable_out_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_output_is_bounded_per_line_and_written_atomically(tmp_path):
-    from nemo_rcgrpo.score import MAX_RECORD_CHARS, write_scores
+    from nemo_rcgrpo.envs.bfcl.score import MAX_RECORD_CHARS, write_scores
 
     # a short line whose calls produce long observations: 40 long directory names, then ls() 2000 times
     names = [f"d{i}" + "n" * 200 for i in range(40)]
@@ -142,7 +142,7 @@ def test_score_takes_the_tasks_of_another_task_source(tmp_path, capsys, one_fold
 
 def test_output_is_bounded_in_proportion_to_the_input(tmp_path):
     from nemo_rcgrpo.envs.bfcl import BFCLSuite
-    from nemo_rcgrpo.score import OUTPUT_CHARS_PER_INPUT_CHAR, OUTPUT_FLOOR_CHARS
+    from nemo_rcgrpo.envs.bfcl.score import OUTPUT_CHARS_PER_INPUT_CHAR, OUTPUT_FLOOR_CHARS
 
     # 16 KB of lines each making 12 long-context transaction histories of 65 KB: 36 MB of output before
     line = json.dumps({"id": "multi_turn_long_context_148", "turns": [["get_transaction_history()"] * 12]})

@@ -18,8 +18,10 @@ RULES = [
     ("an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
      r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']", set()),
     ("a raw registry table (registry.lookup / names / table)", r"\b_TABLES\b", {"registry.py"}),
-    # evaluation/config.py validates each shipped policy's own section (checkpoint.path, endpoint.*) by its name
-    ("a dispatch on the eval policy's name (kind eval_policy)", r"\b(cfg|self)\.policy\s*(==|!=)", {"config.py"}),
+    # evaluation/config.py validates each shipped policy's own section (checkpoint.path, endpoint.*) by its name;
+    # BFCL's official pipeline plays each shipped policy its own way (OfficialPipeline.policy(name, ...))
+    ("a dispatch on the eval policy's name (kind eval_policy)", r"\b(cfg|self)\.policy\s*(==|!=)",
+     {"config.py", "leaderboard.py"}),
     # stages.py: a Stage's shape rules for the two shipped loops (a stage-1 stage names its data file)
     ("a dispatch on a stage's loop name (kind loop: ask Loop.rl)", r"\.loop\s*(==|!=)\s*[\"']rl", {"stages.py"}),
 ]
@@ -90,7 +92,7 @@ class _SyncedPolicy:
 
 def test_a_generator_that_shares_the_policys_weights_is_told_the_version_only():
     from nemo_rcgrpo.generation.hf_local import HFGenerator
-    from nemo_rcgrpo.generation.scripted import ScriptedGenerator
+    from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
     from nemo_rcgrpo.models.factory import sync_generator
 
     shared, policy = HFGenerator(torch.nn.Linear(2, 2), 0), _SyncedPolicy()

@@ -72,7 +72,13 @@ def test_the_paper_recipes_are_composed_from_groups(model):
 
 
 def test_prepare_data_config_validates():
-    assert PrepareDataConfig.from_dict(compose("prepare_data")) == PrepareDataConfig()
+    import dataclasses
+
+    from nemo_rcgrpo.envs.sources import source_categories
+
+    # the defaults, with categories (empty: every one the task source declares) resolved to BFCL's four
+    assert PrepareDataConfig.from_dict(compose("prepare_data")) == dataclasses.replace(
+        PrepareDataConfig(), categories=source_categories("bfcl"))
 
 
 def test_unknown_config_name():

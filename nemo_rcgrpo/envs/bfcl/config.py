@@ -5,6 +5,7 @@ are this dataclass's, written nowhere else."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
@@ -42,6 +43,25 @@ class BFCLSettings:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"env.settings.{key}={value!r}: must be a positive integer")
+
+    def data_mismatch(self, prepared: Mapping[str, Any], data_dir: str) -> str | None:
+        """What of these settings disagrees with the data's (``prepared``: prepare-data's settings), in one line, or
+        None (`data/consistency.py`)."""
+        mode = prepared.get("mode")
+        if mode and mode != self.mode:
+            return (f"env.settings.mode={self.mode} but {data_dir} was prepared with mode={mode}: set "
+                    f"env.settings.mode={mode} or prepare the data with mode={self.mode}")
+        return None
+
+    def prompt_mismatch(self, record: Mapping[str, Any], opening_tools: list[dict]) -> str:
+        """The setting to check when a stage-1 line's rendering does not start with the RL prompt of its task."""
+        system = next((m.get("content") for m in record["messages"] if m.get("role") == "system"), None)
+        if system is not None and system != self.make_env().system_prompt:
+            return "env.settings.system_prompt"
+        if [t.get("function", {}).get("name") for t in record.get("tools") or []] != \
+                [t["function"]["name"] for t in opening_tools]:
+            return "the tools offered at the start (env settings)"
+        return "the reward goal or the env's rendering of the first messages"
 
     def make_env(self) -> BFCLEnv:
         """A new environment for one rollout."""

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping
 
-from nemo_rcgrpo.envs.bfcl.calls import CallRejected
+from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
 from nemo_rcgrpo.types import ToolCall, valid_text

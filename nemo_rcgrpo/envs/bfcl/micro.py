@@ -141,6 +141,8 @@ KINDS: tuple[_Kind, ...] = (
 class MicroSuite(BFCLSuite):
     """The ``bfcl_micro`` tasks, with the suite interface of `BFCLSuite` (tasks, gold replays, split)."""
 
+    title = "BFCL micro tasks"
+
     def _make_tasks(self, categories: tuple[str, ...]) -> list[BFCLTask]:
         return generate(self.docs) if "base" in categories else []  # every micro task is a base task
 

@@ -40,7 +40,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.calls import CallRejected
+from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, _resource_guard, format_result
 from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker

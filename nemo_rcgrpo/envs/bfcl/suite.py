@@ -15,7 +15,8 @@ from typing import Iterable
 from nemo_rcgrpo.envs.splits import split_by_scenario
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, replay_gold
 from nemo_rcgrpo.envs.bfcl.tasks import (API_CLASSES, CATEGORIES, BFCLDataError, BFCLTask, ToolDoc, _holdout_schedule,
-                                         _public_method_signature, _read_jsonl, bfcl_data_dir)
+                                         _public_method_signature, _read_jsonl, bfcl_data_dir,
+                                         category_order)
 
 
 class BFCLSuite:
@@ -25,6 +26,9 @@ class BFCLSuite:
     has a fixed held-out set): the tool docs, the gold replays and the split come with it (`envs/bfcl/micro.py`).
     """
 
+    title = "BFCL v4 multi-turn"  # what `rcgrpo eval` results and `rcgrpo compare` tables say they were run on
+    category_order = staticmethod(category_order)  # BFCL's categories in BFCL's order (the per-category tables)
+
     def __init__(self, categories: Iterable[str] = CATEGORIES, data_dir: Path | None = None):
         self.data_dir = Path(data_dir) if data_dir else bfcl_data_dir()
         unknown = set(categories) - set(CATEGORIES)
@@ -33,6 +37,13 @@ class BFCLSuite:
         self._gold: dict[str, GoldReplay] = {}
         self.docs = self._load_docs()
         self.tasks: dict[str, BFCLTask] = {t.id: t for t in self._make_tasks(tuple(categories))}
+
+    def oracle_calls(self, task: BFCLTask):
+        """The ground truth as a plan: per BFCL turn, its calls with their arguments by name (`rcgrpo eval
+        policy=oracle`; `trajectories.py: gold_plan`)."""
+        from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
+
+        return gold_plan(task)
 
     def _make_tasks(self, categories: tuple[str, ...]) -> list[BFCLTask]:
         """The tasks of ``categories`` (BFCL's, checked; ``self.docs`` is loaded): those of BFCL v4 multi-turn."""

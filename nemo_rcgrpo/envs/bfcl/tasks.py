@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, to_openai_tool
+from nemo_rcgrpo.envs.interfaces import DataError
 from nemo_rcgrpo.types import Message
 
 
@@ -49,7 +50,7 @@ STATELESS_CLASSES = frozenset({"MathAPI"})  # built without _load_scenario, as i
 HOLDOUT_TURN_PROMPT = "I have updated some more functions you can choose from. What about now?"
 
 
-class BFCLDataError(RuntimeError):
+class BFCLDataError(DataError):
     """The bfcl-eval package or its data files are missing or inconsistent."""
 
 

@@ -15,7 +15,7 @@ from nemo_rcgrpo.data.chat_format import (
 )
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatFormatError, ChatRenderer, Tokenized, ensure_format_tokens
-from nemo_rcgrpo.data.trajectories import gold_plan, play
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.models.hf import load_tokenizer
 
 TASKS = ("multi_turn_base_0", "multi_turn_miss_func_0", "multi_turn_miss_param_3", "multi_turn_long_context_151")

@@ -4,10 +4,10 @@ from collections import Counter
 import pytest
 
 from nemo_rcgrpo.data.chat_format import TokenCounter, render_hermes
-from nemo_rcgrpo.data.failures import assign_types, premature_termination, wrong_param, wrong_tool
+from nemo_rcgrpo.envs.bfcl.failures import assign_types, premature_termination, wrong_param, wrong_tool
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.envs.splits import split_by_scenario
-from nemo_rcgrpo.data.trajectories import gold_plan, play, replay_messages
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play, replay_messages
 from nemo_rcgrpo.types import ToolCall
 
 

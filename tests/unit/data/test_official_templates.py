@@ -18,7 +18,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from nemo_rcgrpo.data.chat_format import format_spec, OneCallPerMessageError, one_call_per_message, render_pieces, render_text
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
-from nemo_rcgrpo.data.trajectories import gold_plan, play
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.models.hf import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]

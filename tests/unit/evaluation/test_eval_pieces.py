@@ -126,17 +126,19 @@ def test_held_out_tasks_of_a_data_builder_without_split_json(suite, tmp_path):
 
 
 def test_which_of_bfcls_handlers_plays_a_policy(tmp_path):
+    from nemo_rcgrpo.envs.bfcl.leaderboard import local_handler
+
     def cfg(*overrides):
         return EvalConfig.from_dict(compose("eval", [f"out_dir={tmp_path}", "protocol=bfcl", *overrides]))
 
     ckpt = ("policy=checkpoint", "checkpoint.path=tiny-llama")
-    assert cfg(*ckpt).local_handler() == "qwen_fc"  # hermes, the default chat format
-    assert cfg(*ckpt, "chat.format=llama3_json").local_handler() == "llama3_1"
-    assert cfg(*ckpt, "bfcl_handler=project").local_handler() is None
+    assert local_handler(cfg(*ckpt)) == "qwen_fc"  # hermes, the default chat format
+    assert local_handler(cfg(*ckpt, "chat.format=llama3_json")) == "llama3_1"
+    assert local_handler(cfg(*ckpt, "bfcl_handler=project")) is None
     endpoint = ("policy=endpoint", "endpoint.model=m")
-    assert cfg(*endpoint).local_handler() is None  # BFCL's OpenAI-compatible FC handler
-    assert cfg(*endpoint, "bfcl_handler=llama3_1").local_handler() == "llama3_1"
-    assert cfg("policy=oracle", "bfcl_handler=qwen_fc").local_handler() is None  # whole messages: FC
+    assert local_handler(cfg(*endpoint)) is None  # BFCL's OpenAI-compatible FC handler
+    assert local_handler(cfg(*endpoint, "bfcl_handler=llama3_1")) == "llama3_1"
+    assert local_handler(cfg("policy=oracle", "bfcl_handler=qwen_fc")) is None  # whole messages: FC
     for overrides, message in ((("bfcl_handler=gpt",), "bfcl_handler='gpt': choose one of"),
                                ((*endpoint, "bfcl_handler=project"), "bfcl_handler=project is a checkpoint's"),
                                ((*ckpt, "bfcl_handler=openai_fc"), "needs a chat server")):

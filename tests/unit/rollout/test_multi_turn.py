@@ -6,7 +6,7 @@ import json
 import pytest
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.data.trajectories import gold_plan
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
@@ -88,7 +88,7 @@ def test_gold_rollouts_score_one_and_tokens_equal_the_rendered_conversation(suit
     assert len(t0.token_ids) == len(t0.loss_mask) == len(t0.sampler_logprobs)
     # the engine's ids are exactly the chat format's rendering of the same conversation
     from nemo_rcgrpo.data.reward_goal import RewardGoal
-    from nemo_rcgrpo.data.trajectories import play
+    from nemo_rcgrpo.envs.bfcl.trajectories import play
 
     played = play(tasks[0], gold_plan(tasks[0]), "merged")
     messages = RewardGoal().apply(played.messages, True)
@@ -160,7 +160,7 @@ def test_bad_output_becomes_error_observations_and_limits_end_rollouts(suite, re
 
 
 def test_per_turn_rollout_walks_the_user_turns(suite, renderer):
-    from nemo_rcgrpo.data.trajectories import ClosingTexts, play
+    from nemo_rcgrpo.envs.bfcl.trajectories import ClosingTexts, play
 
     task = suite["multi_turn_miss_param_0"]  # has a turn where the model must ask for the missing value
     closing = ClosingTexts()

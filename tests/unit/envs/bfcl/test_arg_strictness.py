@@ -13,7 +13,7 @@ import pytest
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.calls import CallRejected, parse_call_string, parse_json_call
+from nemo_rcgrpo.envs.calls import CallRejected, parse_call_string, parse_json_call
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
 from nemo_rcgrpo.types import ToolCall

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.bfcl.calls import (
+from nemo_rcgrpo.envs.calls import (
     MAX_CALL_CHARS,
     MAX_CALL_ID_CHARS,
     MAX_NAME_CHARS,

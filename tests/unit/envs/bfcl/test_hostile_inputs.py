@@ -15,7 +15,7 @@ from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
-from nemo_rcgrpo.envs.bfcl.calls import to_tool_call
+from nemo_rcgrpo.envs.calls import to_tool_call
 from nemo_rcgrpo.types import valid_text
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 from nemo_rcgrpo.models.hf import load_tokenizer

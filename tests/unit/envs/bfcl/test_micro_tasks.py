@@ -8,8 +8,8 @@ import random
 import pytest
 
 from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
-from nemo_rcgrpo.data.failures import make_failure
-from nemo_rcgrpo.data.trajectories import gold_plan, play
+from nemo_rcgrpo.envs.bfcl.failures import make_failure
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl import micro
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv

@@ -6,7 +6,7 @@ rollout, leaving every group at zero variance).
 
 Each rollout is, at its first turn, either a *success* (it plays the task's ground truth, as the expert
 trajectories of `prepare-data` do) or a *failure* (a verified reward-0 perturbation of the ground truth, built by
-`data/failures.py` as the failure trajectories are). The choice is a seeded coin per rollout, with
+`envs/bfcl/failures.py` as the failure trajectories are). The choice is a seeded coin per rollout, with
 
     P(success) = success_high  when the prompt carries the high reward token,
                  success_low   when it carries the low one,
@@ -41,10 +41,10 @@ from typing import Any, Iterable
 
 import torch
 
-from nemo_rcgrpo.data.failures import make_failure
+from nemo_rcgrpo.envs.bfcl.failures import make_failure
 from nemo_rcgrpo.data.chat_format import one_call_per_message
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.data.trajectories import gold_plan, play
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask

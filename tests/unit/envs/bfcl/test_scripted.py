@@ -9,7 +9,7 @@ from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
-from nemo_rcgrpo.generation.scripted import ScriptedGenerator
+from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 

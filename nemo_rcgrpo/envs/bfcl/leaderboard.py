@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
@@ -77,7 +78,7 @@ def _usage(message: dict) -> dict:
 
 def oracle_responder(task: BFCLTask, closing: Callable[[int], str]) -> Respond:
     """The ground truth: a turn's gold calls in one message, then a closing text."""
-    from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
+    from nemo_rcgrpo.envs.calls import parse_call_string
     from nemo_rcgrpo.envs.bfcl.executor import named_arguments
 
     def respond(body: dict, turn: int, step: int) -> dict:
@@ -208,7 +209,7 @@ def registry_name(cfg) -> str:
     model."""
     from nemo_rcgrpo.envs.bfcl.local import HANDLERS
 
-    local = cfg.local_handler()
+    local = local_handler(cfg)
     return cfg.bfcl_registry or (HANDLERS[local][2] if local else None) or cfg.endpoint.model or cfg.policy
 
 
@@ -248,7 +249,7 @@ def _local_policy(cfg, complete, tokenizer, context: int, concurrency: int, desc
                   reward_token, goal) -> LeaderboardPolicy:
     from nemo_rcgrpo.envs.bfcl.local import BFCL_MODEL_NAMES, HANDLERS, play_entry_local
 
-    name = cfg.local_handler()
+    name = local_handler(cfg)
 
     def play(task, gold, edit):
         return play_entry_local(task, gold, complete, handler_name=name, model_name=BFCL_MODEL_NAMES[name],
@@ -266,7 +267,7 @@ def endpoint_local_policy(cfg, folder, description: dict, reward_token, goal) ->
     from nemo_rcgrpo.models.hf import load_tokenizer
 
     if folder is None:
-        raise FileNotFoundError(f"bfcl_handler={cfg.local_handler()} counts prompt tokens with the served model's "
+        raise FileNotFoundError(f"bfcl_handler={local_handler(cfg)} counts prompt tokens with the served model's "
                                 "tokenizer: set endpoint.model_path to its folder")
     tokenizer = load_tokenizer(str(folder))
     context = _context(folder, tokenizer)
@@ -331,3 +332,72 @@ def _eos_ids(model_dir, tokenizer) -> tuple[int, ...]:
         eos = None
     ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     return tuple(sorted(ids))
+
+
+# ---------------------------------------------------------------------- the pipeline, as `rcgrpo eval` sees it
+def local_handler(cfg) -> str | None:
+    """The BFCL local handler that plays this policy under protocol=bfcl (llama3_1 | qwen_fc), or None: BFCL's
+    OpenAI-compatible FC handler (endpoints, oracle, null) or the project's episodes (bfcl_handler=project)."""
+    from nemo_rcgrpo.envs.bfcl.local import CHAT_FORMAT_HANDLERS, HANDLERS
+
+    if cfg.policy not in ("checkpoint", "endpoint"):
+        return None  # oracle and null (and a plugin's policy) speak whole messages
+    if cfg.bfcl_handler in HANDLERS:
+        return cfg.bfcl_handler
+    if cfg.bfcl_handler == "auto" and cfg.policy == "checkpoint":
+        return CHAT_FORMAT_HANDLERS.get(cfg.chat.format)
+    return None
+
+
+def bfcl_table(scores: dict[str, Any]) -> str:
+    """BFCL's own numbers: accuracy per category and Multi Turn Overall Acc (a category not run counts 0)."""
+    lines = ["", "BFCL's scores (its definitions):", "", "| category | entries | accuracy (%) |", "|---|---:|---:|"]
+    lines += [f"| {c} | {scores['entries'][c]} | {a:.2f} |" for c, a in scores["categories"].items()]
+    lines.append(f"| **Multi Turn Overall Acc** | {sum(scores['entries'].values())} | "
+                 f"**{scores['multi_turn_overall']:.2f}** |")
+    if scores.get("note"):
+        lines += ["", f"Note: {scores['note']}."]
+    return "\n".join(lines) + "\n"
+
+
+class BFCLPipeline:
+    """BFCL's own multi-turn pipelines under ``protocol=bfcl`` on BFCL's entries (kind ``official_pipeline``,
+    `evaluation/policies.py: OfficialPipeline`): the FC handler for whole-message policies, a local handler for a
+    checkpoint or a served export of a known family; the project's per-turn episodes otherwise."""
+
+    def policy(self, name: str, cfg, suite, context: dict[str, Any]):
+        if name == "oracle":
+            from nemo_rcgrpo.data.closing import ClosingTexts
+
+            closing = ClosingTexts()
+            return fc_policy(cfg, lambda task: oracle_responder(
+                task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))), 1,
+                {"policy": "oracle"}, model_name="oracle")
+        if name == "null":
+            return fc_policy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
+        if name == "endpoint":
+            if local_handler(cfg) is not None:
+                return endpoint_local_policy(cfg, context["folder"], context["description"],
+                                             context["reward_token"], context["goal"])
+            respond = endpoint_responder(cfg)
+            return fc_policy(cfg, lambda task: respond, cfg.endpoint.concurrency, context["description"],
+                             model_name=cfg.endpoint.model, reward_token=context["reward_token"],
+                             goal=context["goal"])
+        if name == "checkpoint":
+            if local_handler(cfg) is not None:
+                return checkpoint_local_policy(cfg, context["build"]())
+            if cfg.bfcl_handler == "auto":
+                print(f"warning: chat.format={cfg.chat.format} has no BFCL local handler: the checkpoint plays the "
+                      "project's per-turn episodes, not BFCL's pipeline (its number is not the leaderboard's); "
+                      "bfcl_handler=llama3_1 or qwen_fc picks one", file=sys.stderr)
+        return None
+
+    def finish(self, records: list[dict], cfg, out_dir: Path) -> tuple[str, dict, str] | None:
+        """BFCL's scores and its result files (which `bfcl evaluate` scores the same), when its pipeline ran."""
+        if not any("bfcl_result" in r for r in records):
+            return None
+        scores = bfcl_scores(records, cfg.samples)
+        files = write_result_files(out_dir / "bfcl_result", registry_name(cfg), records)
+        scores["result_files"] = [str(f.relative_to(out_dir)) for f in files]
+        return "bfcl", scores, bfcl_table(scores) + (
+            "\nBFCL's result files: bfcl_result/ (`bfcl evaluate` scores them)\n" if files else "")

@@ -29,7 +29,9 @@ lines scored so far are in ``OUT.partial``).
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLTask
 from nemo_rcgrpo.utils.bounded import CLIPPED_FLAG, clip_observations
 
 MAX_LINE_CHARS = 4_000_000
@@ -256,3 +258,94 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
     if "(unscorable lines)" in stats:
         rows.append(f"| unscorable lines | {stats['(unscorable lines)'].errors} | - | - |")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- the command: rcgrpo score
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rcgrpo score", description="score recorded tool calls with the paper's reward "
+                                "and BFCL's checker (docs/scoring.md)")
+    p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
+    p.add_argument("output", nargs="?", help="JSONL of per-line scores (omit to print only the summary)")
+    p.add_argument("--ground-truth", action="store_true", help="score the ground truth itself (a self-check)")
+    p.add_argument("--categories", nargs="+", help="restrict to these BFCL categories (default: all four)")
+    p.add_argument("--task-source", default="bfcl", help="the registered task source whose tasks the lines name "
+                   "(default bfcl: BFCL v4 multi-turn; bfcl_micro; a plugin's, with --plugins)")
+    p.add_argument("--plugins", nargs="+", metavar="MODULE", help="modules to import first (they may register a "
+                   "task source)")
+    p.add_argument("--arg-types", choices=("bfcl", "strict"), default="bfcl",
+                   help="argument type checking: 'bfcl' lets the API judge (leaderboard behaviour), "
+                   "'strict' rejects values that do not match the documented type")
+    p.add_argument("--summary", action="store_true", help="print the per-category table")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _score(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from nemo_rcgrpo.envs.sources import make_suite
+    from nemo_rcgrpo.registry import load_plugins
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    try:
+        load_plugins(args.plugins or [])
+        suite = make_suite(args.task_source, args.categories or CATEGORIES)
+    except (BFCLDataError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    source = None
+    if args.ground_truth:
+        lines: Any = ground_truth_lines(suite)
+        total = len(suite)
+    elif args.input:
+        try:
+            source = Path(args.input).open("rb")
+        except OSError as e:
+            print(f"error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
+            return 2
+        lines, total = read_lines(source), None
+    else:
+        print("error: give IN.jsonl (and OUT.jsonl), or --ground-truth", file=sys.stderr)
+        return 2
+    out_path = Path(args.output) if args.output else None
+    if out_path is not None:
+        if out_path.is_dir():
+            print(f"error: OUT {out_path} is a directory; give a file path", file=sys.stderr)
+            if source is not None:
+                source.close()
+            return 2
+        try:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            probe = out_path.with_name(out_path.name + ".partial")
+            probe.open("w").close()
+        except OSError as e:
+            print(f"error: cannot write {out_path}: {e.strerror or e}", file=sys.stderr)
+            if source is not None:
+                source.close()
+            return 2
+    try:
+        progress = tqdm(lines, desc="scoring", unit="traj", total=total, file=sys.stderr, disable=args.quiet)
+        budget = OutputBudget()  # OUT is bounded in proportion to the input (docs/scoring.md)
+        summary = write_scores(score_lines(suite, budget.count(progress), arg_types=args.arg_types), out_path, budget)
+    except OSError as e:
+        print(f"error: while scoring: {e.strerror or e}", file=sys.stderr)
+        return 2
+    finally:
+        if source is not None:
+            source.close()
+    if args.summary or not args.output:
+        print(summary_table(summary.rows))
+    if summary.bad:
+        print(f"{summary.bad} line(s) could not be scored (see 'error' in the output)", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rcgrpo score [IN.jsonl [OUT.jsonl]] [--ground-truth] ...`` (registered as the command ``score``)."""
+    return _score(build_parser().parse_args(sys.argv[1:] if argv is None else list(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,32 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
-from nemo_rcgrpo.envs.bfcl.calls import parse_call_string
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import named_arguments
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.data.closing import ClosingTexts
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall
 
 Plan = list[list[ToolCall]]  # per BFCL turn, the calls (kwargs only) in order
-
-
-@dataclass(frozen=True)
-class ClosingTexts:
-    """What the assistant says when it ends a per-turn turn without a tool call."""
-
-    completed: str = "I have completed the request."
-    missing_parameter: str = "I cannot do this yet: some required information is missing. Could you provide it?"
-    missing_function: str = "None of the available tools can do this, so I cannot complete this request."
-    nothing_to_do: str = "There is nothing to do for this request with the available tools."
-
-    def for_turn(self, task: BFCLTask, turn: int, planned_calls: int) -> str:
-        if planned_calls or task.ground_truth[turn]:
-            return self.completed  # also a premature stop: the agent believes it is done
-        if task.category == "miss_param":
-            return self.missing_parameter
-        if task.category == "miss_func":
-            return self.missing_function
-        return self.nothing_to_do
 
 
 @dataclass

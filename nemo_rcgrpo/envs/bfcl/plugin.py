@@ -1,0 +1,103 @@
+"""What BFCL brings to the registry, as a plugin would: its task sources, environment and settings, rewards,
+failure types, scripted generator, data builder, official evaluation pipeline and the ``rcgrpo score`` command.
+
+Imported by `envs/builtin.py` (the one module outside this folder that imports it). What is heavy is imported when
+it is first used, inside the registered functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from nemo_rcgrpo.envs.bfcl import failures as _failures  # noqa: F401 - registers wrong_tool, wrong_param, ...
+from nemo_rcgrpo.envs.bfcl import reward as _reward  # noqa: F401 - registers state_x_action, state, action
+from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
+from nemo_rcgrpo.registry import register
+
+register("env_settings", "bfcl")(BFCLSettings)
+
+
+@register("task_source", "bfcl")
+def bfcl(categories: Iterable[str], data_dir: Path | None = None):
+    from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
+
+    return BFCLSuite(tuple(categories), data_dir=data_dir)
+
+
+@register("task_source", "bfcl_micro")
+def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
+    from nemo_rcgrpo.envs.bfcl.micro import MicroSuite
+
+    return MicroSuite(tuple(categories), data_dir=data_dir)
+
+
+bfcl.categories = bfcl_micro.categories = CATEGORIES  # BFCL's, in BFCL's order (micro: its tasks are all base)
+
+
+@register("env", "bfcl")
+def bfcl_env(settings: BFCLSettings, suite):
+    """BFCL's executable environment (`envs/bfcl/env.py`) with these settings, reset with the suite's memoised
+    gold replay: the task sources ``bfcl``, ``bfcl_micro`` and any BFCL-like suite (``.gold``)."""
+    from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
+
+    return BFCLOpener(settings, suite)
+
+
+@register("generator", "scripted")
+def scripted(cfg, model: Any, tokenizer: Any):
+    """Scripted rollouts of BFCL's tasks (`envs/bfcl/scripted.py`): the RL loop's tests and benchmarks."""
+    from nemo_rcgrpo.envs.bfcl.scripted import make_scripted_generator
+
+    return make_scripted_generator(cfg, model, tokenizer)
+
+
+def _check_scripted(setup) -> None:
+    """``generation.scripted``'s settings, checked when the config is validated: it plays BFCL's env."""
+    from nemo_rcgrpo.registry import lookup
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    s = setup.generation.scripted
+    if not isinstance(setup.env.settings, BFCLSettings):
+        raise ConfigError(f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
+                          f"{setup.env.name} is another environment: use generation.backend=hf (or vllm)")
+    lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
+    for key in ("success_rate", "success_high", "success_low"):
+        value = getattr(s, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
+
+
+scripted.check = _check_scripted
+
+
+def _build_records(cfg, suite, split, rng):
+    from nemo_rcgrpo.envs.bfcl.data import build_records
+
+    return build_records(cfg, suite, split, rng)
+
+
+_build_records.env = "bfcl"
+register("data_builder", "bfcl")(_build_records)
+register("data_builder", "bfcl_micro")(_build_records)
+
+
+@register("official_pipeline", "bfcl")
+def official_pipeline(cfg):
+    """BFCL's own multi-turn inference pipeline under ``protocol=bfcl`` on BFCL's own entries (`leaderboard.py`)."""
+    if cfg.task_source != "bfcl":
+        return None
+    from nemo_rcgrpo.envs.bfcl.leaderboard import BFCLPipeline
+
+    return BFCLPipeline()
+
+
+def score(argv: list[str]) -> int:
+    from nemo_rcgrpo.envs.bfcl.score import main
+
+    return main(argv)
+
+
+score.help = "score recorded tool calls with the paper's reward and BFCL's checker"
+register("command", "score")(score)

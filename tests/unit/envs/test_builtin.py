@@ -1,0 +1,41 @@
+"""BFCL is a plugin that ships inside the package: only envs/builtin.py imports it (the import contract of
+pyproject.toml, which `make test` runs), and the generic commands find its parts through the registry."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT)], cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_the_contract_holds_and_catches_an_import_of_bfcl(tmp_path):
+    assert "lint-imports" in (ROOT / "Makefile").read_text().split("\ntest:")[1].split("\n\n")[0]
+    kept = _lint(ROOT)
+    assert kept.returncode == 0 and "1 kept, 0 broken" in kept.stdout, kept.stdout + kept.stderr
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    shutil.copytree(ROOT / "nemo_rcgrpo", copy / "nemo_rcgrpo", ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "nemo_rcgrpo" / "evaluation" / "run.py").open("a") as f:
+        f.write("\nfrom nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES  # noqa\n")
+    broken = _lint(copy)
+    assert broken.returncode == 1
+    assert "nemo_rcgrpo.evaluation.run -> nemo_rcgrpo.envs.bfcl.tasks" in broken.stdout
+
+
+def test_bfcls_parts_are_registered_by_name():
+    from nemo_rcgrpo.registry import names, table
+
+    assert {"bfcl", "bfcl_micro"} <= set(names("task_source")) and names("env")[:1] == ("bfcl",)
+    assert {"bfcl", "bfcl_micro"} <= set(names("data_builder")) and "bfcl" in names("official_pipeline")
+    assert "scripted" in names("generator") and callable(table("generator")["scripted"].check)
+    assert table("command")["score"].help
+    from nemo_rcgrpo.envs.sources import source_categories
+
+    assert source_categories("bfcl") == ("base", "miss_func", "miss_param", "long_context")
