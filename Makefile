@@ -52,34 +52,34 @@ demo: $(STAMP)
 	@echo "report:    outputs/demo/report.html (config, plots, every rollout; open it in a browser)"
 
 bench: $(STAMP)
-	$(PY) scripts/bench/env_replay.py --out docs/benchmarks.md --repeats 5
-	$(PY) scripts/bench/prepare_data.py --out docs/benchmarks.md
-	$(PY) scripts/bench/train_throughput.py --out docs/benchmarks.md
-	$(PY) scripts/bench/rollout_overhead.py --out docs/benchmarks.md
-	$(PY) scripts/bench/vllm_rollout.py --out docs/benchmarks.md
-	$(PY) scripts/bench/eval_throughput.py --out docs/benchmarks.md
-	$(PY) scripts/bench/megatron_cpu.py --out docs/benchmarks.md
-	$(PY) scripts/bench/rl_step.py --out docs/benchmarks.md
-	$(PY) scripts/bench/async_rl.py --out docs/benchmarks.md
+	$(PY) -m scripts.bench.env_replay --out docs/benchmarks.md --repeats 5
+	$(PY) -m scripts.bench.prepare_data --out docs/benchmarks.md
+	$(PY) -m scripts.bench.train_throughput --out docs/benchmarks.md
+	$(PY) -m scripts.bench.rollout_overhead --out docs/benchmarks.md
+	$(PY) -m scripts.bench.vllm_rollout --out docs/benchmarks.md
+	$(PY) -m scripts.bench.eval_throughput --out docs/benchmarks.md
+	$(PY) -m scripts.bench.megatron_cpu --out docs/benchmarks.md
+	$(PY) -m scripts.bench.rl_step --out docs/benchmarks.md
+	$(PY) -m scripts.bench.async_rl --out docs/benchmarks.md
 
 # the RC-GRPO mechanism measured at CPU scale on the bfcl_micro tasks: stage 1, conditioning, reward variance, the
 # 2x2 ablation; rewrites the results section of docs/experiments.md (outputs/experiment/; a rerun continues)
 experiment: $(STAMP)
-	$(PY) scripts/experiment.py
+	$(PY) -m scripts.experiment
 
 # RC-GRPO with rollouts generated ahead (rl.max_staleness=1, vLLM) against the synchronous loop over 3 seeds, from
 # the same stage 1; rewrites its section of docs/experiments.md (outputs/experiment/async/)
 experiment-async: $(STAMP)
-	$(PY) scripts/async_experiment.py
+	$(PY) -m scripts.async_experiment
 
 # mutants of the core pure modules against their unit tests, one at a time in a copy under /tmp
 # (docs/testing.md); fails on a surviving mutant not listed as equivalent. Not part of `make test`.
 mutation: $(STAMP)
-	$(PY) scripts/mutation.py
+	$(PY) -m scripts.mutation
 
 # the same with the loop's glue modules too (algorithms/rl_collect.py, rl_batch.py): longer
 mutation-all: $(STAMP)
-	$(PY) scripts/mutation.py --all
+	$(PY) -m scripts.mutation --all
 
 clean-venv:
 	rm -rf $(VENV)

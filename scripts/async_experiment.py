@@ -16,7 +16,7 @@ earlier evaluations are tabulated beside it)? The band is [min, max] over the sy
 within it when its mean over seeds is. Every number is recomputed from the runs' metrics.jsonl and eval dumps by
 `report()` (tests/unit/scripts/test_async_experiment.py runs it on hand-made outputs).
 
-Usage: python scripts/async_experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 5]
+Usage: python -m scripts.async_experiment [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 5]
                                           [--steps 30] [--eval-every 10] [--jobs 2] [--report-only]
 """
 
@@ -30,8 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from experiment import ROOT, Job, Runner, cores, cpu_name, experiment_jobs, metrics_of, write_section  # noqa: E402
+from scripts.experiment import ROOT, Job, Runner, cores, cpu_name, experiment_jobs, metrics_of, write_section
 
 START, END = "<!-- async-experiment:start -->", "<!-- async-experiment:end -->"
 STALENESS = (0, 1)
@@ -136,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ran = {k: v for k, v in seconds.items() if k.startswith("async_")}
     res = report(args.out, args.seeds, args.steps)
     header = (f"Measured {dt.date.today():%Y-%m-%d} on {cpu_name()}, {cores()} cores, vLLM (CPU) started by each run. "
-              f"Command: `python scripts/async_experiment.py --seeds {args.seeds} --steps {args.steps} --eval-every "
+              f"Command: `python -m scripts.async_experiment --seeds {args.seeds} --steps {args.steps} --eval-every "
               f"{args.eval_every} --jobs {args.jobs}`; outputs in {args.out.name}/async/. The runs' commands took "
               f"{sum(ran.values()):.0f} s added up.")
     section = "\n".join([START, header, "", *render(res, args.steps), END])

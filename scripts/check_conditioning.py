@@ -17,7 +17,7 @@ bootstrap confidence interval of its mean over the examples (percentile method,
 interval of both margins of the trained model lies above 0. Exit status 0 when
 shown, 1 when not (an interval that includes 0, or one below 0: reversed).
 
-Usage: python scripts/check_conditioning.py --model RUN/hf --data data/bfcl_v4 [--pairs 40] [--out docs/benchmarks.md]
+Usage: python -m scripts.check_conditioning --model RUN/hf --data data/bfcl_v4 [--pairs 40] [--out docs/benchmarks.md]
        [--json margins.json]   (per-example margins, to recompute the intervals later)
 """
 
@@ -34,8 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.sft_data import collate, Example

@@ -18,7 +18,7 @@ Each stage is skipped when its output exists (a rerun continues; --fresh starts 
 recomputed from the outputs (eval trajectories, rollout dumps, metrics.jsonl) by `report()` and `render()`
 (tests/unit/scripts/test_experiment_stats.py runs both on outputs of the same formats).
 
-Usage: python scripts/experiment.py [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
+Usage: python -m scripts.experiment [--out outputs/experiment] [--doc docs/experiments.md] [--seeds 3]
                                     [--steps 30] [--e1-samples 4] [--e2-groups 60] [--jobs 2] [--fresh]
 
 --jobs N runs N commands at once (each with cores/N torch threads), each as soon as the outputs it reads exist.
@@ -47,9 +47,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from scripts.bench._common import cpu_name, write_section
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-from _common import cpu_name, write_section  # noqa: E402
 
 G = 5
 P_HIGH = 0.5
@@ -457,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine, ncores, jobs = ((run["machine"], run["cores"], run["jobs"]) if run else (cpu_name(), cores(), args.jobs))
     date = (run or {}).get("date", f"{dt.date.today():%Y-%m-%d}")
     header = (f"Measured {date} on {machine}, {ncores} cores, torch CPU. Command: "
-              f"`python scripts/experiment.py --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
+              f"`python -m scripts.experiment --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
               f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {jobs}`; outputs in {args.out.name}/.")
     section = "\n".join([START, header, "", render(res, args, seconds, run), END])
     write_section(args.doc, section, START, END)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -53,10 +54,9 @@ import tarfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import gpu_machine  # noqa: E402
+from scripts import gpu_machine
 
+REPO = Path(__file__).resolve().parents[1]
 WHEELS = gpu_machine.WHEELS
 SITE = REPO / "scripts" / "gpu_site"  # sitecustomize: only the machine's packages import (dry run, rehearsal)
 DEVICE_LIMIT_S = 600.0  # one device command
@@ -73,9 +73,11 @@ NO_LOGS = ["logging.tensorboard=false", "logging.progress=false", "logging.wandb
 IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.recipes.stage1", "nemo_rcgrpo.recipes.rl",
            "nemo_rcgrpo.prepare_data", "nemo_rcgrpo.models.megatron.policy", "nemo_rcgrpo.models.torch_policy",
            "nemo_rcgrpo.data.dataset", "nemo_rcgrpo.data.rl_tasks", "megatron.core", "bfcl_eval", "hydra",
-           "omegaconf", "antlr4", "safetensors", "datasets", "megatron_gpu", "train_throughput", "shared_prefix_gpu")
-STEP_SCRIPTS = ("scripts/gpu_check.py", "scripts/gpu_machine.py", "scripts/bench/megatron_gpu.py",
-                "scripts/bench/train_throughput.py", "scripts/bench/_common.py", "scripts/bench/shared_prefix_gpu.py")
+           "omegaconf", "antlr4", "safetensors", "datasets", "scripts.bench.megatron_gpu",
+           "scripts.bench.train_throughput", "scripts.bench.shared_prefix_gpu")
+STEP_SCRIPTS = ("scripts/__init__.py", "scripts/gpu_check.py", "scripts/gpu_machine.py", "scripts/bench/__init__.py",
+                "scripts/bench/megatron_gpu.py", "scripts/bench/train_throughput.py", "scripts/bench/_common.py",
+                "scripts/bench/shared_prefix_gpu.py")
 VERSIONS = ("torch", "transformers", "triton", "pyarrow", "fsspec", "packaging", "datasets", "dill", "multiprocess",
             "megatron-core", "bfcl-eval", "hydra-core", "omegaconf", "safetensors", "accelerate", "numpy",
             "huggingface-hub", "tokenizers", "transformer-engine", "apex")
@@ -97,22 +99,22 @@ def plan(work: Path, rehearse: bool = False) -> list[dict]:
           "rl.stage1_recipe=null", *NO_LOGS]
     resume = [f"run_dir={work / 'rl_megatron'}", "policy.backend=megatron", "trainer.max_steps=2",
               "trainer.save_every=1", *rl]
-    bench = REPO / "scripts" / "bench"
+    bench = lambda name: [PY, "-m", f"scripts.bench.{name}"]  # noqa: E731 - run from the checkout's root (cwd=REPO)
     megatron = ["--layers", "8", "--fallback-layers", "4", "--micro-batches", "4", "--steps", "5", "--warmup", "2"]
     # a batch that fills the GPU: 4 micro-batches of 8 sequences (RCTP-FT lines, compact tools, <= 2048 tokens:
     # 1165 of the 1600 fit with SmolLM2's tokenizer, 160 are needed)
     throughput = ["--micro", "4", "--batch", "8", "--max-length", "2048", "--steps", "4"] if cuda else \
         ["--micro", "2", "--batch", "1", "--max-length", "512", "--steps", "1"]  # 5 lines of the data fit in 512
     steps = [
-        {"name": "preflight", "limit": 40, "argv": [PY, str(Path(__file__).resolve()), "--preflight",
+        {"name": "preflight", "limit": 40, "argv": [PY, "-m", "scripts.gpu_check", "--preflight",
                                                     str(work / "preflight.json")]},
-        {"name": "setup", "limit": 30, "argv": [PY, str(Path(__file__).resolve()), "--make-model", str(model)]},
+        {"name": "setup", "limit": 30, "argv": [PY, "-m", "scripts.gpu_check", "--make-model", str(model)]},
         {"name": "b_megatron", "limit": 115,
-         "argv": [PY, str(bench / "megatron_gpu.py"), *(megatron if cuda else ["--tiny"]),
+         "argv": [*bench("megatron_gpu"), *(megatron if cuda else ["--tiny"]),
                   "--json", str(work / "megatron_gpu.json")]},
         {"name": "a_stage1", "limit": 70, "recipe": "smoke_stage1", "overrides": stage1},
         {"name": "e_torch_vs_bare", "limit": 70,
-         "argv": [PY, str(bench / "train_throughput.py"), "--model", str(model), "--data", str(data), "--dtype",
+         "argv": [*bench("train_throughput"), "--model", str(model), "--data", str(data), "--dtype",
                   "bfloat16", "--device", "cuda" if cuda else "cpu", *throughput,
                   "--json", str(work / "train_throughput.json")]},
         # the Megatron RL step (per-stage seconds from its step 1), stopped after its checkpoint, then resumed
@@ -121,7 +123,7 @@ def plan(work: Path, rehearse: bool = False) -> list[dict]:
         {"name": "c_rl_torch", "limit": 60, "recipe": "smoke_rl",
          "overrides": [f"run_dir={work / 'rl_torch'}", "trainer.max_steps=1", "trainer.save_every=1", *rl]},
         {"name": "f_shared_prefix", "limit": 30,
-         "argv": [PY, str(bench / "shared_prefix_gpu.py"), *([] if cuda else ["--tiny"]), "--repeats", "1",
+         "argv": [*bench("shared_prefix_gpu"), *([] if cuda else ["--tiny"]), "--repeats", "1",
                   "--json", str(work / "shared_prefix_gpu.json")]},
     ]
     for step in steps if rehearse else ():  # bf16 on 2 CPU cores is slow: the rehearsal checks mechanics, not time
@@ -170,7 +172,6 @@ def preflight(path: Path) -> dict:
 
     found: dict = {"versions": versions(), "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
     print("versions: " + ", ".join(f"{k} {v}" for k, v in found["versions"].items()), flush=True)
-    sys.path.insert(0, str(REPO / "scripts" / "bench"))
     found["imports_failed"] = {}
     for module in IMPORTS:
         try:
@@ -375,7 +376,9 @@ def dry_run(work: Path, out: Path, machine: Path = gpu_machine.MACHINE, wheels: 
                         TrainConfig.from_dict(compose(step["recipe"], overrides))
                 except Exception as e:
                     problems.append(f"{step['name']}: {step['recipe']} {' '.join(overrides)}: {e}")
-        elif not Path(step["argv"][1]).is_file():
+        elif step["argv"][1] == "-m" and importlib.util.find_spec(step["argv"][2]) is None:
+            problems.append(f"{step['name']}: no module {step['argv'][2]}")
+        elif step["argv"][1] != "-m" and not Path(step["argv"][1]).is_file():
             problems.append(f"{step['name']}: {step['argv'][1]} does not exist")
     # the packages: every import in the source (lazy ones too), then the steps' modules in a process that sees
     # only the machine's packages and the carried wheels
@@ -400,11 +403,11 @@ def dry_run(work: Path, out: Path, machine: Path = gpu_machine.MACHINE, wheels: 
 
 
 def machine_imports(machine: Path, wheels: Path) -> list[str]:
-    code = ("import sys, importlib; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-            "import gpu_machine; gpu_machine.install_blocker(gpu_machine.allowed_distributions("
-            "gpu_machine.Path(sys.argv[3]), gpu_machine.Path(sys.argv[4])))\n"
+    code = ("import sys, importlib\n"  # -c in the checkout's root (cwd=REPO): scripts and nemo_rcgrpo import from it
+            "from scripts import gpu_machine; gpu_machine.install_blocker(gpu_machine.allowed_distributions("
+            "gpu_machine.Path(sys.argv[1]), gpu_machine.Path(sys.argv[2])))\n"
             "bad = []\n"
-            "for m in sys.argv[5:]:\n"
+            "for m in sys.argv[3:]:\n"
             "    try: importlib.import_module(m)\n"
             "    except Exception as e: bad.append(f'{m}: {type(e).__name__}: {e}')\n"
             "try:\n"  # the schemas' lazy imports (the loaders' datasets)
@@ -412,9 +415,8 @@ def machine_imports(machine: Path, wheels: Path) -> list[str]:
             "    features(); pointer_features()\n"
             "except Exception as e: bad.append(f'the data schemas: {type(e).__name__}: {e}')\n"
             "print('\\n'.join(bad)); sys.exit(1 if bad else 0)\n")
-    proc = subprocess.run([PY, "-c", code, str(REPO / "scripts"), str(REPO / "scripts" / "bench"), str(machine),
-                           str(wheels), *IMPORTS], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run([PY, "-c", code, str(machine), str(wheels), *IMPORTS], capture_output=True,
+                          text=True, cwd=REPO, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if proc.returncode == 0:
         return []
     lines = [l for l in proc.stdout.splitlines() if l.strip()] or proc.stderr.strip().splitlines()[-1:]

@@ -20,7 +20,7 @@ if [[ -x .venv/bin/python && -z "${PYTHON:-}" ]]; then PY=.venv/bin/python; fi
 case "${1:-}" in
   --dry-run)
     bash -n "$0"
-    exec "$PY" scripts/gpu_check.py --dry-run
+    exec "$PY" -m scripts.gpu_check --dry-run
     ;;
   --prepare)
     rm -rf build/gpu/wheels build/gpu/smollm2 build/gpu/site build/gpu/check
@@ -40,7 +40,7 @@ case "${1:-}" in
       "$PY" -m pip wheel --quiet --no-deps -w build/gpu/wheels -r build/gpu/sdist.txt
     fi
     rm -f build/gpu/binary.txt build/gpu/sdist.txt
-    "$PY" scripts/gpu_check.py --check-wheels build/gpu/wheels
+    "$PY" -m scripts.gpu_check --check-wheels build/gpu/wheels
     "$PY" -c "
 import shutil; from pathlib import Path
 from nemo_rcgrpo.models.hf import smollm2_model_dir
@@ -72,4 +72,4 @@ def v(d):
 print('python', sys.version.split()[0], *(f'{d} {v(d)}' for d in ('pyarrow', 'fsspec', 'packaging', 'triton', 'torch',
       'transformers', 'datasets', 'megatron-core')), sep=' | ', flush=True)
 "
-exec "$PY" scripts/gpu_check.py "$@"
+exec "$PY" -m scripts.gpu_check "$@"

@@ -33,7 +33,7 @@ OPTIONAL = {
     "vllm": "generation.backend=vllm (no step uses it; not on the machine)",
     "apex": "megatron_gpu.py's setup label (ImportError-guarded; not on the machine)",
 }
-OWN = {"nemo_rcgrpo", "_common", "megatron_gpu", "train_throughput", "gpu_machine", "gpu_check", "baselines"}
+OWN = {"nemo_rcgrpo", "scripts", "gpu_machine"}  # the checkout's own (gpu_machine: gpu_site/sitecustomize.py)
 
 
 def normalise(name: str) -> str:

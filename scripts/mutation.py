@@ -26,11 +26,11 @@ on the unmutated copy (someone's work in progress) are deselected and named.
 Surviving mutants must be explained: EQUIVALENT (below) lists those that no test
 can kill, each with the reason; any other survivor makes the run exit 1.
 
-    python scripts/mutation.py                      # the pure core (make mutation)
-    python scripts/mutation.py --all                # and the loop's glue (make mutation-all)
-    python scripts/mutation.py --module kl --list   # show the mutants only
-    python scripts/mutation.py --module losses --match 'clip_low'  # re-run some
-    python scripts/mutation.py --survivors-of outputs/mutation/report.json  # re-check last run's survivors
+    python -m scripts.mutation                      # the pure core (make mutation)
+    python -m scripts.mutation --all                # and the loop's glue (make mutation-all)
+    python -m scripts.mutation --module kl --list   # show the mutants only
+    python -m scripts.mutation --module losses --match 'clip_low'  # re-run some
+    python -m scripts.mutation --survivors-of outputs/mutation/report.json  # re-check last run's survivors
 """
 
 from __future__ import annotations
@@ -778,8 +778,9 @@ def main(argv=None) -> int:
     if a.list:
         for mod, ms in all_mutants.items():
             for m in ms:
+                occurrence = f"  #{m.occurrence}" if m.occurrence > 1 else ""
                 print(f"{mod}#{m.index} {TARGETS[mod].path}:{m.line} [{m.function}] {m.operator}: "
-                      f"{m.original}  ->  {m.mutated}    | {m.after}" + (f"  #{m.occurrence}" if m.occurrence > 1 else ""))
+                      f"{m.original}  ->  {m.mutated}    | {m.after}{occurrence}")
         print(f"{sum(map(len, all_mutants.values()))} mutants")
         return 0
 

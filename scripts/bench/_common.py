@@ -1,9 +1,9 @@
 """What every benchmark script shares: the machine it ran on, installed versions, and the section it writes into
 docs/benchmarks.md with the exact command line that produced it.
 
-A script beside this file imports it as ``from _common import emit, cpu_name`` (the script's own folder is on
-``sys.path`` when it runs; an importer from elsewhere puts scripts/bench there first). Only the standard library:
-a benchmark that measures one part does not pull in another's dependencies.
+The scripts run as modules from the repository's root (``python -m scripts.bench.X``) and import it as
+``from scripts.bench._common import emit, cpu_name``. Only the standard library: a benchmark that measures one
+part does not pull in another's dependencies.
 """
 
 from __future__ import annotations
@@ -60,14 +60,17 @@ def write_section(path: Path, section: str, start: str, end: str) -> None:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command that is running, as a shell line: ``python scripts/bench/X.py --flag ...`` (script path relative
-    to the repository; torchrun and the environment variables that change a measurement put in front)."""
+    """The command that is running, as a shell line: ``python -m scripts.bench.X --flag ...`` (a script of the
+    repository as the module it runs as; torchrun and the environment variables that change a measurement put in
+    front). A file outside the repository keeps its path."""
     argv = list(sys.argv if argv is None else argv)
     script = Path(argv[0]).resolve()
     try:
-        script = script.relative_to(REPO)
+        rel = script.relative_to(REPO)
     except ValueError:
-        pass
+        target = [str(script)]
+    else:
+        target = ["-m", ".".join(rel.with_suffix("").parts)] if rel.suffix == ".py" else [str(rel)]
     launcher = ["python"]
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
         launcher = ["torchrun", f"--nproc-per-node={os.environ.get('LOCAL_WORLD_SIZE', '?')}"]
@@ -75,7 +78,7 @@ def command_line(argv: list[str] | None = None) -> str:
             launcher.append(f"--nnodes={os.environ['GROUP_WORLD_SIZE']}")
     env = [f"{k}={os.environ[k]}" for k in sorted(os.environ)
            if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)]
-    return shlex.join([*env, *launcher, str(script), *argv[1:]])
+    return shlex.join([*env, *launcher, *target, *argv[1:]])
 
 
 def emit(rows: list[str], out: Path | None, start: str, end: str, argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ Per step, from each run's metrics.jsonl:
 - busy: a side's seconds summed over the measured steps, over the steps' wall time summed (see ``busy``);
 - staleness: the mean over rollouts of (the step's weights' version - the version of the rollout's first turn).
 
-Usage: python scripts/bench/async_rl.py [--repeats 2] [--steps 6] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.async_rl [--repeats 2] [--steps 6] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, cpu_name, dist_version, emit  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:async_rl:start -->", "<!-- bench:async_rl:end -->"
 TARGET = 0.65  # the asynchronous step at most this fraction of the synchronous one

@@ -10,7 +10,7 @@ Measured in one process on this machine:
            bytes a parameter), computed from the measured multi-thread throughput (not measured at that size)
 
 Writes a section to docs/benchmarks.md (replacing an earlier one).
-Usage: python scripts/bench/checkpoint_manifest.py [--out docs/benchmarks.md] [--gib 2] [--model tiny-qwen2]
+Usage: python -m scripts.bench.checkpoint_manifest [--out docs/benchmarks.md] [--gib 2] [--model tiny-qwen2]
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
 
 START, END = "<!-- bench:checkpoint_manifest:start -->", "<!-- bench:checkpoint_manifest:end -->"
 PARAMS_8B = 8.03e9

@@ -16,9 +16,9 @@ rollouts differ between the two runs, so their generation lengths differ too;
 Needs `make demo` first (or the --data / --model of another run). About 5
 minutes on 2 cores plus the server's start.
 
-Usage: python scripts/bench/demo_vllm.py [--data outputs/demo/data] [--model outputs/demo/rctp_smollm_cpu/hf]
+Usage: python -m scripts.bench.demo_vllm [--data outputs/demo/data] [--model outputs/demo/rctp_smollm_cpu/hf]
            [--hf-run outputs/demo/rcgrpo_smollm_cpu] [--override key=value ...] [--keep] [--out docs/benchmarks.md]
-       python scripts/bench/demo_vllm.py --dry-run     (prints the command, runs nothing)
+       python -m scripts.bench.demo_vllm --dry-run     (prints the command, runs nothing)
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, cpu_name, dist_version, emit  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:demo_vllm:start -->", "<!-- bench:demo_vllm:end -->"
 COLUMNS = (("step_seconds", "step seconds"), ("generation_seconds", "generation"), ("logprob_seconds", "logprobs"),

@@ -14,7 +14,7 @@ Measured in one process, same inputs, best of --repeats:
             including the task's one gold replay (cold); distribution over tasks.
 
 Writes a section to docs/benchmarks.md (replacing an earlier one).
-Usage: python scripts/bench/env_replay.py [--out docs/benchmarks.md] [--repeats 3]
+Usage: python -m scripts.bench.env_replay [--out docs/benchmarks.md] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.reward import replay_gold
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, dist_version, emit, pct  # noqa: E402
+from scripts.bench._common import cpu_name, dist_version, emit, pct
 
 START, END = "<!-- bench:env_replay:start -->", "<!-- bench:env_replay:end -->"
 

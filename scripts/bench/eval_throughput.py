@@ -10,7 +10,7 @@ Measured: the seconds the policy spends on the episodes (its ``run`` calls insid
 before the policy is closed: the server's shutdown is timed separately and not
 counted (``rcgrpo eval``'s own ``seconds`` in results.json include it).
 
-    python scripts/bench/eval_throughput.py --out docs/benchmarks.md
+    python -m scripts.bench.eval_throughput --out docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
 
-import nemo_rcgrpo.evaluation.run as eval_run  # noqa: E402
-from nemo_rcgrpo.evaluation.run import main as eval_main  # noqa: E402
-from nemo_rcgrpo.registry import names  # noqa: E402
+import nemo_rcgrpo.evaluation.run as eval_run
+from nemo_rcgrpo.evaluation.run import main as eval_main
+from nemo_rcgrpo.registry import names
 
 START, END = "<!-- bench:eval_throughput:start -->", "<!-- bench:eval_throughput:end -->"
 

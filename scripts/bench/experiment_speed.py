@@ -14,10 +14,10 @@
   `micro_rcgrpo` runs from a random tiny-llama (stage 2: rollouts, logprob pass, update), one side after the
   other, seconds per step from the runs' own metrics.
 - **commands at once.** Before: `rcgrpo train --config-name micro_sft` alone with 2 torch threads. Now: two such
-  runs at once with one thread each (`scripts/experiment.py --jobs 2`). Steps per second of the whole machine,
+  runs at once with one thread each (`python -m scripts.experiment --jobs 2`). Steps per second of the whole machine,
   from the runs' own step_seconds (after the first 3 steps).
 
-Usage: python scripts/bench/experiment_speed.py [--batches 8] [--steps 20] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.experiment_speed [--batches 8] [--steps 20] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
+from scripts.experiment import ALLOCATOR_ENV  # the settings `make experiment` runs its commands with
 
 ROOT = Path(__file__).resolve().parents[2]
 START, END = "<!-- bench:experiment_speed:start -->", "<!-- bench:experiment_speed:end -->"
@@ -82,10 +82,6 @@ def head_comparison(data: Path, batches: int) -> dict[str, list[float]]:
             out["union_positions"].append(float(b.loss_mask[:, 1:].any(0).sum() * len(idx)))
     torch_policy.GATHERED_MODEL_TYPES = gathered
     return out
-
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from experiment import ALLOCATOR_ENV  # noqa: E402  (the settings `make experiment` runs its commands with)
 
 
 def step_records(data: Path, recipe: str, steps: int, tmp: Path, tag: str, allocator: bool,

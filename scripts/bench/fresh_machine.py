@@ -18,11 +18,11 @@ output goes to a log in the work folder (kept with --keep, and always when a
 target fails). About 30 minutes on 2 cores; nothing in this checkout changes
 except the section written with --out.
 
-Usage: python scripts/bench/fresh_machine.py [--ref HEAD] [--targets install test demo] [--keep]
+Usage: python -m scripts.bench.fresh_machine [--ref HEAD] [--targets install test demo] [--keep]
            [--out docs/benchmarks.md]
-       python scripts/bench/fresh_machine.py --dry-run     (prints the plan, runs nothing)
+       python -m scripts.bench.fresh_machine --dry-run     (prints the plan, runs nothing)
 After it (with --keep), the demo's stage 2 with generation=vllm in the same clone:
-       python scripts/bench/demo_vllm.py --data CLONE/outputs/demo/data \\
+       python -m scripts.bench.demo_vllm --data CLONE/outputs/demo/data \\
            --model CLONE/outputs/demo/rctp_smollm_cpu/hf --hf-run CLONE/outputs/demo/rcgrpo_smollm_cpu --out ...
 """
 
@@ -40,8 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, cpu_name, emit  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, emit
 
 START, END = "<!-- bench:fresh_machine:start -->", "<!-- bench:fresh_machine:end -->"
 TARGETS = ("install", "test", "demo")

@@ -6,7 +6,7 @@ baseline), ``policy.backend=megatron`` at TP=1, at TP=3 under torchrun
 (3 processes, gloo) and at PP=2 (2 processes, 1F1B schedule). Reports the mean step seconds after the first step, the
 ratio to the torch run, and the loss difference at every step.
 
-Usage: python scripts/bench/megatron_cpu.py [--steps 3] [--data data/bfcl_v4] [--note "..."] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.megatron_cpu [--steps 3] [--data data/bfcl_v4] [--note "..."] [--out docs/benchmarks.md]
 (--note: a remark about the conditions of the run, written into the section so that nothing is added by hand)
 """
 
@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, dist_version, emit  # noqa: E402
+from scripts.bench._common import cpu_name, dist_version, emit
 
-from nemo_rcgrpo.utils.logging import read_metrics  # noqa: E402
+from nemo_rcgrpo.utils.logging import read_metrics
 
 START, END = "<!-- bench:megatron_cpu:start -->", "<!-- bench:megatron_cpu:end -->"
 REPO = Path(__file__).resolve().parents[2]

@@ -30,12 +30,12 @@ Megatron-Core Llama-3-8B bf16 on H100 reaches about 41-47% MFU in its own
 accounting; the target here is >= 45% with the TE spec.
 
 Usage (one GPU; runs from a checkout, nemo_rcgrpo installed or not):
-    python scripts/bench/megatron_gpu.py [--layers 16 --steps 20 --warmup 5 --seq 4096 --spec te] [--out docs/benchmarks.md]
+    python -m scripts.bench.megatron_gpu [--layers 16 --steps 20 --warmup 5 --seq 4096 --spec te] [--out docs/benchmarks.md]
 Memory (bytes per parameter: bf16 weights 2 + bf16 gradients 2 + fp32 master 4 + Adam moments 8 = 16):
 32 layers are 8.0e9 parameters, 128 GB before activations; 16 layers 4.5e9, about 73 GB plus about 1 GB
 of activations per layer at sequence 4096. ``--recompute full`` lowers the activations.
 Check of the CPU-side logic (tiny shape, CPU compatibility layer, 2 steps):
-    python scripts/bench/megatron_gpu.py --tiny
+    python -m scripts.bench.megatron_gpu --tiny
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ import time
 from pathlib import Path
 
 import torch
-
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # _common beside it; the checkout's package if not installed
 
 START, END = "<!-- bench:megatron_gpu:start -->", "<!-- bench:megatron_gpu:end -->"
 # dense bf16 TFLOP/s by device name, most specific first (NVIDIA data sheets; sparsity not counted)
@@ -269,7 +266,7 @@ def main() -> int:
         print(f"tiny check: {r['steps']} steps, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, "
               f"{r['tokens_per_s_per_gpu']:.0f} tokens/s, {r['flops_per_token_megatron']:.3e} FLOPs/token (Megatron)")
         return 0
-    from _common import emit
+    from scripts.bench._common import emit
 
     def pct(value, fmt: str = ".1%") -> str:
         return "n/a" if value is None else format(value, fmt)

@@ -14,7 +14,7 @@ Goal: a finished smoke run (metrics of 2 steps, rollout dumps, HF export, plot, 
 the clone. Logs go to the work folder (kept with --keep, and always when a command fails). About 3 minutes on
 2 cores.
 
-Usage: python scripts/bench/newcomer.py [--ref HEAD] [--keep] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.newcomer [--ref HEAD] [--keep] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, cpu_name, emit  # noqa: E402
-from fresh_machine import clean_env, memory_gib  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, emit
+from scripts.bench.fresh_machine import clean_env, memory_gib
 
 START, END = "<!-- bench:newcomer:start -->", "<!-- bench:newcomer:end -->"
 STEPS = ("make install",

@@ -6,7 +6,7 @@ one-time GGUF conversion is timed separately), and a second time without
 token statistics to show what they cost. Target: under 60 s.
 
 Writes a section to docs/benchmarks.md (replacing an earlier one).
-Usage: python scripts/bench/prepare_data.py [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.prepare_data [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
 
 START, END = "<!-- bench:prepare_data:start -->", "<!-- bench:prepare_data:end -->"
 

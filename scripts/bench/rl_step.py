@@ -25,7 +25,7 @@ transformers' top-50 and the new one samples from the whole distribution, so sam
 work. Greedy leaves out the old sampler's cost (one exponential draw per vocabulary entry, row and step), so it
 understates the new side's gain.
 
-Usage: python scripts/bench/rl_step.py [--repeats 3] [--full-repeats 2] [--model smollm2] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.rl_step [--repeats 3] [--full-repeats 2] [--model smollm2] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
-from baselines.legacy_hf_generator import LegacyHFGenerator  # noqa: E402
+from scripts.bench._common import cpu_name, emit
+from scripts.bench.baselines.legacy_hf_generator import LegacyHFGenerator
 
 from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.config import TrainConfig

@@ -11,10 +11,10 @@ rendering, parsing, environment steps, bookkeeping). A ratio below 1 within the
 spread is noise, not an engine faster than generation. Optionally also tabulates
 the per-stage seconds of an RL run directory (``--run``).
 
-Usage: python scripts/bench/rollout_overhead.py [--model smollm2] [--repeats 3] [--run runs/x]
+Usage: python -m scripts.bench.rollout_overhead [--model smollm2] [--repeats 3] [--run runs/x]
            [--out docs/benchmarks.md]
 Cheap check of the script (seconds, not a measurement):
-    python scripts/bench/rollout_overhead.py --tasks multi_turn_base_0 --group-size 2 --max-new-tokens 8 \
+    python -m scripts.bench.rollout_overhead --tasks multi_turn_base_0 --group-size 2 --max-new-tokens 8 \
         --max-turns 1 --repeats 2
 """
 
@@ -31,8 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import cpu_name, emit
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite

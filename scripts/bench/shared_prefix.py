@@ -15,7 +15,7 @@ pass gives the ratio and the entropies) on those rollouts with SmolLM2-135M, eac
 per micro-batch, the prefix tree) against every row in full, one rollout per micro-batch (the unshared path at
 the group's micro-batch, five 5.7k-token rows padded, does not fit this machine's 24 GB: it ran out of memory).
 
-Usage: python scripts/bench/shared_prefix.py [--repeats 1] [--tasks 1] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.shared_prefix [--repeats 1] [--tasks 1] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, emit  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, emit
 
 from nemo_rcgrpo.data.prefix_tree import group_layout, layout_flops
 from nemo_rcgrpo.config import TrainConfig
@@ -157,10 +156,10 @@ def measured(args, cfg, groups, hows) -> list[str]:
     """Each side in a process of its own (alternating order over ``--repeats`` is not needed: one process each)."""
     med = {}
     for side in ("full", "shared"):
-        argv = [sys.executable, __file__, "--side", side, "--model", args.model, "--data", str(args.data),
-                "--tasks", str(args.tasks), "--repeats", str(args.repeats),
+        argv = [sys.executable, "-m", "scripts.bench.shared_prefix", "--side", side, "--model", args.model,
+                "--data", str(args.data), "--tasks", str(args.tasks), "--repeats", str(args.repeats),
                 "--max-total-tokens", str(args.max_total_tokens)]
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if proc.returncode or not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

@@ -13,9 +13,9 @@ sides alternating, the median of ``--repeats``; peak memory per side (``torch.cu
 pair's trained logprobs are compared (bf16: equal up to rounding, the largest difference printed), and the counted
 forward FLOPs of the same layout (`data/prefix_tree.py: layout_flops`) are printed beside the measured ratios.
 
-Usage (one GPU):   python scripts/bench/shared_prefix_gpu.py [--layers 4 --prompt 5400 --suffix 300 --group 5]
+Usage (one GPU):   python -m scripts.bench.shared_prefix_gpu [--layers 4 --prompt 5400 --suffix 300 --group 5]
                    [--json FILE] [--out docs/benchmarks.md]
-Check of the logic (CPU, tiny shape): python scripts/bench/shared_prefix_gpu.py --tiny
+Check of the logic (CPU, tiny shape): python -m scripts.bench.shared_prefix_gpu --tiny
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit  # noqa: E402
-
-from nemo_rcgrpo.data.prefix_tree import group_layout, layout_flops  # noqa: E402
-from nemo_rcgrpo.models.torch_policy import token_logprobs  # noqa: E402
+from nemo_rcgrpo.data.prefix_tree import group_layout, layout_flops
+from nemo_rcgrpo.models.torch_policy import token_logprobs
+from scripts.bench._common import emit
 
 START, END = "<!-- bench:shared_prefix_gpu:start -->", "<!-- bench:shared_prefix_gpu:end -->"
 LLAMA8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,

@@ -12,7 +12,7 @@ bf16 weights directly, the backend keeps fp32 master weights (the cost of
 updates that do not round away). ``--device cuda`` runs both on the GPU
 (``scripts/gpu_check.sh`` does, with ``--json``).
 
-Usage: python scripts/bench/train_throughput.py [--model smollm2] [--steps 6] [--dtype float32|bfloat16]
+Usage: python -m scripts.bench.train_throughput [--model smollm2] [--steps 6] [--dtype float32|bfloat16]
        [--device cpu|cuda] [--json result.json] [--out docs/benchmarks.md]
 """
 
@@ -29,10 +29,6 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # _common beside it; the checkout's package if not installed
-from _common import cpu_name, emit  # noqa: E402
-
 from nemo_rcgrpo.algorithms.losses import sft_loss
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.sft_data import build_examples, collate, load_records
@@ -40,6 +36,7 @@ from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.torch_policy import TorchPolicy
 from nemo_rcgrpo.utils.dist import DistInfo
+from scripts.bench._common import cpu_name, emit
 
 START, END = "<!-- bench:train_throughput:start -->", "<!-- bench:train_throughput:end -->"
 

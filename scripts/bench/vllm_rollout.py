@@ -9,7 +9,7 @@ SmolLM2-135M-Instruct with the reward tokens, fp32, on this machine's CPU:
 3. weight-sync seconds per update, several updates each way: the collective transfer (gloo here; the
    broadcast buckets timed per bucket) and the folder path (check, write, pause, reload, resume).
 
-Usage: python scripts/bench/vllm_rollout.py [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.vllm_rollout [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_name, dist_version, emit  # noqa: E402
+from scripts.bench._common import cpu_name, dist_version, emit
 
 from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer

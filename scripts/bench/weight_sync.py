@@ -15,7 +15,7 @@ Every torch.distributed call made during the sync is counted on every rank (the 
 broadcast is one call), with the tensor bytes each rank sends and receives, the host copies (``Tensor.cpu``)
 and the peak resident memory of rank 0 above its level before the sync (sampled every 2 ms).
 
-Usage: python scripts/bench/weight_sync.py [--bucket-mb 256] [--note "..."] [--out docs/benchmarks.md]
+Usage: python -m scripts.bench.weight_sync [--bucket-mb 256] [--note "..."] [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as tdist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from _common import cpu_name, dist_version, emit  # noqa: E402
+from scripts.bench._common import REPO, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:weight_sync:start -->", "<!-- bench:weight_sync:end -->"
 LAYOUTS = [(2, 1, 2), (1, 2, 2), (2, 2, 4), (1, 2, 4)]  # (tp, pp, world); the last has 2 data-parallel replicas
@@ -328,10 +326,10 @@ def main() -> int:
         for (tp, pp, world), bucket in [(layout, b) for layout in LAYOUTS for b in args.bucket_mb]:
             out = Path(tmp) / f"tp{tp}pp{pp}w{world}b{bucket}.json"
             proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-                                   "--master-port=29751", __file__, "--bucket-mb", str(bucket),
+                                   "--master-port=29751", "-m", "scripts.bench.weight_sync", "--bucket-mb", str(bucket),
                                    "--worker", str(out), str(tp), str(pp)],
                                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, cwd=REPO)
             if proc.returncode != 0:
                 print(proc.stderr[-4000:], file=sys.stderr)
                 return 1

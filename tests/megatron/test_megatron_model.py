@@ -160,8 +160,7 @@ def test_convert_command_round_trip(tmp_path, capsys):
 
 
 def test_gpu_benchmark_script_flops_and_tiny_run():
-    sys.path.insert(0, str(REPO / "scripts" / "bench"))
-    import megatron_gpu
+    from scripts.bench import megatron_gpu
 
     # Llama-3.1-8B: per layer 4096*(4096+2*8*128) + 4096*4096 + 3*4096*14336 = 218,103,808; x32 = 6,979,321,856;
     # + output layer 128256*4096 = 525,336,576 -> N = 7,504,658,432; 6N + 12*32*4096*4096 = 51,470,401,536
@@ -178,7 +177,7 @@ def test_gpu_benchmark_script_flops_and_tiny_run():
     assert peaks == {"NVIDIA H200": 989.0, "NVIDIA H200 NVL": 835.0, "NVIDIA H100 80GB HBM3": 989.0,
                      "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA A100-SXM4-80GB": 312.0,
                      "NVIDIA GeForce RTX 4090": None}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "megatron_gpu.py"), "--tiny"],
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.megatron_gpu", "--tiny"],
                           capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0 and "tiny check: 2 steps" in proc.stdout, proc.stderr[-2000:]

@@ -3,26 +3,17 @@ generated ahead against the synchronous loop, recomputed from hand-made run outp
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def ae():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("async_experiment_script", ROOT / "scripts" / "async_experiment.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return module
+    from scripts import async_experiment
+
+    return async_experiment
 
 
 def _run(ae, out: Path, k: int, seed: int, rewards: list[float], evals: dict[int, list[float]], staleness=0.0):

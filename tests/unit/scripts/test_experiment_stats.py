@@ -3,21 +3,17 @@ hand-made dumps with hand-computed answers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 @pytest.fixture(scope="module")
 def exp():
-    spec = importlib.util.spec_from_file_location("experiment_script", ROOT / "scripts" / "experiment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import experiment
+
+    return experiment
 
 
 def _dump(path: Path, groups: list[list[tuple[float, str | None]]]) -> Path:

@@ -1,7 +1,6 @@
 """scripts/gpu_check.sh --dry-run validates the GPU check's plan against the lent machine, and fails when a blocker
 is planted: a package the machine lacks, a wheel for another Python, limits over the deadline, results outside $OUT."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,10 +15,9 @@ ORDER = ["preflight", "setup", "b_megatron", "a_stage1", "e_torch_vs_bare", "d_r
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import gpu_check
+
+    return gpu_check
 
 
 def test_dry_run_passes_here():
@@ -72,9 +70,9 @@ def test_a_wheel_pin_that_was_not_tested_here(gpu_check, tmp_path):
 def test_only_the_machines_packages_import_under_the_blocker(gpu_check):
     gm = gpu_check.gpu_machine
     owners = {"torch": {"torch"}, "yaml": {"pyyaml"}, "wandb": {"wandb"}, "google": {"protobuf", "googleapis-x"},
-              "nemo_rcgrpo": {"nemo-rcgrpo"}, "_common": set()}
+              "nemo_rcgrpo": {"nemo-rcgrpo"}, "scripts": set()}
     assert gm.blocked_modules({"torch", "protobuf", "nemo-rcgrpo"}, owners) == {"yaml", "wandb"}
-    # in a real process: pyyaml is on the machine, wandb is not
+    # in a real process, gpu_machine imported as gpu_site/sitecustomize.py does: pyyaml is on the machine, wandb is not
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import gpu_machine; gpu_machine.install_blocker()\n"
             "import yaml\ntry:\n    import wandb\nexcept ModuleNotFoundError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts")], capture_output=True, text=True,

@@ -4,8 +4,6 @@ layout, every one of them is still generated, and every target runs its module's
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +13,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def mutation():
-    spec = importlib.util.spec_from_file_location("mutation_script", ROOT / "scripts" / "mutation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    from scripts import mutation
+
+    return mutation
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""Earlier versions of code kept as the baselines benchmarks compare against."""
