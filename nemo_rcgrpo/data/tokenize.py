@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS, Piece, format_spec, formats, one_call_per_message
 from nemo_rcgrpo.types import Message, valid_text
 
-RENDERERS = ("auto", "project", "template")
+Renderer = Literal["auto", "project", "template"]  # chat.renderer
+RENDERERS: tuple[str, ...] = get_args(Renderer)
 REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Collection
+from typing import Any, Collection, Literal, get_args
 
 from nemo_rcgrpo.envs.calls import CallRejected, parse_json_call
 from nemo_rcgrpo.types import ToolCall, ToolCallError
@@ -38,7 +38,8 @@ MAX_CALLS = 128  # more calls than this in one message: none runs, and one error
 #            (the env's step gets no call) and the reward follows from what the env saw
 #   error:   every call attempt an error observation, and the episode goes on (the model may retry: training
 #            then teaches what serving will not do)
-REJECTED_MESSAGE = ("content", "error")
+RejectedMessage = Literal["content", "error"]
+REJECTED_MESSAGE: tuple[str, ...] = get_args(RejectedMessage)
 
 
 @dataclass

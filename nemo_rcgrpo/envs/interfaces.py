@@ -9,7 +9,7 @@ and `examples/plugins/kv_store` has one outside the package.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, Sequence, get_args, runtime_checkable
 
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
 
@@ -53,7 +53,8 @@ class DataError(RuntimeError):
 
 # The episode shapes an environment may offer (``data.mode``, BFCL's ``env.settings.mode``): merged (the paper's RL
 # episode: every user turn in the first prompt, the model ends it with done()) | per_turn (user turns one at a time)
-EPISODE_MODES: tuple[str, ...] = ("per_turn", "merged")
+EpisodeMode = Literal["per_turn", "merged"]
+EPISODE_MODES: tuple[str, ...] = get_args(EpisodeMode)
 
 
 class StepResult(Protocol):

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from nemo_rcgrpo.config import PolicySetup, _build, _choice
+from nemo_rcgrpo.config import PolicySetup, _build
 from nemo_rcgrpo.config_schema import ChatConfig, GenerationConfig, ModelConfig, RewardTokensConfig
 from nemo_rcgrpo.envs.config import EnvConfig, build_settings, settings_class
 from nemo_rcgrpo.utils.config import ConfigError, plain
 
-PROTOCOLS = ("paper", "bfcl")
-BFCL_HANDLERS = ("auto", "openai_fc", "llama3_1", "qwen_fc", "project")
+EvalProtocol = Literal["paper", "bfcl"]  # the choices of protocol and bfcl_handler
+BFCLHandler = Literal["auto", "openai_fc", "llama3_1", "qwen_fc", "project"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ class EndpointPolicyConfig:
 class EvalConfig:
     # oracle (ground truth, 100%) | null (no calls, 0%) | checkpoint | endpoint | a plugin's (kind eval_policy)
     policy: str = "oracle"
-    protocol: str = "paper"  # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
+    # paper (held-out split, merged, R_state x R_action) | bfcl (per turn, official checker)
+    protocol: EvalProtocol = "paper"
     out_dir: str | None = None  # required: episodes.jsonl, summary.json
     overwrite: bool = False  # remove an evaluation already in out_dir first
     resume: bool = False  # finish an incomplete evaluation in out_dir (episodes already scored are kept)
@@ -67,7 +68,7 @@ class EvalConfig:
     # -- conditioning and sampling --
     # checkpoint and endpoint: auto (high if trained with reward conditioning: its training record, else none) | high |
     # low | none
-    reward_token: str = "auto"
+    reward_token: Literal["auto", "high", "low", "none"] = "auto"
     samples: int = 1  # rollouts per task; > 1 needs temperature > 0 (pass@k and mean accuracy)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -83,7 +84,7 @@ class EvalConfig:
     # handler (openai_fc), a checkpoint the local handler of its chat.format (llama3_json: llama3_1, hermes:
     # qwen_fc) | openai_fc | llama3_1 (LlamaHandler_3_1) | qwen_fc (QwenFCHandler) | project (a checkpoint's
     # per-turn episodes through the project's chat template: not BFCL's pipeline)
-    bfcl_handler: str = "auto"
+    bfcl_handler: BFCLHandler = "auto"
     # -- policy settings --
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
     endpoint: EndpointPolicyConfig = EndpointPolicyConfig()
@@ -116,8 +117,6 @@ class EvalConfig:
         from nemo_rcgrpo.registry import lookup
 
         lookup("eval_policy", self.policy, setting="policy")
-        _choice("protocol", self.protocol, PROTOCOLS)
-        _choice("reward_token", self.reward_token, ("auto", "high", "low", "none"))
         if not self.out_dir:
             raise ConfigError("out_dir is required: rcgrpo eval policy=... protocol=... out_dir=PATH")
 
@@ -140,7 +139,6 @@ class EvalConfig:
             raise ConfigError(f"limit={self.limit}: must be > 0 or null")
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
-        _choice("bfcl_handler", self.bfcl_handler, BFCL_HANDLERS)
         if self.policy == "endpoint" and self.bfcl_handler == "project":
             raise ConfigError("bfcl_handler=project is a checkpoint's; an endpoint is played by openai_fc, llama3_1 "
                               "or qwen_fc")

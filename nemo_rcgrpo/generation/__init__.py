@@ -32,12 +32,9 @@ def _vllm(cfg: PolicySetup, model: Any, tokenizer: Any):
 
 def _check_vllm(setup: PolicySetup) -> None:
     """``generation.vllm``'s settings, checked when the config is validated (one ConfigError line)."""
-    from nemo_rcgrpo.config import _choice
     from nemo_rcgrpo.utils.config import ConfigError
 
-    v = setup.generation.vllm
-    _choice("generation.vllm.weight_sync", v.weight_sync, ("auto", "collective", "nccl", "folder"))
-    _choice("generation.vllm.dtype", v.dtype, ("auto", "float32", "bfloat16", "float16"))
+    v = setup.generation.vllm  # weight_sync and dtype: Literal choices, checked where the config is read
     if v.url is not None and not str(v.url).startswith(("http://", "https://")):
         raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
     for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):

@@ -306,6 +306,17 @@ def check_fields(cls: type, values: dict[str, Any], prefix: str = "") -> dict[st
     return out
 
 
+def check_choices(instance: Any, prefix: str = "") -> None:
+    """The ``Literal``-annotated fields of dataclass ``instance`` checked against their choices (see check_type): for
+    a dataclass that checks itself when built in code too, not only when read from a config (check_fields)."""
+    import dataclasses
+
+    hints = typing.get_type_hints(type(instance))
+    for f in dataclasses.fields(instance):
+        if typing.get_origin(hints[f.name]) is Literal:
+            check_type(prefix + f.name, getattr(instance, f.name), hints[f.name])
+
+
 def plain(value: Any) -> Any:
     """Dataclass-derived values as YAML/JSON-friendly plain containers (tuples -> lists)."""
     if isinstance(value, dict):

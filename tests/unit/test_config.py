@@ -112,6 +112,57 @@ def test_valid_types_still_pass():
     assert cfg.generation.vllm.devices == "4" and cfg.logging.wandb.name == "7"  # numbers given for text settings
 
 
+def _sections(instance):
+    """``instance`` and every dataclass section under it (the defaults of a schema)."""
+    import dataclasses
+
+    yield instance
+    for f in dataclasses.fields(instance):
+        if dataclasses.is_dataclass(getattr(instance, f.name)):
+            yield from _sections(getattr(instance, f.name))
+
+
+def test_the_choices_of_a_setting_are_its_literal_annotation_and_its_default_is_one():
+    """A setting of a fixed set of values is annotated Literal[...] (its choices, written once); the type check refuses
+    another value in the one line a user sees, the constants the code compares against are the same values, and every
+    default is one of its choices."""
+    import typing
+
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.config_schema import ChatConfig, DataConfig
+    from nemo_rcgrpo.data.chat_format import TOOL_DESCRIPTIONS
+    from nemo_rcgrpo.data.tokenize import RENDERERS
+    from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
+    from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+    from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES
+    from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
+    from nemo_rcgrpo.evaluation.config import EvalConfig
+    from nemo_rcgrpo.utils.config import check_choices, check_type
+
+    for instance in (*_sections(TrainConfig()), *_sections(EvalConfig()), BFCLSettings()):
+        check_choices(instance)
+    chat, data, bfcl = (typing.get_type_hints(c) for c in (ChatConfig, DataConfig, BFCLSettings))
+    for hint, constant in ((chat["renderer"], RENDERERS), (chat["tool_description"], TOOL_DESCRIPTIONS),
+                           (chat["rejected_message"], REJECTED_MESSAGE), (data["mode"], EPISODE_MODES),
+                           (bfcl["mode"], EPISODE_MODES), (bfcl["on_parse_failure"], PARSE_FAILURE_MODES),
+                           (bfcl["arg_types"], ARG_TYPE_MODES)):
+        assert typing.get_args(hint) == constant
+    with pytest.raises(ConfigError) as e:
+        check_type("policy.megatron.fp8", "e5m2", typing.get_type_hints(type(TrainConfig().policy.megatron))["fp8"])
+    assert str(e.value) == "policy.megatron.fp8='e5m2': choose one of [None, 'hybrid', 'e4m3']"
+    assert check_type("policy.megatron.fp8", None, typing.get_type_hints(type(TrainConfig().policy.megatron))["fp8"]) is None
+
+
+def test_settings_built_in_code_check_their_choices_too():
+    """BFCLSettings built in code (tests, benchmarks) refuses a value outside its choices as a config does."""
+    from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+
+    for key, value in (("mode", "turnwise"), ("arg_types", "loose"), ("on_parse_failure", "retry"),
+                       ("tool_response", "full")):
+        with pytest.raises(ConfigError, match=rf"^env\.settings\.{key}='{value}': choose one of \["):
+            BFCLSettings(**{key: value})
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
 def test_the_te_spec_is_refused_without_transformer_engine(capfd):
     from nemo_rcgrpo.cli import main

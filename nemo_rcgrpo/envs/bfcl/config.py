@@ -7,24 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from nemo_rcgrpo.envs.bfcl.env import EPISODE_MODES, PARSE_FAILURE_MODES, BFCLEnv
-from nemo_rcgrpo.envs.bfcl.executor import ARG_TYPE_MODES
+from nemo_rcgrpo.envs.bfcl.env import BFCLEnv, EpisodeMode, ParseFailure
+from nemo_rcgrpo.envs.bfcl.executor import ArgTypes
+from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
 from nemo_rcgrpo.types import Message
-from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
+from nemo_rcgrpo.utils.config import ConfigError, check_choices
 
 
 @dataclass(frozen=True)
 class BFCLSettings:
     # merged: the paper's RL episode (every step in one prompt, done() ends it) | per_turn: the official BFCL
     # protocol (user turns one at a time)
-    mode: str = "merged"
+    mode: EpisodeMode = "merged"
     max_steps: int = 20  # tool-calling steps per turn (per_turn) or per episode (merged); BFCL uses 20
     max_calls_per_step: int = 128  # calls beyond this in one assistant message get an error observation
-    arg_types: str = "bfcl"  # bfcl: the API judges argument types (leaderboard behaviour) | strict: reject mismatches
-    on_parse_failure: str = "observe"  # observe: error observation | end_turn: end the turn (BFCL's inference loop)
-    tool_response: str = "description"  # description: BFCL's "response" schema in the tool description | drop
+    # bfcl: the API judges argument types (leaderboard behaviour) | strict: reject mismatches
+    arg_types: ArgTypes = "bfcl"
+    # observe: error observation | end_turn: end the turn (BFCL's inference loop)
+    on_parse_failure: ParseFailure = "observe"
+    tool_response: ResponseMode = "description"  # description: BFCL's "response" schema in the tool description | drop
     system_prompt: str | None = None  # null: the built-in prompt of the mode
     holdout_tools_in_message: bool = True  # miss_func: the held-out tools' schemas precede BFCL's holdout message
     max_observation_chars: int = 65_536  # longer tool results are truncated (longest gold result: ~32k characters)
@@ -34,11 +37,8 @@ class BFCLSettings:
     def __post_init__(self) -> None:
         from nemo_rcgrpo.registry import lookup
 
-        _choice("env.settings.mode", self.mode, EPISODE_MODES)
+        check_choices(self, "env.settings.")  # mode, arg_types, ...: also where the settings are built in code
         lookup("reward", self.reward, setting="env.settings.reward")
-        _choice("env.settings.arg_types", self.arg_types, ARG_TYPE_MODES)
-        _choice("env.settings.on_parse_failure", self.on_parse_failure, PARSE_FAILURE_MODES)
-        _choice("env.settings.tool_response", self.tool_response, ("description", "drop"))
         for key in ("max_steps", "max_calls_per_step", "max_observation_chars"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -88,8 +88,3 @@ class BFCLOpener:
     def open(self, task: BFCLTask) -> tuple[BFCLEnv, list[Message]]:
         env = self.settings.make_env()
         return env, env.reset(task, gold=self.suite.gold(task))
-
-
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r}: choose one of {list(allowed)}{did_you_mean(value, list(allowed))}")

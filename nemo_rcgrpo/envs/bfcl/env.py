@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
 from nemo_rcgrpo.envs.calls import CallRejected, to_tool_call
@@ -37,15 +37,14 @@ from nemo_rcgrpo.types import valid_text
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
-from nemo_rcgrpo.envs.interfaces import EPISODE_MODES
+from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, EpisodeMode
 from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
 
-EpisodeMode = Literal["per_turn", "merged"]
 # What an assistant message whose calls all fail to parse does: "observe" returns
 # error observations (useful feedback in RL); "end_turn" ends the turn, which is
 # what BFCL's inference loop does when decoding fails.
 ParseFailure = Literal["observe", "end_turn"]
-PARSE_FAILURE_MODES: tuple[str, ...] = ("observe", "end_turn")
+PARSE_FAILURE_MODES: tuple[str, ...] = get_args(ParseFailure)
 
 SYSTEM_PROMPTS: Mapping[str, str] = MappingProxyType({
     "per_turn": (

@@ -29,7 +29,7 @@ import inspect
 import json
 from types import MappingProxyType
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, get_args
 
 from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.envs.bfcl.isolation import isolated
@@ -177,7 +177,7 @@ def named_arguments(tool: ToolDoc, call: ToolCall) -> dict[str, Any]:
 
 
 ArgTypes = Literal["bfcl", "strict"]
-ARG_TYPE_MODES: tuple[str, ...] = ("bfcl", "strict")
+ARG_TYPE_MODES: tuple[str, ...] = get_args(ArgTypes)
 
 
 class Toolbox:
