@@ -18,22 +18,23 @@ from typing import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nemo_rcgrpo.config import TrainConfig
-    from nemo_rcgrpo.utils.cli_help import resolve
-    from nemo_rcgrpo.utils.config import ConfigError
+    from nemo_rcgrpo.utils.run_command import run_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
     argv = [a for a in argv if a != "--json"]
-    try:
-        resolved = resolve("layout", argv, TrainConfig)
-        if resolved is None:  # --help or --cfg job
-            return 0
-        name, cfg = resolved[0].name, resolved[1]
-        plan = cfg.parallel_plan().as_dict()
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: _layout(argv, as_json))
+
+
+def _layout(argv: list[str], as_json: bool) -> int:
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.cli_help import resolve
+
+    resolved = resolve("layout", argv, TrainConfig)
+    if resolved is None:  # --help or --cfg job
+        return 0
+    name, cfg = resolved[0].name, resolved[1]
+    plan = cfg.parallel_plan().as_dict()
     plan.update(config=name, stage=cfg.stage, run_dir=cfg.run_dir, model_path=cfg.model.path,
                 stage1_recipe=cfg.rl.stage1_recipe or "", generation_backend=cfg.generation.backend,
                 policy_backend=cfg.policy.backend)

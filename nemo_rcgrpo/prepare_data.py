@@ -36,13 +36,13 @@ import yaml
 from nemo_rcgrpo.data.chat_format import TokenCounter
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.closing import ClosingTexts
-from nemo_rcgrpo.envs.contract import PluginContractError
 from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, DataError
 from nemo_rcgrpo.envs.sources import check_categories, make_suite
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
+from nemo_rcgrpo.utils.run_command import run_command
 from nemo_rcgrpo.utils.dist import DistInfo, barrier
 from nemo_rcgrpo.data.rl_tasks import find_pointers
 
@@ -223,7 +223,8 @@ def run(cfg: PrepareDataConfig) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
+
+    def prepare() -> int:
         resolved = resolve("prepare-data", argv, PrepareDataConfig)
         if resolved is None:  # --help or --cfg job
             return 0
@@ -234,19 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {**os.environ, "PYTHONHASHSEED": "0"}
             return subprocess.call([sys.executable, "-m", "nemo_rcgrpo.prepare_data", *argv], env=env)
         stats = run(cfg)
-    except (ConfigError, DataError, FileExistsError, FileNotFoundError, PluginContractError) as e:
-        print(f"error: {e}", file=sys.stderr)  # PluginContractError: a plugin's part or task source, located
-        return 2
-    except Exception as e:  # noqa: BLE001 - tokenizer/model files and the like: one line, not a traceback
-        from nemo_rcgrpo.models.hf import ModelFilesError
+        print(summary_table(stats))
+        print(f"wrote {cfg.out_dir}")
+        return 0
 
-        if isinstance(e, ModelFilesError):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
-    print(summary_table(stats))
-    print(f"wrote {cfg.out_dir}")
-    return 0
+    return run_command(prepare)
 
 
 

@@ -319,20 +319,20 @@ def main(argv: Sequence[str] | None = None) -> int:
               "chooses one, and the registered names.\n\nkinds:")
         print("\n".join(f"  {kind}: {what}" for kind, (_, what) in KINDS.items()))
         return 0
-    modules: list[str] = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key.lstrip("+") != "plugins" or not value:
-            print(f"error: unknown argument {arg!r}; give plugins=[module,...]", file=sys.stderr)
-            return 2
-        modules += [m.strip() for m in value.strip("[]").split(",") if m.strip()]
-    try:
+    from nemo_rcgrpo.utils.run_command import CommandError, run_command
+
+    def plugins() -> int:
+        modules: list[str] = []
+        for arg in argv:
+            key, _, value = arg.partition("=")
+            if key.lstrip("+") != "plugins" or not value:
+                raise CommandError(f"unknown argument {arg!r}; give plugins=[module,...]")
+            modules += [m.strip() for m in value.strip("[]").split(",") if m.strip()]
         load_plugins(modules)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(describe())
-    return 0
+        print(describe())
+        return 0
+
+    return run_command(plugins)
 
 
 if __name__ == "__main__":  # run as a script, this file is a second module with empty tables: use the package's

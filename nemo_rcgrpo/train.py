@@ -45,21 +45,31 @@ def _disk_full_line(error: OSError, run_dir: str | None) -> str:
     return f"{head}; the newest complete checkpoint is {ckpt}" if ckpt else f"{head}; no checkpoint was written"
 
 
+def _interrupted_line(error: KeyboardInterrupt, run_dir: str | None) -> str:
+    """A second signal abandoned what was under way: ``interrupted by a second SIGINT (<newest checkpoint>); ...``."""
+    import signal
+
+    from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
+
+    signum = getattr(error, "signum", signal.SIGINT)
+    ckpt = latest_checkpoint(run_dir) if run_dir is not None else None
+    where = f"the newest complete checkpoint is {ckpt}" if ckpt else "no checkpoint was written"
+    return f"interrupted by a second {signal.Signals(signum).name} ({where}); to resume, run the same command again"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from nemo_rcgrpo.config import TrainConfig
-    from nemo_rcgrpo.envs.interfaces import DataError
-    from nemo_rcgrpo.generation.vllm_client import GeneratorError
-    from nemo_rcgrpo.models.hf import ModelFilesError
-    from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
-    from nemo_rcgrpo.utils.config import ConfigError
-    from nemo_rcgrpo.recipes.run_loop import NonFiniteTraining
     from nemo_rcgrpo.utils.logging import run_log
-    from nemo_rcgrpo.utils.run_lock import FolderNotWritable, RunLocked, check_writable, disk_full, run_lock
+    from nemo_rcgrpo.utils.run_command import run_command
+    from nemo_rcgrpo.utils.run_lock import check_writable, run_lock
     from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
+    cfg = None  # the run's config once read: the lines of a full disk and of a second signal name its checkpoint
+
+    def train() -> int:
+        nonlocal cfg
         resolved = resolve("train", argv, TrainConfig)
         if resolved is None:  # --help, or --cfg job (validated, printed, nothing run)
             return 0
@@ -81,33 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 raise StopRequested(outer.signum, result["steps"], latest_checkpoint(cfg.run_dir),
                                     done="the run is complete")
-    except (ConfigError, ModelFilesError, CheckpointError, DataError, GeneratorError, FileNotFoundError,
-            ValueError, FolderNotWritable, RunLocked, NonFiniteTraining) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk, a folder that cannot be written: one line (the run log keeps the traceback)
-        if disk_full(e):
-            print(f"error: {_disk_full_line(e, cfg.run_dir if 'cfg' in locals() else None)}", file=sys.stderr)
-        else:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
-    except StopRequested as e:  # a signal: the step finished and was saved
-        print(str(e), file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt as e:  # a second signal: what was under way was abandoned
-        import signal
+        print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in "
+              f"{cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})")
+        return 0
 
-        from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
-
-        signum = getattr(e, "signum", signal.SIGINT)
-        ckpt = latest_checkpoint(cfg.run_dir) if "cfg" in locals() else None
-        where = f"the newest complete checkpoint is {ckpt}" if ckpt else "no checkpoint was written"
-        print(f"interrupted by a second {signal.Signals(signum).name} ({where}); to resume, run the same command "
-              "again", file=sys.stderr)
-        return 128 + signum
-    print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in {cfg.run_dir} "
-          f"(metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})")
-    return 0
+    # a full disk: what was being written and the newest complete checkpoint
+    return run_command(train, disk_full=lambda e: _disk_full_line(e, cfg.run_dir if cfg is not None else None),
+                       interrupted=lambda e: _interrupted_line(e, cfg.run_dir if cfg is not None else None))
 
 
 if __name__ == "__main__":

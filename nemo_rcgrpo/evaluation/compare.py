@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from nemo_rcgrpo.utils.run_command import run_command
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -94,17 +95,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--labels", nargs="+", help="one label per result (default: the result folder names)")
     parser.add_argument("--out", required=True, help="output path without extension: writes OUT.md and OUT.png")
     args = parser.parse_args(argv)
-    try:
-        results = [load_result(p) for p in args.results]
-        labels = args.labels or [Path(r["_path"]).parent.name for r in results]
-        if len(labels) != len(results):
-            raise ValueError(f"{len(labels)} labels for {len(results)} results")
-        protocols = {r["protocol"] for r in results}
-        if len(protocols) > 1:
-            raise ValueError(f"results of different protocols {sorted(protocols)} are not comparable")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: _compare(args))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    results = [load_result(p) for p in args.results]
+    labels = args.labels or [Path(r["_path"]).parent.name for r in results]
+    if len(labels) != len(results):
+        raise ValueError(f"{len(labels)} labels for {len(results)} results")
+    protocols = {r["protocol"] for r in results}
+    if len(protocols) > 1:
+        raise ValueError(f"results of different protocols {sorted(protocols)} are not comparable")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results, labels)

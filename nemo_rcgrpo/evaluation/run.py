@@ -273,15 +273,15 @@ def _per_task(records: list[dict]) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from nemo_rcgrpo.envs.interfaces import DataError
-    from nemo_rcgrpo.models.hf import ModelFilesError
-    from nemo_rcgrpo.utils.checkpoint import CheckpointError
     from nemo_rcgrpo.utils.cli_help import resolve
-    from nemo_rcgrpo.utils.run_lock import DiskFull, FolderNotWritable, RunLocked, check_writable, disk_full
-    from nemo_rcgrpo.utils.run_lock import run_lock
+    from nemo_rcgrpo.utils.run_command import run_command
+    from nemo_rcgrpo.utils.run_lock import DiskFull, check_writable, run_lock
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
+    cfg = None
+
+    def run() -> int:
+        nonlocal cfg
         resolved = resolve("eval", argv, EvalConfig)
         if resolved is None:  # --help or --cfg job
             return 0
@@ -289,21 +289,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_writable(cfg.out_dir, "out_dir")
         with run_lock(cfg.out_dir):  # one evaluation per out_dir
             result = evaluate(cfg)
-    except (ConfigError, ModelFilesError, CheckpointError, DataError, FileNotFoundError, FileExistsError,
-            ValueError, FolderNotWritable, RunLocked, DiskFull) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a folder that cannot be written, a full disk: one line, not a traceback
-        where = cfg.out_dir if "cfg" in locals() else "out_dir"
-        what = f"no space left on device while writing the results in {where}" if disk_full(e) else str(e)
-        print(f"error: {what}", file=sys.stderr)
-        return 2
-    except EvaluationIncomplete as e:
-        print(f"error: evaluation stopped: {e}", file=sys.stderr)
-        return 3
-    print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol") + result.get("official_table", ""))
-    print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
-    return 0
+        print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol")
+              + result.get("official_table", ""))
+        print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
+        return 0
+
+    def disk_full(e: OSError) -> str:  # DiskFull names what it was writing; another full disk, the results folder
+        where = cfg.out_dir if cfg is not None else "out_dir"
+        return str(e) if isinstance(e, DiskFull) else f"no space left on device while writing the results in {where}"
+
+    return run_command(run, disk_full=disk_full)
 
 
 if __name__ == "__main__":

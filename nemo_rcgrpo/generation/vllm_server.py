@@ -307,28 +307,26 @@ def main(argv: list[str] | None = None) -> int:
     """`rcgrpo serve MODEL`: a vLLM server for attached runs (generation.vllm.url=http://HOST:PORT)."""
     p = serve_parser()
     args, extra = p.parse_known_args(argv)
-    from nemo_rcgrpo.models.hf import ModelFilesError, load_tokenizer, resolve_model_path
+    from nemo_rcgrpo.utils.run_command import run_command
 
-    try:
-        folder = resolve_model_path(args.model)
-        tokenizer = load_tokenizer(str(folder))
-    except ModelFilesError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: _serve(args, extra))
+
+
+def _serve(args: argparse.Namespace, extra: list[str]) -> int:
+    from nemo_rcgrpo.models.hf import load_tokenizer, resolve_model_path
+    from nemo_rcgrpo.utils.run_command import CommandError
+
+    folder = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(str(folder))
     missing = [t for t in args.reward_tokens if t not in tokenizer.get_vocab()]
     if missing:
-        print(f"error: {folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or pass "
-              f"--reward-tokens with no value to serve it anyway", file=sys.stderr)
-        return 2
+        raise CommandError(f"{folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or "
+                           f"pass --reward-tokens with no value to serve it anyway")
     spec = ServerSpec(model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra),
                       **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"})
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
-    try:
-        server.command()  # extra arguments that clash with the server's own are refused before anything starts
-    except GeneratorError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    server.command()  # extra arguments that clash with the server's own are refused before anything starts
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
@@ -337,9 +335,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         while not stop and server.exit_reason() is None:
             time.sleep(1.0)
-    except GeneratorUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except GeneratorUnavailable as e:  # the server ended on its own: exit 1, as below
+        raise CommandError(str(e), exit_code=1) from None
     except KeyboardInterrupt:
         pass
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from nemo_rcgrpo.utils.logging import read_metrics
+from nemo_rcgrpo.utils.run_command import run_command
 
 DEFAULT_METRICS = ("reward_mean", "zero_variance_fraction", "entropy", "kl", "entropy_reward_corr",
                    "entropy_reward_corr_high", "entropy_reward_corr_low", "reward_mean_high", "reward_mean_low",
@@ -102,12 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "lr and tokens_per_s for a stage-1 run)")
     p.add_argument("--title", default=None, help="figure title (default: the runs' folder names)")
     args = p.parse_args(argv)
-    try:
+
+    def plot() -> int:
         print(plot_runs(args.runs, args.out, args.metrics, args.title))
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_command(plot)
 
 
 if __name__ == "__main__":

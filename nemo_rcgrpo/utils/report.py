@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nemo_rcgrpo.utils.logging import read_metrics
+from nemo_rcgrpo.utils.run_command import run_command
 from nemo_rcgrpo.utils.run_dir import config_files
 
 MAX_ROLLOUTS = 3000  # without --last-steps / --all: the last steps whose rollouts fit (a page a browser can hold)
@@ -297,13 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"last steps whose rollouts fit in {MAX_ROLLOUTS})")
     p.add_argument("--all", action="store_true", help="every step's rollouts, however many")
     args = p.parse_args(argv)
-    try:
-        out = write_report(args.run_dir, args.out or Path(args.run_dir) / "report.html", args.last_steps, args.all)
-    except (ReportError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
+
+    def report() -> int:
+        print(write_report(args.run_dir, args.out or Path(args.run_dir) / "report.html", args.last_steps, args.all))
+        return 0
+
+    return run_command(report)  # ReportError: a folder that is not a run, its files unreadable
 
 
 if __name__ == "__main__":

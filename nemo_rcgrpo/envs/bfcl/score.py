@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLDataError, BFCLTask
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 from nemo_rcgrpo.utils.bounded import CLIPPED_FLAG, clip_observations
 
 MAX_LINE_CHARS = 4_000_000
@@ -283,18 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _score(args: argparse.Namespace) -> int:
+    from nemo_rcgrpo.utils.run_command import run_command
+
+    return run_command(lambda: _score_lines(args))
+
+
+def _score_lines(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from nemo_rcgrpo.envs.sources import make_suite
     from nemo_rcgrpo.registry import load_plugins
-    from nemo_rcgrpo.utils.config import ConfigError
+    from nemo_rcgrpo.utils.run_command import CommandError
 
-    try:
-        load_plugins(args.plugins or [])
-        suite = make_suite(args.task_source, args.categories or CATEGORIES)
-    except (BFCLDataError, ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    load_plugins(args.plugins or [])
+    suite = make_suite(args.task_source, args.categories or CATEGORIES)
     source = None
     if args.ground_truth:
         lines: Any = ground_truth_lines(suite)
@@ -303,35 +305,30 @@ def _score(args: argparse.Namespace) -> int:
         try:
             source = Path(args.input).open("rb")
         except OSError as e:
-            print(f"error: cannot read {args.input}: {e.strerror}", file=sys.stderr)
-            return 2
+            raise CommandError(f"cannot read {args.input}: {e.strerror}") from None
         lines, total = read_lines(source), None
     else:
-        print("error: give IN.jsonl (and OUT.jsonl), or --ground-truth", file=sys.stderr)
-        return 2
+        raise CommandError("give IN.jsonl (and OUT.jsonl), or --ground-truth")
     out_path = Path(args.output) if args.output else None
     if out_path is not None:
         if out_path.is_dir():
-            print(f"error: OUT {out_path} is a directory; give a file path", file=sys.stderr)
             if source is not None:
                 source.close()
-            return 2
+            raise CommandError(f"OUT {out_path} is a directory; give a file path")
         try:
             out_path.parent.mkdir(parents=True, exist_ok=True)
             probe = out_path.with_name(out_path.name + ".partial")
             probe.open("w").close()
         except OSError as e:
-            print(f"error: cannot write {out_path}: {e.strerror or e}", file=sys.stderr)
             if source is not None:
                 source.close()
-            return 2
+            raise CommandError(f"cannot write {out_path}: {e.strerror or e}") from None
     try:
         progress = tqdm(lines, desc="scoring", unit="traj", total=total, file=sys.stderr, disable=args.quiet)
         budget = OutputBudget()  # OUT is bounded in proportion to the input (docs/scoring.md)
         summary = write_scores(score_lines(suite, budget.count(progress), arg_types=args.arg_types), out_path, budget)
     except OSError as e:
-        print(f"error: while scoring: {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise CommandError(f"while scoring: {e.strerror or e}") from None
     finally:
         if source is not None:
             source.close()

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 META = "megatron.json"
@@ -95,19 +94,17 @@ def megatron_to_hf_folder(src: Path, out: Path) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from nemo_rcgrpo.models.hf import ModelFilesError
-    from nemo_rcgrpo.models.megatron.convert import ConversionError
+    from nemo_rcgrpo.utils.run_command import run_command
 
-    try:
+    def convert() -> int:  # ConversionError and ModelFilesError: the folders' files, in one line
         if args.direction == "hf-to-megatron":
             path = hf_to_megatron_folder(args.input, Path(args.output), args.tp)
         else:
             path = megatron_to_hf_folder(Path(args.input), Path(args.output))
-    except (ConversionError, ModelFilesError, FileNotFoundError, FileExistsError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
+        print(f"wrote {path}")
+        return 0
+
+    return run_command(convert)
 
 
 def add_parser(sub) -> None:
