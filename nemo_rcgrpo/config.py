@@ -136,8 +136,11 @@ class TrainConfig:
         lookup("stage", self.stage, setting="stage")
         lookup("loop", self.stage_spec.loop, of=Loop, setting=f"stage {self.stage}'s loop")
         self.policy_setup().validate()  # model, chat, reward tokens, generation
-        lookup("policy_backend", self.policy.backend, setting="policy.backend")
-        self._validate_megatron()
+        backend = lookup("policy_backend", self.policy.backend, setting="policy.backend")
+        self._validate_megatron_section()
+        check = getattr(backend, "check", None)  # what the chosen backend needs of the run, one line
+        if check is not None:
+            check(self)
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         t = self.trainer  # sizes first: the RL checks divide by them
         positive = {"trainer.lr": t.lr, "trainer.global_batch_size": t.global_batch_size,
@@ -150,10 +153,6 @@ class TrainConfig:
         budget = t.micro_batch_tokens
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
             raise ConfigError(f"trainer.micro_batch_tokens={budget!r}: must be an integer > 0 or null")
-        if budget is not None and self.policy.backend == "megatron" and self.policy.megatron.pp > 1:
-            raise ConfigError(f"trainer.micro_batch_tokens={budget} with policy.megatron.pp={self.policy.megatron.pp}: "
-                              "pipeline stages exchange one activation shape, so every micro-batch would be padded "
-                              "to the largest rows x the longest row, past the budget; use trainer.micro_batch_size")
         if self.is_rl:
             self._validate_rl()
         else:
@@ -175,7 +174,9 @@ class TrainConfig:
         if self.data.max_examples is not None and self.data.max_examples <= 0:
             raise ConfigError(f"data.max_examples={self.data.max_examples}: must be > 0 or null")
 
-    def _validate_megatron(self) -> None:
+    def _validate_megatron_section(self) -> None:
+        """``policy.megatron``'s own bounds, whichever backend runs (what Megatron needs installed: its factory's
+        ``check``, `models/factory.py`)."""
         m = self.policy.megatron
         for key, value in {"policy.megatron.tp": m.tp, "policy.megatron.pp": m.pp, "policy.megatron.cp": m.cp}.items():
             if not isinstance(value, int) or value < 1:
@@ -183,24 +184,11 @@ class TrainConfig:
         if m.cp != 1:
             raise ConfigError(f"policy.megatron.cp={m.cp}: context parallelism is not implemented in this backend; "
                               "use cp=1 (tensor, pipeline and data parallel)")
-        if self.policy.backend == "megatron" and m.fp8 is not None:
-            import importlib.util
-
-            if importlib.util.find_spec("transformer_engine") is None:
-                raise ConfigError(f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
-                                  "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null")
         if m.fp8 is not None and m.spec == "local":
             raise ConfigError(f"policy.megatron.fp8={m.fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto")
         if m.sequence_parallel and m.spec == "local":
             raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine spec: set "
                               "policy.megatron.spec=auto, or sequence_parallel=null")
-        if self.policy.backend == "megatron" and (m.spec == "te" or m.sequence_parallel):
-            import importlib.util
-
-            if importlib.util.find_spec("transformer_engine") is None:
-                setting = "spec=te" if m.spec == "te" else "sequence_parallel=true"
-                raise ConfigError(f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
-                                  "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)")
 
     def _validate_rl(self) -> None:
         rl = self.rl  # the choices of pluggable parts are the registry's names (a plugin's included)
@@ -263,12 +251,14 @@ class TrainConfig:
             raise ConfigError(f"stage={self.stage} needs trainer.max_steps (RL steps)")
 
     def parallel_plan(self, model_parallel: bool = True) -> ParallelPlan:
-        """The job's GPU layout (`nemo_rcgrpo/layout.py`): the policy's model-parallel sizes (megatron's; 1 for a
-        backend without) and the GPUs a vLLM server needs of its own. ``model_parallel``: also require TP x PP x CP
-        to divide the training GPUs (what the launchers use)."""
-        m = self.policy.megatron
-        sizes = (m.tp, m.pp, m.cp) if self.policy.backend == "megatron" else (1, 1, 1)
-        server_tp = self.generation.vllm.tp if self.generation.backend == "vllm" else None
+        """The job's GPU layout (`nemo_rcgrpo/layout.py`): the policy's model-parallel sizes (its backend's
+        ``model_parallel(policy section)``; 1 for a backend without) and the GPUs a generation server needs of its own
+        (its generator's ``server_gpus(generation section)``; none without). ``model_parallel``: also require
+        TP x PP x CP to divide the training GPUs (what the launchers use)."""
+        backend = lookup("policy_backend", self.policy.backend, setting="policy.backend")
+        sizes = getattr(backend, "model_parallel", lambda policy: (1, 1, 1))(self.policy)
+        gen_factory = lookup("generator", self.generation.backend, setting="generation.backend")
+        server_tp = getattr(gen_factory, "server_gpus", lambda generation: None)(self.generation)
         return parallel_plan(self.layout, sizes, server_tp, check_model_parallel=model_parallel)
 
     def to_dict(self) -> dict[str, Any]:

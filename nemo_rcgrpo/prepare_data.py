@@ -38,6 +38,7 @@ from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.closing import ClosingTexts
 from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, DataError
 from nemo_rcgrpo.envs.sources import check_categories, make_suite
+from nemo_rcgrpo.envs.splits import split_by_scenario
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
@@ -135,12 +136,13 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     load_plugins(cfg.plugins)  # a plugin's task source or failure types (a no-op for modules already imported)
     categories = check_categories(cfg.task_source, cfg.categories, "categories")  # []: the source's own
     suite = make_suite(cfg.task_source, categories, data_dir=cfg.bfcl_data_dir)
-    if not len(suite):
+    if not len(suite.tasks):
         raise DataError(f"task_source={cfg.task_source} has no tasks of categories {list(categories)}")
     builder = lookup("data_builder", cfg.task_source, setting="task_source")
-    split = suite.split(cfg.seed, cfg.test_fraction)
+    # the suite's own split where it has one (BFCL's: by scenario); else by task, seeded (envs/splits.py)
+    split = suite.split(cfg.seed, cfg.test_fraction) if callable(getattr(suite, "split", None)) else \
+        split_by_scenario(suite, cfg.seed, cfg.test_fraction)
     rng = random.Random(cfg.seed)
-    tasks = list(suite)
     experts, failures, extra_stats = builder(cfg, suite, split, rng)
 
     goal = cfg.reward_goal
@@ -157,9 +159,8 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
         record["reward"] = 1
 
     env = getattr(builder, "env", cfg.task_source)
-    pointers = {side: [{"task_id": t.id, "category": t.category, "env": env, "task_source": cfg.task_source,
-                        "mode": cfg.mode}
-                       for t in tasks if split.side(t.scenario) == side] for side in ("train", "test")}
+    pointers = {side: [{"task_id": r["task_id"], "category": r["category"], "env": env, "task_source": cfg.task_source,
+                        "mode": cfg.mode} for r in experts if r["split"] == side] for side in ("train", "test")}
     files = {"sft.jsonl": experts, "failures.jsonl": failures, "rctp.jsonl": rctp,
              "rl_train.jsonl": pointers["train"], "rl_test.jsonl": pointers["test"]}
     for name, records in files.items():

@@ -54,7 +54,7 @@ def select_tasks(cfg: EvalConfig, suite: Suite) -> list[str]:
     elif cfg.protocol == "paper":
         ids = held_out_ids(cfg, suite)
     else:
-        ids = [t.id for t in suite]
+        ids = list(suite.tasks)
     # the held-out split names tasks of every category; the suite holds only the chosen ones. Only the categories
     # the task source declares are chosen from: a task of another category is kept (as in training, where the
     # suite is given the categories and decides)
@@ -91,7 +91,11 @@ def held_out_ids(cfg: EvalConfig, suite: Suite) -> list[str]:
             return list(json.loads(path.read_text())["test"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ConfigError(f"{path} is not a split written by prepare-data: {e}") from None
-    return suite.split(cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
+    from nemo_rcgrpo.envs.splits import split_by_scenario
+
+    split = suite.split if callable(getattr(suite, "split", None)) else \
+        (lambda seed, fraction: split_by_scenario(suite, seed, fraction))
+    return split(cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
 
 
 # ---------------------------------------------------------------------- scoring

@@ -47,6 +47,7 @@ def _check_vllm(setup: PolicySetup) -> None:
 
 
 _vllm.check = _check_vllm  # a generator's ``check(setup)``: its settings, validated with the config
+_vllm.server_gpus = lambda generation: generation.vllm.tp  # a server of its own, on layout.generation_gpus
 
 
 

@@ -34,6 +34,33 @@ def megatron_backend(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo,
     return MegatronPolicy(model, build, dist, total_steps)
 
 
+def _check_megatron(cfg) -> None:
+    """``policy.megatron``'s settings against the run (a TrainConfig), checked when the config is validated: one
+    ConfigError line each (kind policy_backend: a factory's ``check``)."""
+    import importlib.util
+
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    m = cfg.policy.megatron  # its section's own bounds: TrainConfig._validate_megatron_section, for any backend
+    has_te = importlib.util.find_spec("transformer_engine") is not None
+    if m.fp8 is not None and not has_te:
+        raise ConfigError(f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
+                          "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null")
+    if (m.spec == "te" or m.sequence_parallel) and not has_te:
+        setting = "spec=te" if m.spec == "te" else "sequence_parallel=true"
+        raise ConfigError(f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
+                          "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)")
+    budget = cfg.trainer.micro_batch_tokens
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 and m.pp > 1:
+        raise ConfigError(f"trainer.micro_batch_tokens={budget} with policy.megatron.pp={m.pp}: pipeline stages "
+                          "exchange one activation shape, so every micro-batch would be padded to the largest rows x "
+                          "the longest row, past the budget; use trainer.micro_batch_size")
+
+
+megatron_backend.check = _check_megatron  # a backend's own settings, validated with the config
+megatron_backend.model_parallel = lambda policy: (policy.megatron.tp, policy.megatron.pp, policy.megatron.cp)
+
+
 def make_policy(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, total_steps: int) -> Policy:
     """The ``policy.backend`` entry around ``model`` (an HF model with the reward tokens already added), given
     only the sections it reads (``TrainConfig.policy_build()``)."""

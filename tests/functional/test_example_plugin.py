@@ -36,8 +36,8 @@ def kv():
             sys.path.remove(str(PLUGIN))
         import nemo_rcgrpo.registry as registry
 
-        registry.table("task_source").pop("kv_store", None)
-        registry.table("env").pop("kv_store", None)
+        for kind in ("task_source", "env", "env_settings", "data_builder"):
+            registry.table(kind).pop("kv_store", None)
         for name in ("make_data", "kv_store"):
             sys.modules.pop(name, None)
 
@@ -131,6 +131,36 @@ def _eval_as_in_training(data, run, out):
     assert set(ids) <= set(held_out)
 
 
+def test_the_generic_commands_work_on_the_plugin_env(tmp_path):
+    """prepare-data (through the plugin's registered data builder), eval (oracle and null, on the held-out split
+    prepare-data wrote) and compare, each from the command line, keep the plugin's own category names."""
+    data = tmp_path / "data"
+    made = _rcgrpo("prepare-data", "task_source=kv_store", "plugins=[kv_store]", f"out_dir={data}", "tokenizer=null")
+    assert made.returncode == 0, made.stderr
+    stats = json.loads((data / "stats.json").read_text())["files"]
+    assert stats["sft.jsonl"]["lines"] == stats["failures.jsonl"]["lines"] == 360
+    assert stats["sft.jsonl"]["success_rate"] == 1.0 and stats["failures.jsonl"]["success_rate"] == 0.0
+    held_out = [json.loads(line) for line in (data / "rl_test.jsonl").read_text().splitlines()]
+    assert [p["task_id"] for p in held_out] == json.loads((data / "split.json").read_text())["test"]
+    assert {p["env"] for p in held_out} == {"kv_store"} and {p["category"] for p in held_out} == {"put", "copy",
+                                                                                                    "delete"}
+    for policy, accuracy in (("oracle", 100.0), ("null", 0.0)):
+        ran = _rcgrpo("eval", f"policy={policy}", "task_source=kv_store", "env=kv_store", "plugins=[kv_store]",
+                      f"data_dir={data}", f"out_dir={tmp_path / policy}", "progress=false")
+        assert ran.returncode == 0, ran.stderr
+        result = json.loads((tmp_path / policy / "results.json").read_text())
+        assert result["overall"] == accuracy and result["tasks"] == len(held_out)
+        assert set(result["categories"]) == {"put", "copy", "delete"}
+    compared = _rcgrpo("compare", str(tmp_path / "oracle"), str(tmp_path / "null"), "--out", str(tmp_path / "cmp"))
+    assert compared.returncode == 0, compared.stderr
+    table = (tmp_path / "cmp.md").read_text()
+    assert "### task source kv_store, paper protocol" in table and "| run | copy | delete | put | overall |" in table
+    refused = _rcgrpo("prepare-data", "task_source=kv_store", "plugins=[kv_store]", f"out_dir={tmp_path / 'x'}",
+                      "mode=per_turn", "tokenizer=null")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("the kv_store environment plays merged episodes only (mode=merged)")
+
+
 def test_the_minimal_env_of_the_docs_trains_from_the_cli(tmp_path):
     """docs/extending.md's minimal environment, as a user takes it: its python block saved as minimal_env.py, its
     bash block run as it stands (data, then two GRPO steps and a held-out evaluation through the CLI)."""
@@ -156,3 +186,9 @@ def test_the_minimal_env_of_the_docs_trains_from_the_cli(tmp_path):
     records = [json.loads(l) for l in (run / "rollouts" / "step_1.jsonl").read_text().splitlines()]
     assert len(records) == 8 and {r["category"] for r in records} <= {"small", "large"}
     assert all(r["error"] is None and r["reward"] in (0.0, 1.0) for r in records)  # the contract held
+    # rcgrpo eval (the export and the null policy, on rl_test.jsonl's 4 tasks) and rcgrpo compare, as the page runs them
+    for name in ("trained", "null"):
+        result = json.loads((tmp_path / "eval" / name / "results.json").read_text())
+        assert result["tasks"] == 4 and set(result["categories"]) == {"small", "large"}
+    assert json.loads((tmp_path / "eval" / "trained" / "results.json").read_text())["policy"]["policy"] == "checkpoint"
+    assert "| run | large | small | overall | tasks |" in (tmp_path / "eval" / "add.md").read_text()

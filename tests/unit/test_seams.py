@@ -13,8 +13,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nemo_rcgrpo"
 
 # (what it is, pattern, files where it may stay)
 RULES = [
+    # config.py included: a backend validates its own section (its factory's check, model_parallel, server_gpus)
     ("a branch on a backend's name (ask the Policy / Generator for its capability)",
-     r"\b(generation|policy)\.backend\s*(==|!=|\bin\b|\bnot in\b)", {"config.py"}),
+     r"\b(generation|policy)\.backend\s*(==|!=|\bin\b|\bnot in\b)", set()),
     ("an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
      r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']", set()),
     ("a raw registry table (registry.lookup / names / table)", r"\b_TABLES\b", {"registry.py"}),
@@ -24,6 +25,9 @@ RULES = [
      {"config.py", "leaderboard.py"}),
     # stages.py: a Stage's shape rules for the two shipped loops (a stage-1 stage names its data file)
     ("a dispatch on a stage's loop name (kind loop: ask Loop.rl)", r"\.loop\s*(==|!=)\s*[\"']rl", {"stages.py"}),
+    # envs/bfcl/plugin.py: BFCL's official pipeline plays only BFCL's own entries
+    ("a branch on an environment's or task source's name (ask the registry or the suite)",
+     r"\b(env|env\.name|task_source|env_name)\s*(==|!=)\s*[\"']", {"plugin.py"}),
 ]
 
 
@@ -48,6 +52,8 @@ def test_the_package_has_none(what, pattern, allowed):
     ('GENERATORS = _TABLES["generator"]', 2),
     ('if cfg.policy == "oracle":', 3),
     ('return stage_of(str(stage)).loop == "rl"', 4),
+    ('if cfg.task_source == "bfcl":', 5),
+    ('ok = isinstance(s, BFCLSettings) or cfg.env.name != "bfcl"', 5),
 ])
 def test_each_rule_catches_what_it_is_for(tmp_path, line, rule):
     """The branches and probes this package had, planted in a module: each rule finds its own."""

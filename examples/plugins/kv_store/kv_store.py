@@ -83,6 +83,10 @@ class KVSuite:
     def __getitem__(self, task_id: str) -> KVTask:
         return self.tasks[task_id]
 
+    def oracle_calls(self, task: KVTask) -> list[list[ToolCall]]:
+        """The ground truth, one user turn of calls (``rcgrpo eval policy=oracle``; the Suite's capability)."""
+        return [[ToolCall(name, dict(args)) for name, args in task.gold]]
+
 
 @dataclass
 class Result:  # envs/interfaces.py: StepResult
@@ -188,3 +192,18 @@ class KVSettings:
 @register("env", "kv_store")
 def kv_env(settings: KVSettings, suite) -> KVOpener:
     return KVOpener(max_steps=settings.max_steps)
+
+
+@register("data_builder", "kv_store")
+def kv_data(cfg, suite, split, rng):
+    """``rcgrpo prepare-data task_source=kv_store plugins=[kv_store]``: an expert and a verified failure per task,
+    played through this environment (`make_data.py: records`)."""
+    from make_data import records
+
+    if cfg.mode != "merged":
+        raise ValueError(f"mode={cfg.mode}: the kv_store environment plays merged episodes only (mode=merged)")
+    experts, failures = records(suite, split, rng)
+    return experts, failures, {}
+
+
+kv_data.env = "kv_store"  # the env of its RL pointers

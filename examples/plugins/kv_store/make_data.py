@@ -66,6 +66,26 @@ def split_of(task_id: str, seed: int) -> str:
     return "test" if int(hashlib.sha256(f"{seed}:{task_id}".encode()).hexdigest(), 16) % 10 == 0 else "train"
 
 
+def records(suite, split, rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """(experts, failures) of every task of ``suite``: the records `rcgrpo prepare-data` writes (its data builder,
+    registered in kv_store.py); ``split``: prepare-data's (``split.side_of(task)``)."""
+    experts, failures = [], []
+    for task in suite.tasks.values():
+        base = {"task_id": task.id, "category": task.category, "split": split.side_of(task), "mode": "merged",
+                "tools": TOOLS}
+        messages, reward = play(task, [(name, dict(args)) for name, args in task.gold])
+        if reward != 1.0:
+            raise ValueError(f"the ground truth of {task.id} scores {reward}, not 1")
+        kind, plan = failure_plan(task, rng)
+        bad, bad_reward = play(task, plan)
+        if bad_reward != 0.0:
+            raise ValueError(f"the {kind} failure of {task.id} scores {bad_reward}, not 0")
+        experts.append({**base, "messages": messages})
+        failures.append({**base, "messages": bad, "failure_type": kind, "failure_detail": f"{kind} of the gold plan",
+                         "source": "perturbation"})
+    return experts, failures
+
+
 def build(out: Path, seed: int = 0) -> dict[str, int]:
     out.mkdir(parents=True, exist_ok=True)
     goal, rng = RewardGoal(), random.Random(seed)

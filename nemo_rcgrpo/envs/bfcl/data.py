@@ -26,7 +26,7 @@ def build_records(cfg, suite, split, rng: random.Random) -> tuple[list[dict], li
     ``failure_detail`` and ``source``. ``cfg``: the prepare-data config (mode, closing, calls_per_message,
     failures, progress)."""
     play_kwargs = {"mode": cfg.mode, "closing": cfg.closing, "calls_per_message": cfg.calls_per_message}
-    tasks = list(suite)
+    tasks = list(suite.tasks.values())
     rollouts, rollout_counts = ({}, {})
     if cfg.failures.rollout_files:
         rollouts, rollout_counts = load_rollout_failures(cfg.failures.rollout_files, suite, cfg.mode)
@@ -36,7 +36,7 @@ def build_records(cfg, suite, split, rng: random.Random) -> tuple[list[dict], li
     for task, preferred in tqdm(list(zip(tasks, failure_types)), desc="trajectories", unit="task",
                                 disable=not cfg.progress, file=sys.stderr):
         gold = suite.gold(task)
-        base = {"task_id": task.id, "category": task.category, "split": split.side(task.scenario), "mode": cfg.mode}
+        base = {"task_id": task.id, "category": task.category, "split": split.side_of(task), "mode": cfg.mode}
         plan = gold_plan(task)
         expert = play(task, plan, gold=gold, **play_kwargs)
         if expert.reward.value != 1.0:
