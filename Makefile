@@ -30,6 +30,8 @@ browser:
 test: $(STAMP)
 	@test -x /usr/bin/chromium || $(MAKE) --no-print-directory browser \
 	    || echo "note: no /usr/bin/chromium (apt-get needs root): the browser test of rcgrpo report skips"
+	$(VENV)/bin/ruff format --check --quiet nemo_rcgrpo scripts tests examples
+	$(VENV)/bin/ruff check --quiet nemo_rcgrpo scripts tests examples
 	$(VENV)/bin/lint-imports
 	RCGRPO_REQUIRE=megatron,vllm$$(test -x /usr/bin/chromium && echo ,browser) $(PY) -m pytest tests --durations=15
 

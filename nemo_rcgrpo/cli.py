@@ -25,20 +25,23 @@ from typing import Any
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rcgrpo", description="RC-GRPO for multi-turn tool calling on BFCL v4",
+        prog="rcgrpo",
+        description="RC-GRPO for multi-turn tool calling on BFCL v4",
         epilog="first run (about a minute): rcgrpo train --config-name smoke_rl, then rcgrpo report runs/smoke_rl; "
-               "rcgrpo train --help lists the recipes and settings")
+        "rcgrpo train --help lists the recipes and settings",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare-data", help="build the datasets (Hydra overrides, e.g. out_dir=data/x seed=1)")
     sub.add_parser("train", help="train a recipe: --config-name NAME plus key=value overrides (--help lists recipes)")
     sub.add_parser("plot", help="plot training dynamics of runs: rcgrpo plot RUN [RUN ...] --out PNG")
-    sub.add_parser("report", help="one HTML page of a run (config, plots, eval, every rollout): rcgrpo report RUN -o FILE")
+    sub.add_parser(
+        "report", help="one HTML page of a run (config, plots, eval, every rollout): rcgrpo report RUN -o FILE"
+    )
     sub.add_parser("eval", help="evaluate: policy=oracle|null|checkpoint|endpoint protocol=paper|bfcl out_dir=PATH")
     sub.add_parser("compare", help="compare eval results: rcgrpo compare RESULT [RESULT ...] --out PATH")
     sub.add_parser("serve", help="vLLM server for rollouts: rcgrpo serve MODEL [--port 8000 --tp 1 ...] (see --help)")
     sub.add_parser("layout", help="GPU layout of a recipe as shell variables: --config-name NAME [overrides]")
     sub.add_parser("plugins", help="every pluggable kind and its registered names: rcgrpo plugins [plugins=[mod,...]]")
-
 
     from nemo_rcgrpo.models.megatron.cli_convert import add_parser as add_convert
 
@@ -54,10 +57,17 @@ def _commands() -> dict[str, Any]:
     return table("command")
 
 
-HYDRA_COMMANDS = {"prepare-data": "nemo_rcgrpo.prepare_data", "train": "nemo_rcgrpo.train",
-                  "plot": "nemo_rcgrpo.utils.plots", "report": "nemo_rcgrpo.utils.report", "eval": "nemo_rcgrpo.evaluation.run",
-                  "compare": "nemo_rcgrpo.evaluation.compare", "serve": "nemo_rcgrpo.generation.vllm_server", "layout": "nemo_rcgrpo.launch",
-                  "plugins": "nemo_rcgrpo.registry"}
+HYDRA_COMMANDS = {
+    "prepare-data": "nemo_rcgrpo.prepare_data",
+    "train": "nemo_rcgrpo.train",
+    "plot": "nemo_rcgrpo.utils.plots",
+    "report": "nemo_rcgrpo.utils.report",
+    "eval": "nemo_rcgrpo.evaluation.run",
+    "compare": "nemo_rcgrpo.evaluation.compare",
+    "serve": "nemo_rcgrpo.generation.vllm_server",
+    "layout": "nemo_rcgrpo.launch",
+    "plugins": "nemo_rcgrpo.registry",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,20 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nemo_rcgrpo.config_schema import (
+    ChatConfig,
+    DataConfig,
+    GenerationConfig,
+    LayoutConfig,
+    LoggingConfig,
+    ModelConfig,
+    PolicyConfig,
+    RewardTokensConfig,
+    RLConfig,
+    TrainerConfig,
+)
 from nemo_rcgrpo.data.stage1_datasets import stage1_dataset
 from nemo_rcgrpo.envs.config import EnvConfig
-from nemo_rcgrpo.config_schema import (ChatConfig, DataConfig, GenerationConfig, LayoutConfig, LoggingConfig,
-                                        ModelConfig, PolicyConfig, RLConfig, RewardTokensConfig, TrainerConfig)
 from nemo_rcgrpo.layout import ParallelPlan, parallel_plan
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.stages import Loop, Stage, group_filter, loop_of, stage_of
@@ -60,13 +70,16 @@ class PolicySetup:
         if not self.reward_tokens.high or self.reward_tokens.high == self.reward_tokens.low:
             raise ConfigError("reward_tokens.high and reward_tokens.low must be non-empty and different")
 
+
 @dataclass(frozen=True)
 class TrainConfig:
     # a registered stage: sft (expert data) | rctp (reward-conditioned mixed data) | grpo (no tokens) | rcgrpo |
     # dapo_filter (GRPO + zero-variance filtering) | a plugin's (nemo_rcgrpo/stages.py)
     stage: str = "sft"
     seed: int = 1234  # data order, sampling, model initialisation of added rows
-    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl, tensorboard/, rollouts/, hf/ (the recipes: runs/<stage>)
+    run_dir: str = (
+        "runs/default"  # checkpoints, metrics.jsonl, tensorboard/, rollouts/, hf/ (the recipes: runs/<stage>)
+    )
     overwrite: bool = False  # with trainer.resume=false: remove the run already in run_dir and start over
     plugins: tuple[str, ...] = ()  # modules imported before validation: their @register entries (nemo_rcgrpo.registry)
     model: ModelConfig = ModelConfig()
@@ -95,14 +108,25 @@ class TrainConfig:
 
     def policy_build(self) -> PolicyBuild:
         """The sections a policy backend's factory reads (`models/factory.py`)."""
-        return PolicyBuild(policy=self.policy, trainer=self.trainer, dtype=self.model.dtype,
-                           gradient_checkpointing=self.model.gradient_checkpointing, seed=self.seed)
+        return PolicyBuild(
+            policy=self.policy,
+            trainer=self.trainer,
+            dtype=self.model.dtype,
+            gradient_checkpointing=self.model.gradient_checkpointing,
+            seed=self.seed,
+        )
 
     def policy_setup(self) -> PolicySetup:
         """The sections the policy factories read (model, chat, reward tokens, generator, tasks, run folder)."""
-        return PolicySetup(model=self.model, chat=self.chat, reward_tokens=self.reward_tokens,
-                           generation=self.generation, env=self.env, run_dir=self.run_dir,
-                           generation_gpus=self.layout.generation_gpus)
+        return PolicySetup(
+            model=self.model,
+            chat=self.chat,
+            reward_tokens=self.reward_tokens,
+            generation=self.generation,
+            env=self.env,
+            run_dir=self.run_dir,
+            generation_gpus=self.layout.generation_gpus,
+        )
 
     @property
     def stage1_dataset_name(self) -> str:
@@ -129,8 +153,10 @@ class TrainConfig:
         lookup("stage1_dataset", name, setting=label)
         if stage1_dataset(name).conditioned != self.stage_spec.conditioned:
             want = "a reward-conditioned" if self.stage_spec.conditioned else "an unconditioned"
-            raise ConfigError(f"{label}={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
-                              f"data.dataset={'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage")
+            raise ConfigError(
+                f"{label}={name}: stage={self.stage} trains on {want} dataset; pick one (e.g. "
+                f"data.dataset={'rctp' if self.stage_spec.conditioned else 'sft'}) or another stage"
+            )
 
     def validate(self) -> None:
         lookup("stage", self.stage, setting="stage")
@@ -143,10 +169,16 @@ class TrainConfig:
             check(self)
         self.parallel_plan(model_parallel=False)  # the GPU layout adds up (TP x PP x CP: checked by the launchers)
         t = self.trainer  # sizes first: the RL checks divide by them
-        positive = {"trainer.lr": t.lr, "trainer.global_batch_size": t.global_batch_size,
-                    "trainer.micro_batch_size": t.micro_batch_size, "trainer.epochs": t.epochs,
-                    "trainer.save_every": t.save_every, "trainer.log_every": t.log_every,
-                    "trainer.keep_last": t.keep_last, "chat.max_length": self.chat.max_length}
+        positive = {
+            "trainer.lr": t.lr,
+            "trainer.global_batch_size": t.global_batch_size,
+            "trainer.micro_batch_size": t.micro_batch_size,
+            "trainer.epochs": t.epochs,
+            "trainer.save_every": t.save_every,
+            "trainer.log_every": t.log_every,
+            "trainer.keep_last": t.keep_last,
+            "chat.max_length": self.chat.max_length,
+        }
         for key, value in positive.items():
             if value is None or value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
@@ -158,17 +190,23 @@ class TrainConfig:
         else:
             self._validate_stage1_dataset()
         if self.stage_spec.conditioned and self.model.reward_tokens == "none":
-            raise ConfigError(f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)")
+            raise ConfigError(
+                f"stage={self.stage} conditions on reward tokens: set model.reward_tokens=special (or literal)"
+            )
         if t.stop_after is not None and t.stop_after <= 0:
             raise ConfigError(f"trainer.stop_after={t.stop_after}: must be > 0 or null")
         if t.max_steps is not None and t.max_steps <= 0:
             raise ConfigError(f"trainer.max_steps={t.max_steps}: must be > 0 or null")
         if budget is not None and not self.is_rl and budget < self.chat.max_length:
-            raise ConfigError(f"trainer.micro_batch_tokens={budget}: must be >= chat.max_length={self.chat.max_length} "
-                              "(an example is never split across micro-batches), or null")
+            raise ConfigError(
+                f"trainer.micro_batch_tokens={budget}: must be >= chat.max_length={self.chat.max_length} "
+                "(an example is never split across micro-batches), or null"
+            )
         if budget is None and t.global_batch_size % t.micro_batch_size:
-            raise ConfigError(f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
-                              f"trainer.micro_batch_size={t.micro_batch_size}")
+            raise ConfigError(
+                f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
+                f"trainer.micro_batch_size={t.micro_batch_size}"
+            )
         if t.warmup_steps < 0 or not 0.0 <= t.min_lr_ratio <= 1.0 or t.grad_clip < 0:
             raise ConfigError("trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1 and trainer.grad_clip >= 0")
         if self.data.max_examples is not None and self.data.max_examples <= 0:
@@ -182,13 +220,19 @@ class TrainConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if m.cp != 1:
-            raise ConfigError(f"policy.megatron.cp={m.cp}: context parallelism is not implemented in this backend; "
-                              "use cp=1 (tensor, pipeline and data parallel)")
+            raise ConfigError(
+                f"policy.megatron.cp={m.cp}: context parallelism is not implemented in this backend; "
+                "use cp=1 (tensor, pipeline and data parallel)"
+            )
         if m.fp8 is not None and m.spec == "local":
-            raise ConfigError(f"policy.megatron.fp8={m.fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto")
+            raise ConfigError(
+                f"policy.megatron.fp8={m.fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto"
+            )
         if m.sequence_parallel and m.spec == "local":
-            raise ConfigError("policy.megatron.sequence_parallel=true needs the Transformer Engine spec: set "
-                              "policy.megatron.spec=auto, or sequence_parallel=null")
+            raise ConfigError(
+                "policy.megatron.sequence_parallel=true needs the Transformer Engine spec: set "
+                "policy.megatron.spec=auto, or sequence_parallel=null"
+            )
 
     def _validate_rl(self) -> None:
         rl = self.rl  # the choices of pluggable parts are the registry's names (a plugin's included)
@@ -207,34 +251,47 @@ class TrainConfig:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if rl.group_size < 2:
             raise ConfigError(f"rl.group_size={rl.group_size}: group advantages need at least 2 rollouts per task")
-        for key, value in {"rl.tasks_per_step": rl.tasks_per_step, "rl.max_turns": rl.max_turns,
-                           "rl.max_total_tokens": rl.max_total_tokens,
-                           "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens}.items():
+        for key, value in {
+            "rl.tasks_per_step": rl.tasks_per_step,
+            "rl.max_turns": rl.max_turns,
+            "rl.max_total_tokens": rl.max_total_tokens,
+            "rl.sampling.max_new_tokens": rl.sampling.max_new_tokens,
+        }.items():
             if value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
         budget = self.trainer.micro_batch_tokens
         if budget is not None and rl.mini_batches > 1:
-            raise ConfigError(f"trainer.micro_batch_tokens={budget} with rl.mini_batches={rl.mini_batches}: a budget "
-                              "decides the micro-batches at each step, so the updates' slices (and their count) "
-                              "would vary; use trainer.micro_batch_size, or rl.mini_batches=1")
+            raise ConfigError(
+                f"trainer.micro_batch_tokens={budget} with rl.mini_batches={rl.mini_batches}: a budget "
+                "decides the micro-batches at each step, so the updates' slices (and their count) "
+                "would vary; use trainer.micro_batch_size, or rl.mini_batches=1"
+            )
         if budget is not None and budget < rl.max_total_tokens:
-            raise ConfigError(f"trainer.micro_batch_tokens={budget}: must be >= rl.max_total_tokens="
-                              f"{rl.max_total_tokens} (a rollout is never split across micro-batches), or null")
+            raise ConfigError(
+                f"trainer.micro_batch_tokens={budget}: must be >= rl.max_total_tokens="
+                f"{rl.max_total_tokens} (a rollout is never split across micro-batches), or null"
+            )
         micro = -(-rl.tasks_per_step * rl.group_size // self.trainer.micro_batch_size)
         if rl.mini_batches > micro:
-            raise ConfigError(f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
-                              f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)")
+            raise ConfigError(
+                f"rl.mini_batches={rl.mini_batches} exceeds the {micro} micro-batches of a step "
+                f"(rl.tasks_per_step x rl.group_size / trainer.micro_batch_size)"
+            )
         correction = lookup("sampler_correction", rl.loss.correction, setting="rl.loss.correction")
         if not rl.loss.correction_cap > 0.0:
             raise ConfigError(f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 0")
         if getattr(correction, "keeps_within_cap", False) and not rl.loss.correction_cap > 1.0:
-            raise ConfigError(f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 1 with "
-                              f"rl.loss.correction={rl.loss.correction} (it keeps the ratios in [1/C, C])")
+            raise ConfigError(
+                f"rl.loss.correction_cap={rl.loss.correction_cap}: must be > 1 with "
+                f"rl.loss.correction={rl.loss.correction} (it keeps the ratios in [1/C, C])"
+            )
         if rl.max_staleness < 0:
             raise ConfigError(f"rl.max_staleness={rl.max_staleness}: must be >= 0 (0: generate, then train)")
         if not 0.0 <= rl.max_failed_share <= 1.0:
-            raise ConfigError(f"rl.max_failed_share={rl.max_failed_share}: must be in [0, 1] (the share of a step's "
-                              "rollouts that may fail before the step warns)")
+            raise ConfigError(
+                f"rl.max_failed_share={rl.max_failed_share}: must be in [0, 1] (the share of a step's "
+                "rollouts that may fail before the step warns)"
+            )
         if rl.eval_every < 0 or rl.eval_tasks <= 0:
             raise ConfigError("rl.eval_every must be >= 0 and rl.eval_tasks > 0")
         if not 0.0 <= rl.p_high <= 1.0:
@@ -242,9 +299,11 @@ class TrainConfig:
         if rl.sampling.temperature != 1.0 or rl.sampling.top_p != 1.0:
             # the trainer's logprobs (ratio, KL, entropy) are those of the model's own distribution (temperature 1,
             # no top-p): rollouts drawn from another distribution would make the ratio and the KL wrong
-            raise ConfigError(f"rl.sampling.temperature={rl.sampling.temperature}, top_p={rl.sampling.top_p}: RL "
-                              "samples at temperature 1 and top_p 1, the distribution the trainer's logprobs are of; "
-                              "set both to 1.0")
+            raise ConfigError(
+                f"rl.sampling.temperature={rl.sampling.temperature}, top_p={rl.sampling.top_p}: RL "
+                "samples at temperature 1 and top_p 1, the distribution the trainer's logprobs are of; "
+                "set both to 1.0"
+            )
         if rl.loss.clip_low < 0 or rl.loss.clip_high < 0 or rl.loss.kl_beta < 0:
             raise ConfigError("rl.loss.clip_low, clip_high and kl_beta must be >= 0")
         if self.trainer.max_steps is None:

@@ -155,7 +155,9 @@ class VLLMConfig:
     # (insist on NCCL) | folder
     weight_sync: Literal["auto", "collective", "nccl", "folder"] = "auto"
     weight_dir: str | None = None  # folder syncs and the started server's files (default run_dir/generator)
-    nccl_master: str | None = None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
+    nccl_master: str | None = (
+        None  # host[:port] the server's workers reach this trainer at for the collective transfer (default: this host, a free port)
+    )
     extra_args: tuple[str, ...] = ()  # more vLLM server arguments, e.g. ["--enable-prefix-caching"]
 
 
@@ -232,8 +234,12 @@ class RLConfig:
     # this one trains, each starting at most k weight versions behind the weights that train on it (a generator
     # that holds its own weights: vllm, scripted; docs/stage2.md)
     max_staleness: int = 0
-    group_filter: str | None = None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
-    dapo_max_rounds: int = 2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
+    group_filter: str | None = (
+        None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
+    )
+    dapo_max_rounds: int = (
+        2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
+    )
     # with a group filter, too few groups kept after the rounds: train (on fewer) | error
     dapo_shortfall: Literal["train", "error"] = "train"
     split: Literal["train", "test"] = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
@@ -241,7 +247,9 @@ class RLConfig:
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet
     stage1_overrides: tuple[str, ...] = ()  # extra Hydra overrides for that stage-1 run, e.g. [trainer.max_steps=4]
     eval_every: int = 0  # > 0: every N steps, greedy rollouts on eval_tasks held-out tasks (metric eval_reward)
-    eval_tasks: int = 8  # a seeded sample of the held-out tasks, stratified by category (data/rl_tasks.py: stratified_sample)
+    eval_tasks: int = (
+        8  # a seeded sample of the held-out tasks, stratified by category (data/rl_tasks.py: stratified_sample)
+    )
     eval_token: Literal["high", "low", "none"] = "high"  # reward token at evaluation (rcgrpo): high | low | none
     advantage: AdvantageConfig = AdvantageConfig()
     loss: LossConfig = LossConfig()

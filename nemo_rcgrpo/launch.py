@@ -35,9 +35,15 @@ def _layout(argv: list[str], as_json: bool) -> int:
         return 0
     name, cfg = resolved[0].name, resolved[1]
     plan = cfg.parallel_plan().as_dict()
-    plan.update(config=name, stage=cfg.stage, run_dir=cfg.run_dir, model_path=cfg.model.path,
-                stage1_recipe=cfg.rl.stage1_recipe or "", generation_backend=cfg.generation.backend,
-                policy_backend=cfg.policy.backend)
+    plan.update(
+        config=name,
+        stage=cfg.stage,
+        run_dir=cfg.run_dir,
+        model_path=cfg.model.path,
+        stage1_recipe=cfg.rl.stage1_recipe or "",
+        generation_backend=cfg.generation.backend,
+        policy_backend=cfg.policy.backend,
+    )
     if as_json:
         print(json.dumps(plan, indent=1))
     else:

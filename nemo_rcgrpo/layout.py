@@ -36,8 +36,9 @@ class ParallelPlan:
         return asdict(self)
 
 
-def parallel_plan(layout: LayoutConfig, model_parallel: tuple[int, int, int], server_tp: int | None,
-                  check_model_parallel: bool = True) -> ParallelPlan:
+def parallel_plan(
+    layout: LayoutConfig, model_parallel: tuple[int, int, int], server_tp: int | None, check_model_parallel: bool = True
+) -> ParallelPlan:
     """The job's process counts; refuses, in one line each, a layout that does not add up.
 
     ``model_parallel``: the policy's (TP, PP, CP) sizes ((1, 1, 1) for a backend without model parallelism).
@@ -49,45 +50,65 @@ def parallel_plan(layout: LayoutConfig, model_parallel: tuple[int, int, int], se
     lay = layout
     check_choices(lay, "layout.")  # generation: a layout built in code is not checked as a config is when read
     if lay.nodes < 1 or lay.gpus_per_node < 1 or lay.generation_nodes < 0 or lay.generation_gpus < 0:
-        raise ConfigError("layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and "
-                          "generation_gpus >= 0")
+        raise ConfigError(
+            "layout.nodes and layout.gpus_per_node must be >= 1, generation_nodes and generation_gpus >= 0"
+        )
     if server_tp is not None and lay.generation_gpus and lay.generation_gpus % server_tp:
-        raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} must be a multiple of "
-                          f"generation.vllm.tp={server_tp}")
+        raise ConfigError(
+            f"layout.generation_gpus={lay.generation_gpus} must be a multiple of generation.vllm.tp={server_tp}"
+        )
     if lay.generation == "colocated" and server_tp is not None:
-        raise ConfigError("layout.generation=colocated is not supported with generation=vllm (nothing puts the "
-                          "server to sleep while the trainer updates, and NCCL cannot join a trainer rank and a "
-                          "vLLM worker on one GPU): use layout.generation=separate with layout.generation_gpus")
+        raise ConfigError(
+            "layout.generation=colocated is not supported with generation=vllm (nothing puts the "
+            "server to sleep while the trainer updates, and NCCL cannot join a trainer rank and a "
+            "vLLM worker on one GPU): use layout.generation=separate with layout.generation_gpus"
+        )
     if lay.generation == "colocated":
         if lay.generation_nodes:
             raise ConfigError("layout.generation=colocated shares the training GPUs: set generation_nodes=0")
         train_nodes, train_gpus = lay.nodes, lay.gpus_per_node
         if lay.generation_gpus > lay.nodes * lay.gpus_per_node:
-            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} exceed the job's "
-                              f"{lay.nodes * lay.gpus_per_node} GPUs")
+            raise ConfigError(
+                f"layout.generation_gpus={lay.generation_gpus} exceed the job's {lay.nodes * lay.gpus_per_node} GPUs"
+            )
     elif lay.generation_nodes:
         train_nodes, train_gpus = lay.nodes - lay.generation_nodes, lay.gpus_per_node
         if train_nodes < 1:
-            raise ConfigError(f"layout.generation_nodes={lay.generation_nodes} leaves no training node "
-                              f"of layout.nodes={lay.nodes}")
+            raise ConfigError(
+                f"layout.generation_nodes={lay.generation_nodes} leaves no training node of layout.nodes={lay.nodes}"
+            )
         if lay.generation_gpus > lay.generation_nodes * lay.gpus_per_node:
-            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} do not fit on "
-                              f"{lay.generation_nodes} node(s) of {lay.gpus_per_node} GPUs")
+            raise ConfigError(
+                f"layout.generation_gpus={lay.generation_gpus} do not fit on "
+                f"{lay.generation_nodes} node(s) of {lay.gpus_per_node} GPUs"
+            )
     else:
         if lay.nodes > 1 and lay.generation_gpus:
-            raise ConfigError("multi-node jobs with a separate server put it on its own nodes: set "
-                              "layout.generation_nodes")
+            raise ConfigError(
+                "multi-node jobs with a separate server put it on its own nodes: set layout.generation_nodes"
+            )
         train_nodes, train_gpus = lay.nodes, lay.gpus_per_node - lay.generation_gpus
         if train_gpus < 1:
-            raise ConfigError(f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a "
-                              f"{lay.gpus_per_node}-GPU node")
+            raise ConfigError(
+                f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a {lay.gpus_per_node}-GPU node"
+            )
     world = train_nodes * train_gpus
     tp, pp, cp = model_parallel
     mp = tp * pp * cp
     if check_model_parallel and world % mp:
         raise ConfigError(f"{world} training GPUs are not a multiple of TP x PP x CP = {tp} x {pp} x {cp}")
-    return ParallelPlan(nodes=lay.nodes, gpus_per_node=lay.gpus_per_node, train_nodes=train_nodes,
-                        train_gpus_per_node=train_gpus, world_size=world, tp=tp, pp=pp, cp=cp,
-                        dp=world // mp if world % mp == 0 else None, generation=lay.generation,
-                        generation_nodes=lay.generation_nodes, generation_gpus=lay.generation_gpus,
-                        generation_tp=server_tp or 1)
+    return ParallelPlan(
+        nodes=lay.nodes,
+        gpus_per_node=lay.gpus_per_node,
+        train_nodes=train_nodes,
+        train_gpus_per_node=train_gpus,
+        world_size=world,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=world // mp if world % mp == 0 else None,
+        generation=lay.generation,
+        generation_nodes=lay.generation_nodes,
+        generation_gpus=lay.generation_gpus,
+        generation_tp=server_tp or 1,
+    )

@@ -37,15 +37,22 @@ def stage1_first(cfg) -> None:
     from nemo_rcgrpo.recipes.stage1 import run_stage1
     from nemo_rcgrpo.utils.config import compose
 
-    overrides = [f"run_dir={Path(cfg.model.path).parent}", f"data.dir={cfg.data.dir}", f"seed={cfg.seed}",
-                 f"logging.progress={str(cfg.logging.progress).lower()}", f"plugins=[{','.join(cfg.plugins)}]",
-                 *cfg.rl.stage1_overrides]
+    overrides = [
+        f"run_dir={Path(cfg.model.path).parent}",
+        f"data.dir={cfg.data.dir}",
+        f"seed={cfg.seed}",
+        f"logging.progress={str(cfg.logging.progress).lower()}",
+        f"plugins=[{','.join(cfg.plugins)}]",
+        *cfg.rl.stage1_overrides,
+    ]
     stage1 = TrainConfig.from_dict(compose(cfg.rl.stage1_recipe, overrides))
     if os.environ.get("RANK", "0") == "0":  # before init_distributed: every torchrun rank gets here
-        print(f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr)
-    from nemo_rcgrpo.utils.run_lock import check_writable, run_lock
-
+        print(
+            f"{cfg.model.path} does not exist: training rl.stage1_recipe={cfg.rl.stage1_recipe} first", file=sys.stderr
+        )
     import contextlib
+
+    from nemo_rcgrpo.utils.run_lock import check_writable, run_lock
 
     check_writable(stage1.run_dir, "the stage-1 run_dir")
     same = Path(stage1.run_dir).resolve() == Path(cfg.run_dir).resolve()  # held already by this invocation

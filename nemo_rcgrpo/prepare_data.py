@@ -34,18 +34,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import yaml
 
 from nemo_rcgrpo.data.chat_format import TokenCounter
-from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.closing import ClosingTexts
+from nemo_rcgrpo.data.reward_goal import RewardGoal
+from nemo_rcgrpo.data.rl_tasks import find_pointers
 from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, DataError
 from nemo_rcgrpo.envs.sources import check_categories, make_suite
 from nemo_rcgrpo.envs.splits import split_by_scenario
-from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.registry import load_plugins, lookup
 from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
-from nemo_rcgrpo.utils.run_command import run_command
+from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
 from nemo_rcgrpo.utils.dist import DistInfo, barrier
-from nemo_rcgrpo.data.rl_tasks import find_pointers
+from nemo_rcgrpo.utils.run_command import run_command
 
 if TYPE_CHECKING:
     from nemo_rcgrpo.config import TrainConfig
@@ -57,7 +57,9 @@ class FailureConfig:
         default_factory=lambda: {"wrong_tool": 1.0, "wrong_param": 1.0, "premature_termination": 1.0}
     )
     max_tries: int = 20  # perturbations tried per type before falling back to another type
-    rollout_files: tuple[str, ...] = ()  # JSONL of recorded rollouts {task_id, messages, reward, ...}; reward 0: failures
+    rollout_files: tuple[
+        str, ...
+    ] = ()  # JSONL of recorded rollouts {task_id, messages, reward, ...}; reward 0: failures
     rollout_fraction: float = 0.0  # share of failures taken from recorded rollouts where a task has one
 
 
@@ -99,8 +101,9 @@ class PrepareDataConfig:
         if "categories" in values:
             values["categories"] = tuple(values["categories"])
         if "failures" in values:
-            values["failures"] = FailureConfig(**{**asdict(values["failures"]),
-                                                  "rollout_files": tuple(values["failures"].rollout_files)})
+            values["failures"] = FailureConfig(
+                **{**asdict(values["failures"]), "rollout_files": tuple(values["failures"].rollout_files)}
+            )
         config = cls(**values)
         config.validate()
         return config
@@ -140,29 +143,61 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
         raise DataError(f"task_source={cfg.task_source} has no tasks of categories {list(categories)}")
     builder = lookup("data_builder", cfg.task_source, setting="task_source")
     # the suite's own split where it has one (BFCL's: by scenario); else by task, seeded (envs/splits.py)
-    split = suite.split(cfg.seed, cfg.test_fraction) if callable(getattr(suite, "split", None)) else \
-        split_by_scenario(suite, cfg.seed, cfg.test_fraction)
+    split = (
+        suite.split(cfg.seed, cfg.test_fraction)
+        if callable(getattr(suite, "split", None))
+        else split_by_scenario(suite, cfg.seed, cfg.test_fraction)
+    )
     rng = random.Random(cfg.seed)
     experts, failures, extra_stats = builder(cfg, suite, split, rng)
 
     goal = cfg.reward_goal
     rctp = []
     for expert, failure in zip(experts, failures):
-        rctp.append({**expert, "messages": goal.apply(expert["messages"], True), "reward": 1,
-                     "reward_goal": goal.token(True), "failure_type": None})
-        rctp.append({**{k: v for k, v in failure.items() if k not in ("failure_detail", "source")},
-                     "messages": goal.apply(failure["messages"], False), "reward": 0,
-                     "reward_goal": goal.token(False)})
+        rctp.append(
+            {
+                **expert,
+                "messages": goal.apply(expert["messages"], True),
+                "reward": 1,
+                "reward_goal": goal.token(True),
+                "failure_type": None,
+            }
+        )
+        rctp.append(
+            {
+                **{k: v for k, v in failure.items() if k not in ("failure_detail", "source")},
+                "messages": goal.apply(failure["messages"], False),
+                "reward": 0,
+                "reward_goal": goal.token(False),
+            }
+        )
     for record in failures:
         record["reward"] = 0
     for record in experts:
         record["reward"] = 1
 
     env = getattr(builder, "env", cfg.task_source)
-    pointers = {side: [{"task_id": r["task_id"], "category": r["category"], "env": env, "task_source": cfg.task_source,
-                        "mode": cfg.mode} for r in experts if r["split"] == side] for side in ("train", "test")}
-    files = {"sft.jsonl": experts, "failures.jsonl": failures, "rctp.jsonl": rctp,
-             "rl_train.jsonl": pointers["train"], "rl_test.jsonl": pointers["test"]}
+    pointers = {
+        side: [
+            {
+                "task_id": r["task_id"],
+                "category": r["category"],
+                "env": env,
+                "task_source": cfg.task_source,
+                "mode": cfg.mode,
+            }
+            for r in experts
+            if r["split"] == side
+        ]
+        for side in ("train", "test")
+    }
+    files = {
+        "sft.jsonl": experts,
+        "failures.jsonl": failures,
+        "rctp.jsonl": rctp,
+        "rl_train.jsonl": pointers["train"],
+        "rl_test.jsonl": pointers["test"],
+    }
     for name, records in files.items():
         with (out / name).open("w") as f:
             for r in records:
@@ -186,9 +221,15 @@ def _stats(cfg: PrepareDataConfig, files: dict[str, list], split_json: dict, ext
     for name, records in files.items():
         entry: dict[str, Any] = {"lines": len(records)}
         for side in ("train", "test"):
-            entry[side] = dict(sorted(Counter(r["category"] for r in records
-                                              if r.get("split", side if name.endswith(f"{side}.jsonl") else None) == side
-                                              ).items()))
+            entry[side] = dict(
+                sorted(
+                    Counter(
+                        r["category"]
+                        for r in records
+                        if r.get("split", side if name.endswith(f"{side}.jsonl") else None) == side
+                    ).items()
+                )
+            )
         if records and "reward" in records[0]:
             entry["success_rate"] = sum(r["reward"] for r in records) / len(records)
         if records and "messages" in records[0] and counter is not None:
@@ -208,7 +249,9 @@ def summary_table(stats: dict[str, Any]) -> str:
         tokens = e.get("tokens")
         tok = f"{tokens['p50']} / {tokens['p90']} / {tokens['max']}" if tokens else "-"
         rate = f"{e['success_rate']:.2f}" if "success_rate" in e else "-"
-        rows.append(f"| {name} | {e['lines']} | {sum(e['train'].values())} | {sum(e['test'].values())} | {rate} | {tok} |")
+        rows.append(
+            f"| {name} | {e['lines']} | {sum(e['train'].values())} | {sum(e['test'].values())} | {rate} | {tok} |"
+        )
     mix = ", ".join(f"{k} {v}" for k, v in stats["failure_types"].items())
     return "\n".join(rows) + f"\n\nfailure types: {mix}; tokenizer: {stats['tokenizer']} (hermes rendering)"
 
@@ -243,7 +286,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_command(prepare)
 
 
-
 # ---------------------------------------------------------------------- what a training run reads
 # Prepared first where it is missing (``data.prepare_if_missing``): stage 1's file or an RL stage's task pointers,
 # by this command in a child process on rank 0, every rank waiting for it.
@@ -262,11 +304,21 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
     path = found or Path(cfg.data.dir) / (f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file)
     if found is None and cfg.data.prepare_if_missing and dist.is_main:
         if Path(cfg.data.dir).exists():
-            raise FileNotFoundError(f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
-                                    f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir")
+            raise FileNotFoundError(
+                f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
+                f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir"
+            )
         # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
-        cmd = [sys.executable, "-m", "nemo_rcgrpo.prepare_data", f"out_dir={cfg.data.dir}", f"mode={cfg.data.mode}",
-               f"seed={cfg.seed}", f"task_source={cfg.env.task_source}", "tokenizer=null"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nemo_rcgrpo.prepare_data",
+            f"out_dir={cfg.data.dir}",
+            f"mode={cfg.data.mode}",
+            f"seed={cfg.seed}",
+            f"task_source={cfg.env.task_source}",
+            "tokenizer=null",
+        ]
         if cfg.plugins:  # a plugin's task source (or failure types) is registered by its module
             cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
         subprocess.run(cmd, check=True)
@@ -274,6 +326,7 @@ def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
     return path
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,66 +31,126 @@ from nemo_rcgrpo.utils.config import ConfigError, did_you_mean
 
 _ENVS = "nemo_rcgrpo.envs.builtin"  # the shipped environments' names, of every kind
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (the setting that names one, what it must be)
-    "stage": ("stage", "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
-                       "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages"),
-    "loop": ("a Stage's loop", "Loop(run: fn(train config, recipe name) -> result dict, rl: trains from rollouts): "
-                               "nemo_rcgrpo.stages ('stage1': recipes/stage1.py, 'rl': recipes/rl.py)"),
-    "stage1_dataset": ("data.dataset (null: the stage's)", "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): "
-                                                          "nemo_rcgrpo.data.stage1_datasets"),
-    "group_filter": ("rl.group_filter (or a stage's keep_group)", "fn(rewards of one group) -> bool (True: train on it)"),
-    "reward_token_sampler": ("rl.reward_token_sampling",
-                             "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)"),
+    "stage": (
+        "stage",
+        "Stage(loop: a registered loop, conditioned, data_file and dataset (stage 1), keep_group: a "
+        "group_filter name or fn(rewards) -> bool (RL)): nemo_rcgrpo.stages",
+    ),
+    "loop": (
+        "a Stage's loop",
+        "Loop(run: fn(train config, recipe name) -> result dict, rl: trains from rollouts): "
+        "nemo_rcgrpo.stages ('stage1': recipes/stage1.py, 'rl': recipes/rl.py)",
+    ),
+    "stage1_dataset": (
+        "data.dataset (null: the stage's)",
+        "Stage1Dataset(prepare(row, reward goal) -> row, conditioned): nemo_rcgrpo.data.stage1_datasets",
+    ),
+    "group_filter": (
+        "rl.group_filter (or a stage's keep_group)",
+        "fn(rewards of one group) -> bool (True: train on it)",
+    ),
+    "reward_token_sampler": (
+        "rl.reward_token_sampling",
+        "fn(num_groups, group_size, p_high, rng) -> [[bool] * G] * num_groups (True: high token)",
+    ),
     "advantage_baseline": ("rl.advantage.baseline", "fn(rewards [N, G] float64) -> centred rewards [N, G]"),
     "advantage_scale": ("rl.advantage.scale", "fn(rewards [N, G], centred [N, G], eps) -> advantages [N, G]"),
-    "policy_loss": ("rl.loss.policy_loss", "fn(ratio [B, T], advantages [B, 1], clip_low, clip_high) -> "
-                                           "(per-token loss [B, T], clipped [B, T] bool)"),
+    "policy_loss": (
+        "rl.loss.policy_loss",
+        "fn(ratio [B, T], advantages [B, 1], clip_low, clip_high) -> (per-token loss [B, T], clipped [B, T] bool)",
+    ),
     "kl_estimator": ("rl.loss.kl_estimator", "fn(logprobs [B, T], ref_logprobs [B, T]) -> per-token KL [B, T]"),
-    "sampler_correction": ("rl.loss.correction", "fn(gap [B, T] = old - sampler logprobs, mask [B, T], cap) -> "
-                                                 "weights [B, T] on the policy loss (nemo_rcgrpo.algorithms.corrections)"),
-    "loss_aggregation": ("rl.loss.aggregation",
-                         "fn(per_token [B, T], mask [B, T], num_valid_tokens, num_sequences) -> scalar loss"),
+    "sampler_correction": (
+        "rl.loss.correction",
+        "fn(gap [B, T] = old - sampler logprobs, mask [B, T], cap) -> "
+        "weights [B, T] on the policy loss (nemo_rcgrpo.algorithms.corrections)",
+    ),
+    "loss_aggregation": (
+        "rl.loss.aggregation",
+        "fn(per_token [B, T], mask [B, T], num_valid_tokens, num_sequences) -> scalar loss",
+    ),
     "generator": ("generation.backend", "factory(setup: config.PolicySetup, policy model, tokenizer) -> Generator"),
-    "policy_backend": ("policy.backend", "factory(build: config.PolicyBuild, HF model, dist, total_steps) -> Policy: "
-                                         "nemo_rcgrpo.models.interfaces"),
-    "chat_format": ("chat.format", "FormatSpec(pieces, generation_prompt, special_tokens, stop_tokens, after_stop, "
-                                   "parse, vllm_tool_parser, ...): nemo_rcgrpo.data.chat_format"),
-    "failure": ("failures.types (prepare-data), generation.scripted.failure_type",
-                "fn(task, plan, rng) -> (perturbed plan, description) or None"),
-    "task_source": ("env.task_source (train), task_source (prepare-data, eval)",
-                    "fn(categories) -> suite (.tasks {id: task}; for prepare-data and BFCL's env also .gold(task), "
-                    ".split(seed, test_fraction))"),
-    "reward": ("env.settings.reward", "fn(components: RewardInfo(value, state_ok, actions_ok, details)) -> float (BFCL's env: "
-                             "the paper's R_state and R_action, nemo_rcgrpo.envs.bfcl.reward)"),
-    "env": ("env.name", "factory(env settings, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
-                        "nemo_rcgrpo.envs.interfaces"),
-    "env_settings": ("env.settings (of the env of the same name)", "a dataclass: its fields are env.settings, their "
-                                                                   "defaults the section's (nemo_rcgrpo.envs.config)"),
-    "eval_policy": ("policy (rcgrpo eval)", "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
-                                            "seed, on_done, only) -> episode records; .description; .close()): "
-                                            "nemo_rcgrpo.evaluation.policies"),
-    "data_builder": ("task_source (rcgrpo prepare-data; the builder of the same name as the task source)",
-                     "fn(prepare-data config, suite, split, rng) -> (experts, failures, extra stats): the "
-                     "stage-1 records of every task (nemo_rcgrpo.prepare_data)"),
-    "official_pipeline": ("protocol=bfcl of rcgrpo eval (the pipeline of the same name as env)",
-                          "factory(eval config) -> OfficialPipeline (.policy(name, cfg, suite, context) -> EvalPolicy "
-                          "or None; .finish(records, cfg, out_dir) -> (key, scores, table) or None) or None: "
-                          "nemo_rcgrpo.evaluation.policies"),
-    "command": ("rcgrpo NAME", "fn(argv: list[str]) -> exit code, with .help: one line for rcgrpo --help "
-                               "(nemo_rcgrpo.cli)"),
+    "policy_backend": (
+        "policy.backend",
+        "factory(build: config.PolicyBuild, HF model, dist, total_steps) -> Policy: nemo_rcgrpo.models.interfaces",
+    ),
+    "chat_format": (
+        "chat.format",
+        "FormatSpec(pieces, generation_prompt, special_tokens, stop_tokens, after_stop, "
+        "parse, vllm_tool_parser, ...): nemo_rcgrpo.data.chat_format",
+    ),
+    "failure": (
+        "failures.types (prepare-data), generation.scripted.failure_type",
+        "fn(task, plan, rng) -> (perturbed plan, description) or None",
+    ),
+    "task_source": (
+        "env.task_source (train), task_source (prepare-data, eval)",
+        "fn(categories) -> suite (.tasks {id: task}; for prepare-data and BFCL's env also .gold(task), "
+        ".split(seed, test_fraction))",
+    ),
+    "reward": (
+        "env.settings.reward",
+        "fn(components: RewardInfo(value, state_ok, actions_ok, details)) -> float (BFCL's env: "
+        "the paper's R_state and R_action, nemo_rcgrpo.envs.bfcl.reward)",
+    ),
+    "env": (
+        "env.name",
+        "factory(env settings, suite) -> EnvOpener (.open(task) -> (Env, opening messages)): "
+        "nemo_rcgrpo.envs.interfaces",
+    ),
+    "env_settings": (
+        "env.settings (of the env of the same name)",
+        "a dataclass: its fields are env.settings, their defaults the section's (nemo_rcgrpo.envs.config)",
+    ),
+    "eval_policy": (
+        "policy (rcgrpo eval)",
+        "factory(eval config, suite) -> EvalPolicy (.run(suite, task_ids, sample, "
+        "seed, on_done, only) -> episode records; .description; .close()): "
+        "nemo_rcgrpo.evaluation.policies",
+    ),
+    "data_builder": (
+        "task_source (rcgrpo prepare-data; the builder of the same name as the task source)",
+        "fn(prepare-data config, suite, split, rng) -> (experts, failures, extra stats): the "
+        "stage-1 records of every task (nemo_rcgrpo.prepare_data)",
+    ),
+    "official_pipeline": (
+        "protocol=bfcl of rcgrpo eval (the pipeline of the same name as env)",
+        "factory(eval config) -> OfficialPipeline (.policy(name, cfg, suite, context) -> EvalPolicy "
+        "or None; .finish(records, cfg, out_dir) -> (key, scores, table) or None) or None: "
+        "nemo_rcgrpo.evaluation.policies",
+    ),
+    "command": (
+        "rcgrpo NAME",
+        "fn(argv: list[str]) -> exit code, with .help: one line for rcgrpo --help (nemo_rcgrpo.cli)",
+    ),
 }
 # where the shipped entries of each kind are registered (imported on first use of the kind); the environments that
 # ship with the package register theirs from one module, imported for every kind (`envs/builtin.py`)
-_BUILTINS = {"stage": "nemo_rcgrpo.stages", "group_filter": "nemo_rcgrpo.stages", "loop": "nemo_rcgrpo.loops",
-             "eval_policy": "nemo_rcgrpo.evaluation.policies",
-             "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets", "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
-             "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
-             "advantage_scale": "nemo_rcgrpo.algorithms.advantages", "kl_estimator": "nemo_rcgrpo.algorithms.kl", "sampler_correction": "nemo_rcgrpo.algorithms.corrections",
-             "policy_loss": "nemo_rcgrpo.algorithms.losses",
-             "loss_aggregation": "nemo_rcgrpo.algorithms.losses", "generator": "nemo_rcgrpo.generation",
-             "policy_backend": "nemo_rcgrpo.models.factory",
-             "chat_format": "nemo_rcgrpo.data.chat_format", "failure": _ENVS, "task_source": _ENVS,
-             "env": _ENVS, "env_settings": _ENVS, "reward": _ENVS,
-             "data_builder": _ENVS, "official_pipeline": _ENVS, "command": _ENVS}
+_BUILTINS = {
+    "stage": "nemo_rcgrpo.stages",
+    "group_filter": "nemo_rcgrpo.stages",
+    "loop": "nemo_rcgrpo.loops",
+    "eval_policy": "nemo_rcgrpo.evaluation.policies",
+    "stage1_dataset": "nemo_rcgrpo.data.stage1_datasets",
+    "reward_token_sampler": "nemo_rcgrpo.algorithms.reward_tokens",
+    "advantage_baseline": "nemo_rcgrpo.algorithms.advantages",
+    "advantage_scale": "nemo_rcgrpo.algorithms.advantages",
+    "kl_estimator": "nemo_rcgrpo.algorithms.kl",
+    "sampler_correction": "nemo_rcgrpo.algorithms.corrections",
+    "policy_loss": "nemo_rcgrpo.algorithms.losses",
+    "loss_aggregation": "nemo_rcgrpo.algorithms.losses",
+    "generator": "nemo_rcgrpo.generation",
+    "policy_backend": "nemo_rcgrpo.models.factory",
+    "chat_format": "nemo_rcgrpo.data.chat_format",
+    "failure": _ENVS,
+    "task_source": _ENVS,
+    "env": _ENVS,
+    "env_settings": _ENVS,
+    "reward": _ENVS,
+    "data_builder": _ENVS,
+    "official_pipeline": _ENVS,
+    "command": _ENVS,
+}
 ENTRY_POINT_GROUP = "nemo_rcgrpo.plugins"
 _TABLES: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _SITES: dict[tuple[str, str], str] = {}  # (kind, name) -> "file.py:line" of the register() call, for the error lines
@@ -124,13 +184,18 @@ def register(kind: str, name: str, *, replace: bool = False) -> Callable[[Any], 
     def wrap(obj: Any) -> Any:
         old = table.get(name)
         qualname = getattr(obj, "__qualname__", "")
-        same = old is obj or (old is not None and "<" not in qualname  # lambdas and closures are never "the same"
-                              and getattr(old, "__qualname__", None) == qualname
-                              and getattr(old, "__module__", None) == getattr(obj, "__module__", 0))
+        same = old is obj or (
+            old is not None
+            and "<" not in qualname  # lambdas and closures are never "the same"
+            and getattr(old, "__qualname__", None) == qualname
+            and getattr(old, "__module__", None) == getattr(obj, "__module__", 0)
+        )
         if old is not None and not same and not replace:
             where = f"{getattr(old, '__module__', '?')}.{getattr(old, '__qualname__', old)}"
-            raise ValueError(f"{kind} {name!r} is already registered ({where}); pick another name or "
-                             f"register({kind!r}, {name!r}, replace=True)")
+            raise ValueError(
+                f"{kind} {name!r} is already registered ({where}); pick another name or "
+                f"register({kind!r}, {name!r}, replace=True)"
+            )
         table[name] = obj
         _SITES[(kind, name)] = site
         return obj
@@ -161,15 +226,20 @@ def lookup(kind: str, name: str, of: type | None = None, setting: str | None = N
     the kind's own (``KINDS``) is not the one (config validation, a stage's keep_group, prepare-data's)."""
     entries = table(kind)
     if not isinstance(name, str) or name not in entries:  # a list or a mapping given for a name is refused too
-        raise ConfigError(f"{setting or KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
-                          f"{did_you_mean(name, list(entries))} (a plugin's {kind} needs plugins=[its module])")
+        raise ConfigError(
+            f"{setting or KINDS[kind][0]}={name!r}: no {kind} of that name; registered: {list(entries)}"
+            f"{did_you_mean(name, list(entries))} (a plugin's {kind} needs plugins=[its module])"
+        )
     entry = entries[name]
     if of is not None and not isinstance(entry, of):
-        raise _contract_error(f"{registered(kind, name)} is a {type(entry).__name__}, not a {of.__name__}: "
-                              f"register a {of.__name__}(...) ({of.__module__})")
+        raise _contract_error(
+            f"{registered(kind, name)} is a {type(entry).__name__}, not a {of.__name__}: "
+            f"register a {of.__name__}(...) ({of.__module__})"
+        )
     if kind not in _OBJECT_KINDS and not callable(entry):
-        raise _contract_error(f"{registered(kind, name)} is {_short(entry)}, which cannot be called: register "
-                              f"a {KINDS[kind][1]}")
+        raise _contract_error(
+            f"{registered(kind, name)} is {_short(entry)}, which cannot be called: register a {KINDS[kind][1]}"
+        )
     return entry
 
 
@@ -228,8 +298,7 @@ def check_part(kind: str, name: str, factory: Any, part: Any, protocol: type, wh
 
     made = where(factory) or registered(kind, name)
     returned = "None" if part is None else f"a {_defined(part)}"
-    raise _contract_error(f"{kind} {name}: its factory {made} returned {returned} without {', '.join(missing)}: "
-                          f"{what}")
+    raise _contract_error(f"{kind} {name}: its factory {made} returned {returned} without {', '.join(missing)}: {what}")
 
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -251,8 +320,13 @@ def plugin_frame(error: BaseException) -> str | None:
     if isinstance(error, SyntaxError) and error.filename and error.lineno:
         return f"{_shown(Path(error.filename))}:{error.lineno}"
     frames = [(Path(f.filename).resolve(), f) for f in traceback.extract_tb(error.__traceback__)]
-    ours = [(p, f) for p, f in frames if not p.is_relative_to(_PACKAGE) and not p.name.startswith("<")
-            and not any(p.is_relative_to(d) for d in _PYTHON)]
+    ours = [
+        (p, f)
+        for p, f in frames
+        if not p.is_relative_to(_PACKAGE)
+        and not p.name.startswith("<")
+        and not any(p.is_relative_to(d) for d in _PYTHON)
+    ]
     best = [(p, f) for p, f in ours if not any(p.is_relative_to(d) for d in _INSTALLED)] or ours
     if not best:
         return None
@@ -276,8 +350,11 @@ def _entry_points() -> list[Any]:
 def load_plugins(modules: Sequence[str] = ()) -> list[str]:
     """Import the entry points of ``nemo_rcgrpo.plugins`` and then ``modules`` (each once per process); returns
     what was imported. A module that cannot be imported is a ConfigError naming it."""
-    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not all(
-            isinstance(m, str) and m for m in modules):
+    if (
+        isinstance(modules, str)
+        or not isinstance(modules, (list, tuple))
+        or not all(isinstance(m, str) and m for m in modules)
+    ):
         raise ConfigError(f"plugins={modules!r}: give a list of module names, e.g. plugins=[my_parts]")
     done = []
     for ep in _entry_points():
@@ -315,8 +392,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``rcgrpo plugins [plugins=[mod,...]]``: every kind and its registered names."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        print("usage: rcgrpo plugins [plugins=[module,...]]\n\nevery kind a plugin can register, the setting that "
-              "chooses one, and the registered names.\n\nkinds:")
+        print(
+            "usage: rcgrpo plugins [plugins=[module,...]]\n\nevery kind a plugin can register, the setting that "
+            "chooses one, and the registered names.\n\nkinds:"
+        )
         print("\n".join(f"  {kind}: {what}" for kind, (_, what) in KINDS.items()))
         return 0
     from nemo_rcgrpo.utils.run_command import CommandError, run_command

@@ -41,6 +41,7 @@ class Loop:
     """A training loop (kind ``loop``, registered in `nemo_rcgrpo/loops.py`): ``run(train config, recipe name) ->
     result dict``; ``rl``: it trains from rollouts of the RL task pointers (``rl.*`` validated, ``rl_<split>`` data),
     else from a stage-1 data file."""
+
     run: Callable[..., dict]
     rl: bool
 
@@ -63,8 +64,10 @@ class Stage:
         if not isinstance(self.loop, str) or not self.loop:  # a registered loop's name (checked in config validation)
             raise ValueError(f"Stage(loop={self.loop!r}): name a registered loop, e.g. 'stage1' or 'rl'")
         if self.keep_group is not None and not isinstance(self.keep_group, str) and not callable(self.keep_group):
-            raise ValueError(f"Stage(keep_group={self.keep_group!r}): give a group_filter's name or a function "
-                             "fn(rewards of one group) -> bool")
+            raise ValueError(
+                f"Stage(keep_group={self.keep_group!r}): give a group_filter's name or a function "
+                "fn(rewards of one group) -> bool"
+            )
         if self.loop == "stage1" and (self.keep_group is not None or not self.data_file):
             raise ValueError("a stage-1 Stage names its data_file and has no keep_group")
         if self.loop == "rl" and (self.data_file is not None or self.dataset is not None):
@@ -91,15 +94,25 @@ def group_filter(stage: Stage, override: str | None = None) -> Callable[[Sequenc
     return lookup("group_filter", rule) if isinstance(rule, str) else rule
 
 
-register("stage", "sft")(Stage("stage1", data_file="sft.jsonl", dataset="sft",
-                                description="supervised fine-tuning on experts"))
-register("stage", "rctp")(Stage("stage1", conditioned=True, data_file="rctp.jsonl", dataset="rctp",
-                                description="RCTP-FT: experts and failures, each behind its reward token"))
+register("stage", "sft")(
+    Stage("stage1", data_file="sft.jsonl", dataset="sft", description="supervised fine-tuning on experts")
+)
+register("stage", "rctp")(
+    Stage(
+        "stage1",
+        conditioned=True,
+        data_file="rctp.jsonl",
+        dataset="rctp",
+        description="RCTP-FT: experts and failures, each behind its reward token",
+    )
+)
 register("stage", "grpo")(Stage("rl", description="GRPO"))
-register("stage", "rcgrpo")(Stage("rl", conditioned=True,
-                                  description="RC-GRPO: a reward token drawn for each rollout's prompt"))
-register("stage", "dapo_filter")(Stage("rl", keep_group=has_variance,
-                                       description="GRPO with DAPO's dynamic sampling (no zero-variance group)"))
+register("stage", "rcgrpo")(
+    Stage("rl", conditioned=True, description="RC-GRPO: a reward token drawn for each rollout's prompt")
+)
+register("stage", "dapo_filter")(
+    Stage("rl", keep_group=has_variance, description="GRPO with DAPO's dynamic sampling (no zero-variance group)")
+)
 
 
 def stage_of(name: str) -> Stage:

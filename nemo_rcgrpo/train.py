@@ -89,15 +89,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if outer.signum:  # it came as the run ended: all was done, said as any stop is
                 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
 
-                raise StopRequested(outer.signum, result["steps"], latest_checkpoint(cfg.run_dir),
-                                    done="the run is complete")
-        print(f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in "
-              f"{cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})")
+                raise StopRequested(
+                    outer.signum, result["steps"], latest_checkpoint(cfg.run_dir), done="the run is complete"
+                )
+        print(
+            f"{cfg.stage}: {result['steps']} steps, final loss {result.get('loss', float('nan')):.4f}; run in "
+            f"{cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/{', rollouts/' if cfg.is_rl else ''})"
+        )
         return 0
 
     # a full disk: what was being written and the newest complete checkpoint
-    return run_command(train, disk_full=lambda e: _disk_full_line(e, cfg.run_dir if cfg is not None else None),
-                       interrupted=lambda e: _interrupted_line(e, cfg.run_dir if cfg is not None else None))
+    return run_command(
+        train,
+        disk_full=lambda e: _disk_full_line(e, cfg.run_dir if cfg is not None else None),
+        interrupted=lambda e: _interrupted_line(e, cfg.run_dir if cfg is not None else None),
+    )
 
 
 if __name__ == "__main__":

@@ -45,19 +45,43 @@ def run_dir(out: Path, k: int, seed: int) -> Path:
 
 def jobs(args: argparse.Namespace) -> list[Job]:
     """Data and stage 1 as `make experiment` runs them (skipped where its outputs exist), then the runs."""
-    shared = [j for j in experiment_jobs(argparse.Namespace(out=args.out, seeds=0, steps=args.steps,
-                                                            eval_every=args.eval_every, e1_samples=1, e2_groups=1))
-              if j.name in ("data", "stage1_rctp")]
+    shared = [
+        j
+        for j in experiment_jobs(
+            argparse.Namespace(
+                out=args.out, seeds=0, steps=args.steps, eval_every=args.eval_every, e1_samples=1, e2_groups=1
+            )
+        )
+        if j.name in ("data", "stage1_rctp")
+    ]
     out = list(shared)
     for seed in range(1, args.seeds + 1):
         for k in STALENESS:
             rd = run_dir(args.out, k, seed)
-            out.append(Job(f"async_k{k}_s{seed}", [
-                "train", "--config-name", "micro_rcgrpo", f"model.path={args.out / 'rctp' / 'hf'}", f"run_dir={rd}",
-                f"data.dir={args.out / 'data'}", f"seed={seed}", f"trainer.max_steps={args.steps}",
-                f"rl.eval_every={args.eval_every}", f"rl.max_staleness={k}", "trainer.export_hf=false",
-                "logging.progress=false", "logging.tensorboard=false", *VLLM, *(AHEAD if k else [])],
-                rd / "eval" / f"step_{args.steps}.jsonl", ("stage1_rctp",)))
+            out.append(
+                Job(
+                    f"async_k{k}_s{seed}",
+                    [
+                        "train",
+                        "--config-name",
+                        "micro_rcgrpo",
+                        f"model.path={args.out / 'rctp' / 'hf'}",
+                        f"run_dir={rd}",
+                        f"data.dir={args.out / 'data'}",
+                        f"seed={seed}",
+                        f"trainer.max_steps={args.steps}",
+                        f"rl.eval_every={args.eval_every}",
+                        f"rl.max_staleness={k}",
+                        "trainer.export_hf=false",
+                        "logging.progress=false",
+                        "logging.tensorboard=false",
+                        *VLLM,
+                        *(AHEAD if k else []),
+                    ],
+                    rd / "eval" / f"step_{args.steps}.jsonl",
+                    ("stage1_rctp",),
+                )
+            )
     return out
 
 
@@ -80,10 +104,16 @@ def report(out: Path, seeds: int, steps: int) -> dict[str, Any]:
             for path in sorted((rd / "eval").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])):
                 rewards = [json.loads(line)["reward"] for line in path.read_text().splitlines() if line.strip()]
                 evals[int(path.stem.split("_")[1])] = statistics.fmean(float(r == 1.0) for r in rewards)
-            runs.append({"seed": seed, "reward": statistics.fmean(x["reward_mean"] for x in m), "evals": evals,
-                         "staleness": statistics.fmean(x.get("staleness_mean", 0.0) for x in m),
-                         "spanning": sum(x.get("spanning_rollouts", 0.0) for x in m),
-                         "seconds": sum(x.get("step_seconds", 0.0) for x in m)})
+            runs.append(
+                {
+                    "seed": seed,
+                    "reward": statistics.fmean(x["reward_mean"] for x in m),
+                    "evals": evals,
+                    "staleness": statistics.fmean(x.get("staleness_mean", 0.0) for x in m),
+                    "spanning": sum(x.get("spanning_rollouts", 0.0) for x in m),
+                    "seconds": sum(x.get("step_seconds", 0.0) for x in m),
+                }
+            )
         res[k] = runs
     sync, ahead = res[0], res[1]
     out_: dict[str, Any] = {"runs": res}
@@ -91,26 +121,40 @@ def report(out: Path, seeds: int, steps: int) -> dict[str, Any]:
         last = max(sync[0]["evals"]) if sync[0]["evals"] else None
         checks = {"training reward": ([r["reward"] for r in sync], [r["reward"] for r in ahead])}
         if last is not None:
-            checks[f"held-out success, step {last}"] = ([r["evals"].get(last, float("nan")) for r in sync],
-                                                        [r["evals"].get(last, float("nan")) for r in ahead])
-        out_["checks"] = {name: {"band": band(s), "ahead": statistics.fmean(a),
-                                 "within": band(s)[0] <= statistics.fmean(a) <= band(s)[1]}
-                          for name, (s, a) in checks.items()}
+            checks[f"held-out success, step {last}"] = (
+                [r["evals"].get(last, float("nan")) for r in sync],
+                [r["evals"].get(last, float("nan")) for r in ahead],
+            )
+        out_["checks"] = {
+            name: {
+                "band": band(s),
+                "ahead": statistics.fmean(a),
+                "within": band(s)[0] <= statistics.fmean(a) <= band(s)[1],
+            }
+            for name, (s, a) in checks.items()
+        }
     return out_
 
 
 def render(res: dict[str, Any], steps: int) -> list[str]:
-    rows = ["| run | seed | training reward (mean over steps) | held-out success per evaluation | staleness (mean) | "
-            "rollouts spanning an update | step seconds (sum) |", "|---|---:|---:|---|---:|---:|---:|"]
+    rows = [
+        "| run | seed | training reward (mean over steps) | held-out success per evaluation | staleness (mean) | "
+        "rollouts spanning an update | step seconds (sum) |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for k, runs in res["runs"].items():
         for r in runs:
             evals = ", ".join(f"{s}: {v:.3f}" for s, v in sorted(r["evals"].items()))
-            rows.append(f"| rl.max_staleness={k} | {r['seed']} | {r['reward']:.3f} | {evals} | {r['staleness']:.2f} | "
-                        f"{r['spanning']:.0f} | {r['seconds']:.0f} |")
+            rows.append(
+                f"| rl.max_staleness={k} | {r['seed']} | {r['reward']:.3f} | {evals} | {r['staleness']:.2f} | "
+                f"{r['spanning']:.0f} | {r['seconds']:.0f} |"
+            )
     rows.append("")
     for name, c in res.get("checks", {}).items():
-        rows.append(f"- {name}: synchronous seeds [{c['band'][0]:.3f}, {c['band'][1]:.3f}]; rl.max_staleness=1, "
-                    f"mean over seeds {c['ahead']:.3f}: {'within the band' if c['within'] else 'OUTSIDE the band'}.")
+        rows.append(
+            f"- {name}: synchronous seeds [{c['band'][0]:.3f}, {c['band'][1]:.3f}]; rl.max_staleness=1, "
+            f"mean over seeds {c['ahead']:.3f}: {'within the band' if c['within'] else 'OUTSIDE the band'}."
+        )
     if not res.get("checks"):
         rows.append("- Not every run has finished: no comparison.")
     return rows
@@ -134,10 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = json.loads((args.out / "seconds.json").read_text()) if (args.out / "seconds.json").is_file() else {}
     ran = {k: v for k, v in seconds.items() if k.startswith("async_")}
     res = report(args.out, args.seeds, args.steps)
-    header = (f"Measured {dt.date.today():%Y-%m-%d} on {cpu_name()}, {cores()} cores, vLLM (CPU) started by each run. "
-              f"Command: `python -m scripts.async_experiment --seeds {args.seeds} --steps {args.steps} --eval-every "
-              f"{args.eval_every} --jobs {args.jobs}`; outputs in {args.out.name}/async/. The runs' commands took "
-              f"{sum(ran.values()):.0f} s added up.")
+    header = (
+        f"Measured {dt.date.today():%Y-%m-%d} on {cpu_name()}, {cores()} cores, vLLM (CPU) started by each run. "
+        f"Command: `python -m scripts.async_experiment --seeds {args.seeds} --steps {args.steps} --eval-every "
+        f"{args.eval_every} --jobs {args.jobs}`; outputs in {args.out.name}/async/. The runs' commands took "
+        f"{sum(ran.values()):.0f} s added up."
+    )
     section = "\n".join([START, header, "", *render(res, args.steps), END])
     write_section(args.doc, section, START, END)
     print(section)

@@ -34,13 +34,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scripts.bench._common import cpu_name, emit
-
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.data.sft_data import collate, Example
+from nemo_rcgrpo.data.sft_data import Example, collate
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.torch_policy import token_logprobs
+from scripts.bench._common import cpu_name, emit
 
 START, END = "<!-- bench:conditioning:start -->", "<!-- bench:conditioning:end -->"
 CONFIDENCE = 0.95
@@ -72,8 +71,15 @@ def summed_logprob(model, renderer, messages, tools, pad_id) -> float:
     return float((lp * batch.loss_mask).sum())
 
 
-def margins(model_path: str, data: Path, pairs: int, tool_description: str, max_length: int,
-            resamples: int = 10000, seed: int = 0) -> dict:
+def margins(
+    model_path: str,
+    data: Path,
+    pairs: int,
+    tool_description: str,
+    max_length: int,
+    resamples: int = 10000,
+    seed: int = 0,
+) -> dict:
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path).eval()
     goal = RewardGoal()
@@ -95,10 +101,14 @@ def margins(model_path: str, data: Path, pairs: int, tool_description: str, max_
             values.append(high - low if good else low - high)
         if not values:
             raise SystemExit(f"no {name} trajectories of the test split fit in {max_length} tokens in {data / file}")
-        out[name] = {"n": len(values), "mean": statistics.fmean(values),
-                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                     "ci": bootstrap_ci(values, resamples, seed), "values": values,
-                     "positive_share": sum(v > 0 for v in values) / len(values)}
+        out[name] = {
+            "n": len(values),
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "ci": bootstrap_ci(values, resamples, seed),
+            "values": values,
+            "positive_share": sum(v > 0 for v in values) / len(values),
+        }
     return out
 
 
@@ -118,8 +128,9 @@ def main() -> int:
     args = p.parse_args()
     t0 = time.perf_counter()
     base = margins(args.base, args.data, args.pairs, args.tool_description, args.max_length, args.bootstrap, args.seed)
-    trained = margins(args.model, args.data, args.pairs, args.tool_description, args.max_length, args.bootstrap,
-                      args.seed)
+    trained = margins(
+        args.model, args.data, args.pairs, args.tool_description, args.max_length, args.bootstrap, args.seed
+    )
     verdicts = {k: verdict(trained[k]) for k in ("expert", "failure")}
     ok = all(v == "shown" for v in verdicts.values())
 
@@ -128,31 +139,61 @@ def main() -> int:
         return f"[{lo:+.3f}, {hi:+.3f}]"
 
     pct = int(round(100 * CONFIDENCE))
-    rows = [START, "## Reward conditioning after CPU RCTP-FT (`scripts/check_conditioning.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}; {args.train_note}",
-            f"- Held-out (test split) trajectories of at most {args.max_length} tokens ({args.tool_description} tool "
-            f"list), summed log-probability of the assistant tokens (nats); {pct}% intervals: percentile bootstrap of "
-            f"the mean over the examples ({args.bootstrap} resamples, seed {args.seed}); measured in "
-            f"{time.perf_counter() - t0:.0f} s.", "",
-            f"| model | expert: log p(.|high) - log p(.|low) | {pct}% CI | share > 0 "
-            f"| failure: log p(.|low) - log p(.|high) | {pct}% CI | share > 0 |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, m in ((f"before ({args.base} + mean-initialised tokens)", base), (f"after RCTP-FT ({args.model})", trained)):
+    rows = [
+        START,
+        "## Reward conditioning after CPU RCTP-FT (`scripts/check_conditioning.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}; {args.train_note}",
+        f"- Held-out (test split) trajectories of at most {args.max_length} tokens ({args.tool_description} tool "
+        f"list), summed log-probability of the assistant tokens (nats); {pct}% intervals: percentile bootstrap of "
+        f"the mean over the examples ({args.bootstrap} resamples, seed {args.seed}); measured in "
+        f"{time.perf_counter() - t0:.0f} s.",
+        "",
+        f"| model | expert: log p(.|high) - log p(.|low) | {pct}% CI | share > 0 "
+        f"| failure: log p(.|low) - log p(.|high) | {pct}% CI | share > 0 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, m in (
+        (f"before ({args.base} + mean-initialised tokens)", base),
+        (f"after RCTP-FT ({args.model})", trained),
+    ):
         e, f = m["expert"], m["failure"]
-        rows.append(f"| {name} | {e['mean']:+.3f} (n={e['n']}) | {ci(e)} | {e['positive_share']:.2f} "
-                    f"| {f['mean']:+.3f} (n={f['n']}) | {ci(f)} | {f['positive_share']:.2f} |")
-    rows += ["", (f"Verdict: conditioning shown (both {pct}% intervals of the trained model lie above 0)." if ok else
-                  f"Verdict: conditioning NOT shown (expert margin: {verdicts['expert']}, failure margin: "
-                  f"{verdicts['failure']}; shown needs the {pct}% interval above 0)."), END]
+        rows.append(
+            f"| {name} | {e['mean']:+.3f} (n={e['n']}) | {ci(e)} | {e['positive_share']:.2f} "
+            f"| {f['mean']:+.3f} (n={f['n']}) | {ci(f)} | {f['positive_share']:.2f} |"
+        )
+    rows += [
+        "",
+        (
+            f"Verdict: conditioning shown (both {pct}% intervals of the trained model lie above 0)."
+            if ok
+            else f"Verdict: conditioning NOT shown (expert margin: {verdicts['expert']}, failure margin: "
+            f"{verdicts['failure']}; shown needs the {pct}% interval above 0)."
+        ),
+        END,
+    ]
     emit(rows, args.out, START, END)
     if args.json:
-        args.json.write_text(json.dumps({"base": base, "trained": trained, "verdicts": verdicts, "shown": ok,
-                                         "confidence": CONFIDENCE, "bootstrap": args.bootstrap, "seed": args.seed},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "base": base,
+                    "trained": trained,
+                    "verdicts": verdicts,
+                    "shown": ok,
+                    "confidence": CONFIDENCE,
+                    "bootstrap": args.bootstrap,
+                    "seed": args.seed,
+                },
+                indent=1,
+            )
+        )
     for k in ("expert", "failure"):
         print(f"{k} margin {trained[k]['mean']:+.4f}, {pct}% CI {ci(trained[k])}: {verdicts[k]}", file=sys.stderr)
-    print("conditioning shown" if ok else "conditioning NOT shown (a confidence interval includes or is below 0)",
-          file=sys.stderr)
+    print(
+        "conditioning shown" if ok else "conditioning NOT shown (a confidence interval includes or is below 0)",
+        file=sys.stderr,
+    )
     return 0 if ok else 1
 
 

@@ -54,15 +54,26 @@ ROOT = Path(__file__).resolve().parent.parent
 G = 5
 P_HIGH = 0.5
 CONDITIONS = (("sft", "grpo"), ("sft", "rcgrpo"), ("rctp", "grpo"), ("rctp", "rcgrpo"))
-LABEL = {("sft", "grpo"): "SFT + GRPO", ("sft", "rcgrpo"): "SFT + RC-GRPO", ("rctp", "grpo"): "RCTP-FT + GRPO",
-         ("rctp", "rcgrpo"): "RCTP-FT + RC-GRPO"}
-E2_CONDITIONS = (("sft_grpo", "sft", "grpo", None), ("rctp_rcgrpo_iid", "rctp", "rcgrpo", "iid"),
-                 ("rctp_rcgrpo_stratified", "rctp", "rcgrpo", "stratified"))
+LABEL = {
+    ("sft", "grpo"): "SFT + GRPO",
+    ("sft", "rcgrpo"): "SFT + RC-GRPO",
+    ("rctp", "grpo"): "RCTP-FT + GRPO",
+    ("rctp", "rcgrpo"): "RCTP-FT + RC-GRPO",
+}
+E2_CONDITIONS = (
+    ("sft_grpo", "sft", "grpo", None),
+    ("rctp_rcgrpo_iid", "rctp", "rcgrpo", "iid"),
+    ("rctp_rcgrpo_stratified", "rctp", "rcgrpo", "stratified"),
+)
 # E3's step 0: the initial model evaluated as the run's in-training evaluation will be (rl.eval_token=high where the
 # run's training record is reward-conditioned: an RCTP-FT init, or any rcgrpo run; no token for SFT + GRPO)
 INIT_EVALS = (("e3_init_sft", "sft", "none"), ("e3_init_sft_high", "sft", "high"), ("e3_init_rctp", "rctp", "high"))
-INIT_OF = {("sft", "grpo"): "e3_init_sft", ("sft", "rcgrpo"): "e3_init_sft_high", ("rctp", "grpo"): "e3_init_rctp",
-           ("rctp", "rcgrpo"): "e3_init_rctp"}
+INIT_OF = {
+    ("sft", "grpo"): "e3_init_sft",
+    ("sft", "rcgrpo"): "e3_init_sft_high",
+    ("rctp", "grpo"): "e3_init_rctp",
+    ("rctp", "rcgrpo"): "e3_init_rctp",
+}
 EVAL_BUDGET = ["max_new_tokens=96", "max_turns=4", "max_steps=4", "max_total_tokens=1024"]
 CONFIDENCE = 0.95
 # glibc: serve large blocks from the heap (no mmap per block) and never trim it, so freed logits are reused
@@ -110,8 +121,12 @@ def rate(by_task: dict[str, list[float]]) -> dict[str, Any]:
     (tasks resampled)."""
     per_task = [statistics.fmean(v) for v in by_task.values()]
     episodes = [s for v in by_task.values() for s in v]
-    return {"mean": statistics.fmean(per_task), "ci": bootstrap_ci(per_task), "tasks": len(per_task),
-            "episodes": len(episodes)}
+    return {
+        "mean": statistics.fmean(per_task),
+        "ci": bootstrap_ci(per_task),
+        "tasks": len(per_task),
+        "episodes": len(episodes),
+    }
 
 
 def groups_of(dump: Path) -> list[dict[str, Any]]:
@@ -131,9 +146,15 @@ def variance_stats(groups: list[dict[str, Any]]) -> dict[str, Any]:
     zero = [float(len(set(g["rewards"])) == 1) for g in groups]
     var = [float(np.var(g["rewards"])) for g in groups]
     rewards = [r for g in groups for r in g["rewards"]]
-    out = {"groups": len(groups), "zero_variance": statistics.fmean(zero), "zero_variance_ci": bootstrap_ci(zero),
-           "variance": statistics.fmean(var), "variance_ci": bootstrap_ci(var), "reward_mean": statistics.fmean(rewards),
-           "one_token_groups": statistics.fmean(float(len(set(g["tokens"])) == 1) for g in groups)}
+    out = {
+        "groups": len(groups),
+        "zero_variance": statistics.fmean(zero),
+        "zero_variance_ci": bootstrap_ci(zero),
+        "variance": statistics.fmean(var),
+        "variance_ci": bootstrap_ci(var),
+        "reward_mean": statistics.fmean(rewards),
+        "one_token_groups": statistics.fmean(float(len(set(g["tokens"])) == 1) for g in groups),
+    }
     for token in ("high", "low"):
         sel = [r for g in groups for r, t in zip(g["rewards"], g["tokens"]) if t == token]
         if sel:
@@ -212,8 +233,11 @@ class Runner:
                     job = running.pop(future)
                     if future.exception() is not None:
                         pending.clear()  # the running ones finish; nothing new starts; the first failure is raised
-                        print(f"{job.name} failed; waiting for {[running[f].name for f in running]} to finish",
-                              file=sys.stderr, flush=True)
+                        print(
+                            f"{job.name} failed; waiting for {[running[f].name for f in running]} to finish",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         cf.wait(running)
                         raise future.exception()
                     finished.add(job.name)
@@ -223,38 +247,119 @@ def experiment_jobs(args: argparse.Namespace) -> list[Job]:
     """Every command of the experiment, as jobs with their dependencies (data -> stage 1 -> E1, E2, E3)."""
     out: Path = args.out
     data = out / "data"
-    jobs = [Job("data", ["prepare-data", "task_source=bfcl_micro", f"out_dir={data}", "tokenizer=null",
-                         "progress=false"], data / "stats.json")]
+    jobs = [
+        Job(
+            "data",
+            ["prepare-data", "task_source=bfcl_micro", f"out_dir={data}", "tokenizer=null", "progress=false"],
+            data / "stats.json",
+        )
+    ]
     for stage in ("rctp", "sft"):  # RCTP-FT first: twice SFT's steps
-        jobs.append(Job(f"stage1_{stage}", ["train", "--config-name", f"micro_{stage}", f"run_dir={out / stage}",
-                                            f"data.dir={data}", "logging.progress=false", "logging.tensorboard=false"],
-                        out / stage / "hf" / "config.json", ("data",)))
+        jobs.append(
+            Job(
+                f"stage1_{stage}",
+                [
+                    "train",
+                    "--config-name",
+                    f"micro_{stage}",
+                    f"run_dir={out / stage}",
+                    f"data.dir={data}",
+                    "logging.progress=false",
+                    "logging.tensorboard=false",
+                ],
+                out / stage / "hf" / "config.json",
+                ("data",),
+            )
+        )
     for seed in range(1, args.seeds + 1):  # the long runs first
         for model, algo in CONDITIONS:
             run_dir = out / "e3" / f"{model}_{algo}_s{seed}"
-            jobs.append(Job(f"e3_{model}_{algo}_s{seed}", [
-                "train", "--config-name", f"micro_{algo}", f"model.path={out / model / 'hf'}", f"run_dir={run_dir}",
-                f"data.dir={data}", f"seed={seed}", f"trainer.max_steps={args.steps}",
-                f"rl.eval_every={args.eval_every}", "trainer.export_hf=false", "logging.progress=false",
-                "logging.tensorboard=false"], run_dir / "eval" / f"step_{args.steps}.jsonl", (f"stage1_{model}",)))
+            jobs.append(
+                Job(
+                    f"e3_{model}_{algo}_s{seed}",
+                    [
+                        "train",
+                        "--config-name",
+                        f"micro_{algo}",
+                        f"model.path={out / model / 'hf'}",
+                        f"run_dir={run_dir}",
+                        f"data.dir={data}",
+                        f"seed={seed}",
+                        f"trainer.max_steps={args.steps}",
+                        f"rl.eval_every={args.eval_every}",
+                        "trainer.export_hf=false",
+                        "logging.progress=false",
+                        "logging.tensorboard=false",
+                    ],
+                    run_dir / "eval" / f"step_{args.steps}.jsonl",
+                    (f"stage1_{model}",),
+                )
+            )
     for name, model, algo, sampling in E2_CONDITIONS:
         run_dir = out / "e2" / name
         extra = [f"rl.reward_token_sampling={sampling}"] if sampling else []
-        jobs.append(Job(f"e2_{name}", ["train", "--config-name", f"micro_{algo}", f"model.path={out / model / 'hf'}",
-                                       f"run_dir={run_dir}", f"data.dir={data}", "trainer.max_steps=1",
-                                       f"rl.tasks_per_step={args.e2_groups}", "rl.eval_every=0",
-                                       "trainer.export_hf=false", "logging.progress=false",
-                                       "logging.tensorboard=false", *extra],
-                        run_dir / "rollouts" / "step_1.jsonl", (f"stage1_{model}",)))
-    common_eval = ["eval", "policy=checkpoint", "task_source=bfcl_micro", f"data_dir={data}", "limit=null",
-                   "progress=false", "chat.tool_description=compact", *EVAL_BUDGET]
+        jobs.append(
+            Job(
+                f"e2_{name}",
+                [
+                    "train",
+                    "--config-name",
+                    f"micro_{algo}",
+                    f"model.path={out / model / 'hf'}",
+                    f"run_dir={run_dir}",
+                    f"data.dir={data}",
+                    "trainer.max_steps=1",
+                    f"rl.tasks_per_step={args.e2_groups}",
+                    "rl.eval_every=0",
+                    "trainer.export_hf=false",
+                    "logging.progress=false",
+                    "logging.tensorboard=false",
+                    *extra,
+                ],
+                run_dir / "rollouts" / "step_1.jsonl",
+                (f"stage1_{model}",),
+            )
+        )
+    common_eval = [
+        "eval",
+        "policy=checkpoint",
+        "task_source=bfcl_micro",
+        f"data_dir={data}",
+        "limit=null",
+        "progress=false",
+        "chat.tool_description=compact",
+        *EVAL_BUDGET,
+    ]
     for name, model, token in (("e1_high", "rctp", "high"), ("e1_low", "rctp", "low"), ("e1_sft", "sft", "none")):
-        jobs.append(Job(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
-                               f"samples={args.e1_samples}", "temperature=1.0", f"out_dir={out / name}"],
-                        out / name / "results.json", (f"stage1_{model}",)))
+        jobs.append(
+            Job(
+                name,
+                [
+                    *common_eval,
+                    f"checkpoint.path={out / model / 'hf'}",
+                    f"reward_token={token}",
+                    f"samples={args.e1_samples}",
+                    "temperature=1.0",
+                    f"out_dir={out / name}",
+                ],
+                out / name / "results.json",
+                (f"stage1_{model}",),
+            )
+        )
     for name, model, token in INIT_EVALS:  # step 0 of E3: greedy, the token the in-training evaluation uses
-        jobs.append(Job(name, [*common_eval, f"checkpoint.path={out / model / 'hf'}", f"reward_token={token}",
-                               f"out_dir={out / name}"], out / name / "results.json", (f"stage1_{model}",)))
+        jobs.append(
+            Job(
+                name,
+                [
+                    *common_eval,
+                    f"checkpoint.path={out / model / 'hf'}",
+                    f"reward_token={token}",
+                    f"out_dir={out / name}",
+                ],
+                out / name / "results.json",
+                (f"stage1_{model}",),
+            )
+        )
     return jobs
 
 
@@ -272,8 +377,15 @@ def run_all(args: argparse.Namespace) -> None:
             path = args.out / "run.json"
             run = json.loads(path.read_text()) if path.is_file() else {}
             run.setdefault("date", f"{dt.date.today():%Y-%m-%d}")
-            run.update({"jobs": r.jobs, "threads": r.threads, "cores": cores(), "machine": cpu_name(),
-                        "allocator": {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}})
+            run.update(
+                {
+                    "jobs": r.jobs,
+                    "threads": r.threads,
+                    "cores": cores(),
+                    "machine": cpu_name(),
+                    "allocator": {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()},
+                }
+            )
             run["invocations"] = run.get("invocations", []) + [{"jobs": r.jobs, "threads": r.threads}]
             path.write_text(json.dumps(run, indent=1))
 
@@ -287,21 +399,32 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
     """Per condition: held-out success at step 0 and at the last step (mean and spread over seeds), the mean
     zero-variance fraction, entropy and entropy-reward correlation over the steps."""
     init = {c: rate(success_by_task(out / INIT_OF[c] / "trajectories.jsonl"))["mean"] for c in CONDITIONS}
-    rows = ["| init + algorithm | held-out success, step 0 | held-out success, step %d (seeds) | mean over seeds | "
-            "zero-variance groups (mean over steps) | reward (train rollouts, mean over steps) | entropy, first / last "
-            "step | entropy-reward corr. (mean) |" % steps, "|---|---:|---|---:|---:|---:|---|---:|"]
+    rows = [
+        "| init + algorithm | held-out success, step 0 | held-out success, step %d (seeds) | mean over seeds | "
+        "zero-variance groups (mean over steps) | reward (train rollouts, mean over steps) | entropy, first / last "
+        "step | entropy-reward corr. (mean) |" % steps,
+        "|---|---:|---|---:|---:|---:|---|---:|",
+    ]
     curves: dict[str, dict[str, list[list[float]]]] = {}
     for model, algo in CONDITIONS:
         finals, zv, rew, ent0, ent1, corr = [], [], [], [], [], []
-        curve: dict[str, list[list[float]]] = {"eval": [], "zero_variance_fraction": [], "entropy": [],
-                                                "reward_mean": [], "entropy_reward_corr": []}
+        curve: dict[str, list[list[float]]] = {
+            "eval": [],
+            "zero_variance_fraction": [],
+            "entropy": [],
+            "reward_mean": [],
+            "entropy_reward_corr": [],
+        }
         for seed in range(1, seeds + 1):
             run = out / "e3" / f"{model}_{algo}_s{seed}"
             last = run / "eval" / f"step_{steps}.jsonl"
             if not last.is_file():
                 continue
-            finals.append(statistics.fmean(float(json.loads(l)["reward"] == 1.0) for l in last.read_text().splitlines()
-                                           if l.strip()))
+            finals.append(
+                statistics.fmean(
+                    float(json.loads(l)["reward"] == 1.0) for l in last.read_text().splitlines() if l.strip()
+                )
+            )
             m = metrics_of(run)
             steps_m = [x for x in m if "zero_variance_fraction" in x]
             zv.append(statistics.fmean(x["zero_variance_fraction"] for x in steps_m))
@@ -311,8 +434,9 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
             corr += [x["entropy_reward_corr"] for x in steps_m if "entropy_reward_corr" in x]
             for key in curve:
                 if key == "eval":
-                    evals = [(0, init[(model, algo)])] + [(x["step"], x["eval_accuracy"] / 100.0) for x in m
-                                                  if "eval_accuracy" in x]
+                    evals = [(0, init[(model, algo)])] + [
+                        (x["step"], x["eval_accuracy"] / 100.0) for x in m if "eval_accuracy" in x
+                    ]
                     curve[key].append([v for _, v in sorted(evals)])
                 else:
                     curve[key].append([x.get(key, float("nan")) for x in steps_m])
@@ -320,9 +444,11 @@ def e3_table(out: Path, seeds: int, steps: int) -> tuple[list[str], dict]:
         if not finals:
             continue
         corr_cell = f"{statistics.fmean(corr):+.2f}" if corr else "- (no step with reward variance)"
-        rows.append(f"| {LABEL[(model, algo)]} | {init[(model, algo)]:.3f} | {', '.join(f'{v:.3f}' for v in finals)} | "
-                    f"**{statistics.fmean(finals):.3f}** | {statistics.fmean(zv):.2f} | {statistics.fmean(rew):.3f} | "
-                    f"{statistics.fmean(ent0):.3f} / {statistics.fmean(ent1):.3f} | {corr_cell} |")
+        rows.append(
+            f"| {LABEL[(model, algo)]} | {init[(model, algo)]:.3f} | {', '.join(f'{v:.3f}' for v in finals)} | "
+            f"**{statistics.fmean(finals):.3f}** | {statistics.fmean(zv):.2f} | {statistics.fmean(rew):.3f} | "
+            f"{statistics.fmean(ent0):.3f} / {statistics.fmean(ent1):.3f} | {corr_cell} |"
+        )
     return rows, curves
 
 
@@ -332,9 +458,13 @@ def plot_curves(curves: dict, eval_every: int, steps: int, target: Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("eval", "held-out success (greedy)"), ("zero_variance_fraction", "zero-variance groups"),
-              ("reward_mean", "reward, training rollouts"), ("entropy", "entropy (nats / token)"),
-              ("entropy_reward_corr", "entropy-reward correlation"))
+    panels = (
+        ("eval", "held-out success (greedy)"),
+        ("zero_variance_fraction", "zero-variance groups"),
+        ("reward_mean", "reward, training rollouts"),
+        ("entropy", "entropy (nats / token)"),
+        ("entropy_reward_corr", "entropy-reward correlation"),
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
     for ax, (key, title) in zip(axes, panels):
         for label, curve in curves.items():
@@ -362,16 +492,20 @@ def report(out: Path, seeds: int, steps: int, eval_every: int, plot: Path | None
     """Every table of docs/experiments.md, recomputed from the outputs in ``out``."""
     e1 = {k: rate(success_by_task(out / f"e1_{k}" / "trajectories.jsonl")) for k in ("high", "low", "sft")}
     bound = prop43_bound(e1["high"]["mean"], e1["low"]["mean"])
-    e2 = {name: variance_stats(groups_of(out / "e2" / name / "rollouts" / "step_1.jsonl"))
-          for name, *_ in E2_CONDITIONS if (out / "e2" / name / "rollouts" / "step_1.jsonl").is_file()}
+    e2 = {
+        name: variance_stats(groups_of(out / "e2" / name / "rollouts" / "step_1.jsonl"))
+        for name, *_ in E2_CONDITIONS
+        if (out / "e2" / name / "rollouts" / "step_1.jsonl").is_file()
+    }
     e3_rows, curves = e3_table(out, seeds, steps) if (out / "e3").is_dir() else ([], {})
     if plot is not None and curves:
         plot_curves(curves, eval_every, steps, plot)
     return {"e1": e1, "bound": bound, "e2": e2, "e3_rows": e3_rows}
 
 
-def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, float],
-           run: dict[str, Any] | None = None) -> str:
+def render(
+    res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, float], run: dict[str, Any] | None = None
+) -> str:
     """The results section; ``run`` is run.json (how the commands ran: jobs, threads), else ``args``."""
     jobs = int((run or {}).get("jobs", getattr(args, "jobs", 1)))
     if len({(i["jobs"], i["threads"]) for i in (run or {}).get("invocations", [])}) > 1:
@@ -380,47 +514,71 @@ def render(res: dict[str, Any], args: argparse.Namespace, seconds: dict[str, flo
     e1, e2 = res["e1"], res["e2"]
     gap = e1["high"]["mean"] - e1["low"]["mean"]
     lines = [
-        "## E1: conditioning (RCTP-FT model, held-out tasks)", "",
+        "## E1: conditioning (RCTP-FT model, held-out tasks)",
+        "",
         f"{e1['high']['tasks']} held-out tasks x {args.e1_samples} sampled episodes (temperature 1, the RL sampling), "
-        "success = reward 1; 95% bootstrap intervals over tasks.", "",
-        "| model, token | success rate |", "|---|---|",
+        "success = reward 1; 95% bootstrap intervals over tasks.",
+        "",
+        "| model, token | success rate |",
+        "|---|---|",
         f"| RCTP-FT, high token (mu_h) | {_fmt_ci(e1['high']['mean'], e1['high']['ci'])} |",
         f"| RCTP-FT, low token (mu_l) | {_fmt_ci(e1['low']['mean'], e1['low']['ci'])} |",
-        f"| SFT, no token | {_fmt_ci(e1['sft']['mean'], e1['sft']['ci'])} |", "",
-        f"mu_h - mu_l = {gap:+.3f} (goal: at least 0.3: {'met' if gap >= 0.3 else 'NOT met'}).", "",
-        "## E2: reward variance at the start of stage 2 (rollouts of the first step, training tasks)", "",
+        f"| SFT, no token | {_fmt_ci(e1['sft']['mean'], e1['sft']['ci'])} |",
+        "",
+        f"mu_h - mu_l = {gap:+.3f} (goal: at least 0.3: {'met' if gap >= 0.3 else 'NOT met'}).",
+        "",
+        "## E2: reward variance at the start of stage 2 (rollouts of the first step, training tasks)",
+        "",
         f"G = {G}, p = {P_HIGH}. Prop. 4.3's bound ((G-1)/G) p(1-p) (mu_h - mu_l)^2 (iid tokens) from E1's held-out "
         f"mu_h, mu_l: {res['bound']:.4f}; the last column takes mu_h, mu_l from the row's own rollouts (the "
-        "training tasks of E2).", "",
+        "training tasks of E2).",
+        "",
         "| init + algorithm (tokens) | groups | zero-variance groups | mean within-group variance | reward "
         "(high / low token) | groups with one token only | Prop. 4.3 bound from this row |",
         "|---|---:|---|---|---|---:|---:|",
     ]
-    names = {"sft_grpo": "SFT + GRPO", "rctp_rcgrpo_iid": "RCTP-FT + RC-GRPO (iid)",
-             "rctp_rcgrpo_stratified": "RCTP-FT + RC-GRPO (stratified)"}
+    names = {
+        "sft_grpo": "SFT + GRPO",
+        "rctp_rcgrpo_iid": "RCTP-FT + RC-GRPO (iid)",
+        "rctp_rcgrpo_stratified": "RCTP-FT + RC-GRPO (stratified)",
+    }
     for name, s in e2.items():
-        by_token = f"{s['reward_mean']:.3f}" + (f" ({s['reward_high']:.3f} / {s['reward_low']:.3f})"
-                                                 if "reward_high" in s else "")
-        lines.append(f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
-                     f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | "
-                     f"{s['one_token_groups']:.2f} | {s['bound']:.4f} |" if "bound" in s else
-                     f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
-                     f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | - | - |")
+        by_token = f"{s['reward_mean']:.3f}" + (
+            f" ({s['reward_high']:.3f} / {s['reward_low']:.3f})" if "reward_high" in s else ""
+        )
+        lines.append(
+            f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
+            f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | "
+            f"{s['one_token_groups']:.2f} | {s['bound']:.4f} |"
+            if "bound" in s
+            else f"| {names[name]} | {s['groups']} | {_fmt_ci(s['zero_variance'], s['zero_variance_ci'], 2)} | "
+            f"{_fmt_ci(s['variance'], s['variance_ci'], 4)} | {by_token} | - | - |"
+        )
     if res["e3_rows"]:
-        lines += ["", f"## E3: the 2x2 ablation, {args.steps} steps, {args.seeds} seeds", "",
-                  "Held-out success: greedy episodes on the 120 held-out tasks (the runs' in-training evaluation), with "
-                  "the high token where the run is reward-conditioned (an RCTP-FT init, or RC-GRPO) and none for SFT + "
-                  "GRPO; step 0 is the initial model evaluated the same way. The other columns are the training "
-                  "rollouts' metrics (metrics.jsonl).", "",
-                  *res["e3_rows"], "", "![training dynamics](experiments/e3_dynamics.png)"]
+        lines += [
+            "",
+            f"## E3: the 2x2 ablation, {args.steps} steps, {args.seeds} seeds",
+            "",
+            "Held-out success: greedy episodes on the 120 held-out tasks (the runs' in-training evaluation), with "
+            "the high token where the run is reward-conditioned (an RCTP-FT init, or RC-GRPO) and none for SFT + "
+            "GRPO; step 0 is the initial model evaluated the same way. The other columns are the training "
+            "rollouts' metrics (metrics.jsonl).",
+            "",
+            *res["e3_rows"],
+            "",
+            "![training dynamics](experiments/e3_dynamics.png)",
+        ]
     lines += ["", "## Time", "", "| stage | seconds |", "|---|---:|"]
     runs = {k: v for k, v in seconds.items() if k != "wall"}
     lines += [f"| {k} | {v:.0f} |" for k, v in runs.items()]
     lines += [f"| total (the commands' seconds added up) | {sum(runs.values()):.0f} |"]
     if "wall" in seconds:
         threads = f", {run['threads']} torch thread{'s' if run['threads'] > 1 else ''} each" if run else ""
-        how = (f"{jobs} command{'s' if jobs > 1 else ''} at once{threads}" if jobs else
-               "invocations run with different --jobs, added up")
+        how = (
+            f"{jobs} command{'s' if jobs > 1 else ''} at once{threads}"
+            if jobs
+            else "invocations run with different --jobs, added up"
+        )
         lines += [f"| wall clock ({how}) | {seconds['wall']:.0f} |"]
     return "\n".join(lines)
 
@@ -437,14 +595,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--e1-samples", type=int, default=4)
     p.add_argument("--e2-groups", type=int, default=60)
-    p.add_argument("--jobs", type=int, default=2, help="commands run at once, the cores shared out between them "
-                   "(default 2: on 2 cores, two one-thread runs do more than one two-thread run)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="commands run at once, the cores shared out between them "
+        "(default 2: on 2 cores, two one-thread runs do more than one two-thread run)",
+    )
     p.add_argument("--fresh", action="store_true", help="remove --out first")
     p.add_argument("--report-only", action="store_true", help="recompute the report from --out, run nothing")
     args = p.parse_args(argv)
     if args.seeds and (args.eval_every <= 0 or args.steps % args.eval_every):
-        p.error(f"--steps {args.steps} must be a multiple of --eval-every {args.eval_every} (E3 reads the last "
-                "step's held-out evaluation)")
+        p.error(
+            f"--steps {args.steps} must be a multiple of --eval-every {args.eval_every} (E3 reads the last "
+            "step's held-out evaluation)"
+        )
     if args.fresh and args.out.exists():
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -452,13 +617,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_all(args)
     seconds = json.loads((args.out / "seconds.json").read_text()) if (args.out / "seconds.json").is_file() else {}
     run = json.loads((args.out / "run.json").read_text()) if (args.out / "run.json").is_file() else None
-    res = report(args.out, args.seeds, args.steps, args.eval_every, plot=args.doc.parent / "experiments" /
-                 "e3_dynamics.png")
-    machine, ncores, jobs = ((run["machine"], run["cores"], run["jobs"]) if run else (cpu_name(), cores(), args.jobs))
+    res = report(
+        args.out, args.seeds, args.steps, args.eval_every, plot=args.doc.parent / "experiments" / "e3_dynamics.png"
+    )
+    machine, ncores, jobs = (run["machine"], run["cores"], run["jobs"]) if run else (cpu_name(), cores(), args.jobs)
     date = (run or {}).get("date", f"{dt.date.today():%Y-%m-%d}")
-    header = (f"Measured {date} on {machine}, {ncores} cores, torch CPU. Command: "
-              f"`python -m scripts.experiment --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
-              f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {jobs}`; outputs in {args.out.name}/.")
+    header = (
+        f"Measured {date} on {machine}, {ncores} cores, torch CPU. Command: "
+        f"`python -m scripts.experiment --seeds {args.seeds} --steps {args.steps} --eval-every {args.eval_every} "
+        f"--e1-samples {args.e1_samples} --e2-groups {args.e2_groups} --jobs {jobs}`; outputs in {args.out.name}/."
+    )
     section = "\n".join([START, header, "", render(res, args, seconds, run), END])
     write_section(args.doc, section, START, END)
     print(section)

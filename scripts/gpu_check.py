@@ -70,17 +70,58 @@ PY = sys.executable
 TRAIN = [PY, str(REPO / "nemo_rcgrpo" / "train.py")]
 NO_LOGS = ["logging.tensorboard=false", "logging.progress=false", "logging.wandb.enabled=false"]
 # what the steps import at their start (the lazy imports are found by the dry run's scan of the source)
-IMPORTS = ("nemo_rcgrpo.train", "nemo_rcgrpo.recipes.stage1", "nemo_rcgrpo.recipes.rl",
-           "nemo_rcgrpo.prepare_data", "nemo_rcgrpo.models.megatron.policy", "nemo_rcgrpo.models.torch_policy",
-           "nemo_rcgrpo.data.dataset", "nemo_rcgrpo.data.rl_tasks", "megatron.core", "bfcl_eval", "hydra",
-           "omegaconf", "antlr4", "safetensors", "datasets", "scripts.bench.megatron_gpu",
-           "scripts.bench.train_throughput", "scripts.bench.shared_prefix_gpu")
-STEP_SCRIPTS = ("scripts/__init__.py", "scripts/gpu_check.py", "scripts/gpu_machine.py", "scripts/bench/__init__.py",
-                "scripts/bench/megatron_gpu.py", "scripts/bench/train_throughput.py", "scripts/bench/_common.py",
-                "scripts/bench/shared_prefix_gpu.py")
-VERSIONS = ("torch", "transformers", "triton", "pyarrow", "fsspec", "packaging", "datasets", "dill", "multiprocess",
-            "megatron-core", "bfcl-eval", "hydra-core", "omegaconf", "safetensors", "accelerate", "numpy",
-            "huggingface-hub", "tokenizers", "transformer-engine", "apex")
+IMPORTS = (
+    "nemo_rcgrpo.train",
+    "nemo_rcgrpo.recipes.stage1",
+    "nemo_rcgrpo.recipes.rl",
+    "nemo_rcgrpo.prepare_data",
+    "nemo_rcgrpo.models.megatron.policy",
+    "nemo_rcgrpo.models.torch_policy",
+    "nemo_rcgrpo.data.dataset",
+    "nemo_rcgrpo.data.rl_tasks",
+    "megatron.core",
+    "bfcl_eval",
+    "hydra",
+    "omegaconf",
+    "antlr4",
+    "safetensors",
+    "datasets",
+    "scripts.bench.megatron_gpu",
+    "scripts.bench.train_throughput",
+    "scripts.bench.shared_prefix_gpu",
+)
+STEP_SCRIPTS = (
+    "scripts/__init__.py",
+    "scripts/gpu_check.py",
+    "scripts/gpu_machine.py",
+    "scripts/bench/__init__.py",
+    "scripts/bench/megatron_gpu.py",
+    "scripts/bench/train_throughput.py",
+    "scripts/bench/_common.py",
+    "scripts/bench/shared_prefix_gpu.py",
+)
+VERSIONS = (
+    "torch",
+    "transformers",
+    "triton",
+    "pyarrow",
+    "fsspec",
+    "packaging",
+    "datasets",
+    "dill",
+    "multiprocess",
+    "megatron-core",
+    "bfcl-eval",
+    "hydra-core",
+    "omegaconf",
+    "safetensors",
+    "accelerate",
+    "numpy",
+    "huggingface-hub",
+    "tokenizers",
+    "transformer-engine",
+    "apex",
+)
 
 
 def _metric_values(record: dict) -> dict:
@@ -91,40 +132,105 @@ def _metric_values(record: dict) -> dict:
 def plan(work: Path, rehearse: bool = False) -> list[dict]:
     """The steps by value: name, argv or recipe + overrides, time limit. ``rehearse`` (CPU): tiny shapes, x 15."""
     model, data, cuda = work / "smollm2-random", work / "data", not rehearse and _cuda()
-    stage1 = [f"run_dir={work / 'stage1'}", f"model.path={model}", "model.dtype=bfloat16", f"data.dir={data}",
-              "data.max_examples=32", f"trainer.max_steps={2 if rehearse else 8}", "trainer.save_every=8",
-              "trainer.lr=1.0e-5", *(["chat.max_length=512"] if rehearse else []), *NO_LOGS]
+    stage1 = [
+        f"run_dir={work / 'stage1'}",
+        f"model.path={model}",
+        "model.dtype=bfloat16",
+        f"data.dir={data}",
+        "data.max_examples=32",
+        f"trainer.max_steps={2 if rehearse else 8}",
+        "trainer.save_every=8",
+        "trainer.lr=1.0e-5",
+        *(["chat.max_length=512"] if rehearse else []),
+        *NO_LOGS,
+    ]
     # stage 1's export or nothing: rl.stage1_recipe=null, so a failed a_stage1 fails these instead of training one
-    rl = [f"model.path={work / 'stage1' / 'hf'}", "model.dtype=bfloat16", f"data.dir={data}", "rl.eval_every=0",
-          "rl.stage1_recipe=null", *NO_LOGS]
-    resume = [f"run_dir={work / 'rl_megatron'}", "policy.backend=megatron", "trainer.max_steps=2",
-              "trainer.save_every=1", *rl]
+    rl = [
+        f"model.path={work / 'stage1' / 'hf'}",
+        "model.dtype=bfloat16",
+        f"data.dir={data}",
+        "rl.eval_every=0",
+        "rl.stage1_recipe=null",
+        *NO_LOGS,
+    ]
+    resume = [
+        f"run_dir={work / 'rl_megatron'}",
+        "policy.backend=megatron",
+        "trainer.max_steps=2",
+        "trainer.save_every=1",
+        *rl,
+    ]
     bench = lambda name: [PY, "-m", f"scripts.bench.{name}"]  # noqa: E731 - run from the checkout's root (cwd=REPO)
     megatron = ["--layers", "8", "--fallback-layers", "4", "--micro-batches", "4", "--steps", "5", "--warmup", "2"]
     # a batch that fills the GPU: 4 micro-batches of 8 sequences (RCTP-FT lines, compact tools, <= 2048 tokens:
     # 1165 of the 1600 fit with SmolLM2's tokenizer, 160 are needed)
-    throughput = ["--micro", "4", "--batch", "8", "--max-length", "2048", "--steps", "4"] if cuda else \
-        ["--micro", "2", "--batch", "1", "--max-length", "512", "--steps", "1"]  # 5 lines of the data fit in 512
+    throughput = (
+        ["--micro", "4", "--batch", "8", "--max-length", "2048", "--steps", "4"]
+        if cuda
+        else ["--micro", "2", "--batch", "1", "--max-length", "512", "--steps", "1"]
+    )  # 5 lines of the data fit in 512
     steps = [
-        {"name": "preflight", "limit": 40, "argv": [PY, "-m", "scripts.gpu_check", "--preflight",
-                                                    str(work / "preflight.json")]},
+        {
+            "name": "preflight",
+            "limit": 40,
+            "argv": [PY, "-m", "scripts.gpu_check", "--preflight", str(work / "preflight.json")],
+        },
         {"name": "setup", "limit": 30, "argv": [PY, "-m", "scripts.gpu_check", "--make-model", str(model)]},
-        {"name": "b_megatron", "limit": 115,
-         "argv": [*bench("megatron_gpu"), *(megatron if cuda else ["--tiny"]),
-                  "--json", str(work / "megatron_gpu.json")]},
+        {
+            "name": "b_megatron",
+            "limit": 115,
+            "argv": [
+                *bench("megatron_gpu"),
+                *(megatron if cuda else ["--tiny"]),
+                "--json",
+                str(work / "megatron_gpu.json"),
+            ],
+        },
         {"name": "a_stage1", "limit": 70, "recipe": "smoke_stage1", "overrides": stage1},
-        {"name": "e_torch_vs_bare", "limit": 70,
-         "argv": [*bench("train_throughput"), "--model", str(model), "--data", str(data), "--dtype",
-                  "bfloat16", "--device", "cuda" if cuda else "cpu", *throughput,
-                  "--json", str(work / "train_throughput.json")]},
+        {
+            "name": "e_torch_vs_bare",
+            "limit": 70,
+            "argv": [
+                *bench("train_throughput"),
+                "--model",
+                str(model),
+                "--data",
+                str(data),
+                "--dtype",
+                "bfloat16",
+                "--device",
+                "cuda" if cuda else "cpu",
+                *throughput,
+                "--json",
+                str(work / "train_throughput.json"),
+            ],
+        },
         # the Megatron RL step (per-stage seconds from its step 1), stopped after its checkpoint, then resumed
-        {"name": "d_resume", "limit": 115, "recipe": "smoke_rl", "overrides": [*resume, "trainer.stop_after=1"],
-         "then": resume},
-        {"name": "c_rl_torch", "limit": 60, "recipe": "smoke_rl",
-         "overrides": [f"run_dir={work / 'rl_torch'}", "trainer.max_steps=1", "trainer.save_every=1", *rl]},
-        {"name": "f_shared_prefix", "limit": 30,
-         "argv": [*bench("shared_prefix_gpu"), *([] if cuda else ["--tiny"]), "--repeats", "1",
-                  "--json", str(work / "shared_prefix_gpu.json")]},
+        {
+            "name": "d_resume",
+            "limit": 115,
+            "recipe": "smoke_rl",
+            "overrides": [*resume, "trainer.stop_after=1"],
+            "then": resume,
+        },
+        {
+            "name": "c_rl_torch",
+            "limit": 60,
+            "recipe": "smoke_rl",
+            "overrides": [f"run_dir={work / 'rl_torch'}", "trainer.max_steps=1", "trainer.save_every=1", *rl],
+        },
+        {
+            "name": "f_shared_prefix",
+            "limit": 30,
+            "argv": [
+                *bench("shared_prefix_gpu"),
+                *([] if cuda else ["--tiny"]),
+                "--repeats",
+                "1",
+                "--json",
+                str(work / "shared_prefix_gpu.json"),
+            ],
+        },
     ]
     for step in steps if rehearse else ():  # bf16 on 2 CPU cores is slow: the rehearsal checks mechanics, not time
         step["limit"] *= 15
@@ -176,7 +282,7 @@ def preflight(path: Path) -> dict:
     for module in IMPORTS:
         try:
             importlib.import_module(module)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - every import failure is recorded
             found["imports_failed"][module] = f"{type(e).__name__}: {e}"
     cuda = torch.cuda.is_available()
     if cuda:
@@ -185,7 +291,7 @@ def preflight(path: Path) -> dict:
         try:  # megatron's jit_fuser is torch.compile wherever triton imports: does it compile here at all?
             y = torch.compile(lambda x: torch.nn.functional.silu(x) * x + 1)(torch.ones(64, device="cuda"))
             found["compile"] = {"ok": bool(torch.isfinite(y).all()), "seconds": round(time.perf_counter() - t0, 2)}
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a failed compile is a result of the check
             found["compile"] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     found["all_reduce"] = _all_reduce("nccl" if cuda else "gloo")
     if cuda:
@@ -197,7 +303,7 @@ def preflight(path: Path) -> dict:
         for _ in range(10):
             a @ b
         torch.cuda.synchronize()
-        found["matmul_bf16_tflops"] = round(2 * 8192 ** 3 * 10 / (time.perf_counter() - t0) / 1e12, 1)
+        found["matmul_bf16_tflops"] = round(2 * 8192**3 * 10 / (time.perf_counter() - t0) / 1e12, 1)
     path.write_text(json.dumps(found, indent=1))
     print(json.dumps(found), flush=True)
     return found
@@ -219,7 +325,7 @@ def _all_reduce(backend: str) -> dict:
         ok = float(x.sum()) == 4.0
         dist.destroy_process_group()
         return {"backend": backend, "ok": ok}
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a failed backend is a result of the check
         return {"backend": backend, "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
 
 
@@ -252,8 +358,11 @@ def results(name: str, work: Path) -> dict:
         return {k: v for k, v in _json(work / "preflight.json").items() if k != "versions"}
     if name == "a_stage1":
         steps = [m for m in _metrics(work / "stage1") if "tokens_per_s" in m]
-        return {"tokens_per_s": [m["tokens_per_s"] for m in steps][-3:], "steps": len(steps),
-                "weights_changed_share_bf16": _changed_share(work / "smollm2-random", work / "stage1" / "hf")}
+        return {
+            "tokens_per_s": [m["tokens_per_s"] for m in steps][-3:],
+            "steps": len(steps),
+            "weights_changed_share_bf16": _changed_share(work / "smollm2-random", work / "stage1" / "hf"),
+        }
     if name == "b_megatron":
         return _json(work / "megatron_gpu.json")
     if name == "e_torch_vs_bare":
@@ -264,9 +373,11 @@ def results(name: str, work: Path) -> dict:
         return {"step_1": _stage_seconds(work / "rl_torch")}
     if name == "d_resume":
         steps = _metrics(work / "rl_megatron")
-        return {"step_1": _stage_seconds(work / "rl_megatron"),
-                "steps_logged": [m.get("step") for m in steps if "step" in m],
-                "checkpoints": sorted(p.name for p in (work / "rl_megatron" / "checkpoints").glob("step_*"))}
+        return {
+            "step_1": _stage_seconds(work / "rl_megatron"),
+            "steps_logged": [m.get("step") for m in steps if "step" in m],
+            "checkpoints": sorted(p.name for p in (work / "rl_megatron" / "checkpoints").glob("step_*")),
+        }
     return {}
 
 
@@ -290,8 +401,9 @@ def _run(argv: list[str], limit: float, log: Path, env: dict) -> tuple[bool, flo
 
 
 def step_env(work: Path, machine_only: bool) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",
-               TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"))  # one compile cache: later processes reuse it
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", TORCHINDUCTOR_CACHE_DIR=str(work / "inductor")
+    )  # one compile cache: later processes reuse it
     if machine_only:
         env["RCGRPO_GPU_MACHINE_ONLY"] = "1"
         env["PYTHONPATH"] = os.pathsep.join([str(SITE), *filter(None, [env.get("PYTHONPATH")])])
@@ -312,8 +424,11 @@ def write_results(out: Path, logs: Path, summary: dict) -> None:
 
 def run(out: Path, work: Path, rehearse: bool = False) -> int:
     if not (REPO / "build" / "gpu" / "smollm2" / "config.json").is_file():
-        print("error: build/gpu is not prepared (the model's config and the carried wheels): run "
-              "`bash scripts/gpu_check.sh --prepare` first", file=sys.stderr)
+        print(
+            "error: build/gpu is not prepared (the model's config and the carried wheels): run "
+            "`bash scripts/gpu_check.sh --prepare` first",
+            file=sys.stderr,
+        )
         return 2
     for old in [work, *(out / name for name in RETURN_FILES)]:  # a warm machine keeps an earlier run's files
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
@@ -322,10 +437,20 @@ def run(out: Path, work: Path, rehearse: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = step_env(work, machine_only=rehearse)
     start = time.perf_counter()
-    summary: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "rehearsal": rehearse, "versions": versions(),
-                     "deadline_s": None if rehearse else DEADLINE_S, "steps": {}, "skipped": {}}
-    (out / "versions.txt").write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in sorted(
-        importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower())))
+    summary: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "rehearsal": rehearse,
+        "versions": versions(),
+        "deadline_s": None if rehearse else DEADLINE_S,
+        "steps": {},
+        "skipped": {},
+    }
+    (out / "versions.txt").write_text(
+        "".join(
+            f"{d.metadata['Name']}=={d.version}\n"
+            for d in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower())
+        )
+    )
     for step in plan(work, rehearse):
         name = step["name"]
         left = (1e9 if rehearse else DEADLINE_S - RESERVE_S) - (time.perf_counter() - start)
@@ -343,13 +468,20 @@ def run(out: Path, work: Path, rehearse: bool = False) -> int:
                 ok, seconds = done, seconds + took
         try:
             found = results(name, work)
-        except Exception as e:  # a result that cannot be read is recorded, not fatal
+        except Exception as e:  # noqa: BLE001 - a result that cannot be read is recorded, not fatal
             found = {"error": f"{type(e).__name__}: {e}"}
         if name == "preflight" and not found.get("compile", {"ok": True})["ok"]:
             env["TORCH_COMPILE_DISABLE"] = "1"  # megatron's fused kernels run eagerly in every later step
-            summary["torch_compile"] = "disabled after the preflight's probe failed: " + found["compile"].get("error", "")
-        summary["steps"][name] = {"ok": ok, "seconds": round(seconds, 1), "limit": step["limit"], **found,
-                                  "log_tail": log.read_text(errors="replace")[-1500:] if not ok else ""}
+            summary["torch_compile"] = "disabled after the preflight's probe failed: " + found["compile"].get(
+                "error", ""
+            )
+        summary["steps"][name] = {
+            "ok": ok,
+            "seconds": round(seconds, 1),
+            "limit": step["limit"],
+            **found,
+            "log_tail": log.read_text(errors="replace")[-1500:] if not ok else "",
+        }
         print(f"[gpu_check] {name}: {'ok' if ok else 'FAILED'} in {seconds:.0f} s", flush=True)
         summary["seconds"] = round(time.perf_counter() - start, 1)
         write_results(out, logs, summary)
@@ -360,8 +492,13 @@ def run(out: Path, work: Path, rehearse: bool = False) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- dry run
-def dry_run(work: Path, out: Path, machine: Path = gpu_machine.MACHINE, wheels: Path = WHEELS,
-            wheel_dir: Path = REPO / "build" / "gpu" / "wheels") -> list[str]:
+def dry_run(
+    work: Path,
+    out: Path,
+    machine: Path = gpu_machine.MACHINE,
+    wheels: Path = WHEELS,
+    wheel_dir: Path = REPO / "build" / "gpu" / "wheels",
+) -> list[str]:
     """Problems with the plan on the lent machine (empty: it holds)."""
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.utils.config import compose
@@ -374,7 +511,7 @@ def dry_run(work: Path, out: Path, machine: Path = gpu_machine.MACHINE, wheels: 
                 try:
                     if overrides is not None:
                         TrainConfig.from_dict(compose(step["recipe"], overrides))
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - every recipe's problem is listed
                     problems.append(f"{step['name']}: {step['recipe']} {' '.join(overrides)}: {e}")
         elif step["argv"][1] == "-m" and importlib.util.find_spec(step["argv"][2]) is None:
             problems.append(f"{step['name']}: no module {step['argv'][2]}")
@@ -391,32 +528,44 @@ def dry_run(work: Path, out: Path, machine: Path = gpu_machine.MACHINE, wheels: 
         present = sorted(wheel_dir.glob("*.whl"))
         problems += gpu_machine.wheel_problems(present)
         names = {gpu_machine.normalise(p.name.split("-")[0]) for p in present}
-        problems += [f"{wheel_dir}: no wheel of {n} (run gpu_check.sh --prepare)" for n, _ in
-                     gpu_machine.carried(wheels) if gpu_machine.normalise(n) not in names]
+        problems += [
+            f"{wheel_dir}: no wheel of {n} (run gpu_check.sh --prepare)"
+            for n, _ in gpu_machine.carried(wheels)
+            if gpu_machine.normalise(n) not in names
+        ]
         size = sum(p.stat().st_size for p in wheel_dir.parent.rglob("*") if p.is_file())
         if size > CARRY_LIMIT // 2:
-            problems.append(f"{wheel_dir.parent} holds {size / 2**20:.0f} MiB: the checkout and what it carries "
-                            f"travel in {CARRY_LIMIT >> 20} MiB (run gpu_check.sh --prepare again)")
+            problems.append(
+                f"{wheel_dir.parent} holds {size / 2**20:.0f} MiB: the checkout and what it carries "
+                f"travel in {CARRY_LIMIT >> 20} MiB (run gpu_check.sh --prepare again)"
+            )
     problems += budget_problems(steps)
     problems += output_problems(out, work, len(steps))
     return problems
 
 
 def machine_imports(machine: Path, wheels: Path) -> list[str]:
-    code = ("import sys, importlib\n"  # -c in the checkout's root (cwd=REPO): scripts and nemo_rcgrpo import from it
-            "from scripts import gpu_machine; gpu_machine.install_blocker(gpu_machine.allowed_distributions("
-            "gpu_machine.Path(sys.argv[1]), gpu_machine.Path(sys.argv[2])))\n"
-            "bad = []\n"
-            "for m in sys.argv[3:]:\n"
-            "    try: importlib.import_module(m)\n"
-            "    except Exception as e: bad.append(f'{m}: {type(e).__name__}: {e}')\n"
-            "try:\n"  # the schemas' lazy imports (the loaders' datasets)
-            "    from nemo_rcgrpo.data.dataset import features; from nemo_rcgrpo.data.rl_tasks import pointer_features\n"
-            "    features(); pointer_features()\n"
-            "except Exception as e: bad.append(f'the data schemas: {type(e).__name__}: {e}')\n"
-            "print('\\n'.join(bad)); sys.exit(1 if bad else 0)\n")
-    proc = subprocess.run([PY, "-c", code, str(machine), str(wheels), *IMPORTS], capture_output=True,
-                          text=True, cwd=REPO, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    code = (
+        "import sys, importlib\n"  # -c in the checkout's root (cwd=REPO): scripts and nemo_rcgrpo import from it
+        "from scripts import gpu_machine; gpu_machine.install_blocker(gpu_machine.allowed_distributions("
+        "gpu_machine.Path(sys.argv[1]), gpu_machine.Path(sys.argv[2])))\n"
+        "bad = []\n"
+        "for m in sys.argv[3:]:\n"
+        "    try: importlib.import_module(m)\n"
+        "    except Exception as e: bad.append(f'{m}: {type(e).__name__}: {e}')\n"
+        "try:\n"  # the schemas' lazy imports (the loaders' datasets)
+        "    from nemo_rcgrpo.data.dataset import features; from nemo_rcgrpo.data.rl_tasks import pointer_features\n"
+        "    features(); pointer_features()\n"
+        "except Exception as e: bad.append(f'the data schemas: {type(e).__name__}: {e}')\n"
+        "print('\\n'.join(bad)); sys.exit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run(
+        [PY, "-c", code, str(machine), str(wheels), *IMPORTS],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     if proc.returncode == 0:
         return []
     lines = [l for l in proc.stdout.splitlines() if l.strip()] or proc.stderr.strip().splitlines()[-1:]
@@ -443,11 +592,15 @@ def budget_problems(steps: list[dict]) -> list[str]:
     total = sum(s["limit"] for s in steps)
     problems = []
     if total + RESERVE_S > DEADLINE_S:
-        problems.append(f"the step limits add up to {total:.0f} s (+ {RESERVE_S:.0f} s to write the results), over "
-                        f"the {DEADLINE_S:.0f} s deadline: the last steps would never run")
+        problems.append(
+            f"the step limits add up to {total:.0f} s (+ {RESERVE_S:.0f} s to write the results), over "
+            f"the {DEADLINE_S:.0f} s deadline: the last steps would never run"
+        )
     if DEADLINE_S + INSTALL_S > DEVICE_LIMIT_S:
-        problems.append(f"the deadline {DEADLINE_S:.0f} s + {INSTALL_S:.0f} s of install exceed the device's "
-                        f"{DEVICE_LIMIT_S:.0f} s a command")
+        problems.append(
+            f"the deadline {DEADLINE_S:.0f} s + {INSTALL_S:.0f} s of install exceed the device's "
+            f"{DEVICE_LIMIT_S:.0f} s a command"
+        )
     return problems
 
 
@@ -461,8 +614,10 @@ def output_problems(out: Path, work: Path, n_steps: int) -> list[str]:
     if len(RETURN_FILES) > 8:
         problems.append(f"{len(RETURN_FILES)} result files: the device tool brings back 8")
     if LOG_CAP * n_steps > RETURN_FILE_LIMIT:
-        problems.append(f"logs.tar.gz may hold {LOG_CAP * n_steps >> 20} MiB of logs, over the device tool's "
-                        f"{RETURN_FILE_LIMIT >> 20} MiB a file")
+        problems.append(
+            f"logs.tar.gz may hold {LOG_CAP * n_steps >> 20} MiB of logs, over the device tool's "
+            f"{RETURN_FILE_LIMIT >> 20} MiB a file"
+        )
     return problems
 
 
@@ -475,9 +630,12 @@ def main() -> int:
     p.add_argument("--make-model", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--preflight", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--check-wheels", type=Path, help="the wheels in this folder install on the machine (tags)")
-    p.add_argument("--rehearse", action="store_true",
-                   help="run the plan on CPU with only the machine's packages importable (tiny shapes): checks the "
-                        "mechanics, measures nothing about GPUs")
+    p.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run the plan on CPU with only the machine's packages importable (tiny shapes): checks the "
+        "mechanics, measures nothing about GPUs",
+    )
     args = p.parse_args()
     if args.make_model:
         make_model(args.make_model)
@@ -495,9 +653,11 @@ def main() -> int:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         steps = plan(args.work)
-        print(f"gpu_check dry run: {len(steps)} steps ({', '.join(s['name'] for s in steps)}), limits "
-              f"{sum(s['limit'] for s in steps):.0f} s of {DEADLINE_S:.0f} s; "
-              f"{'plan ok' if not problems else f'{len(problems)} problems'}")
+        print(
+            f"gpu_check dry run: {len(steps)} steps ({', '.join(s['name'] for s in steps)}), limits "
+            f"{sum(s['limit'] for s in steps):.0f} s of {DEADLINE_S:.0f} s; "
+            f"{'plan ok' if not problems else f'{len(problems)} problems'}"
+        )
         return 1 if problems else 0
     if not _cuda() and not args.rehearse:
         print("error: no CUDA device here; use --dry-run (or --rehearse) to check the plan on CPU", file=sys.stderr)

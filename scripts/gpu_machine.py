@@ -161,8 +161,10 @@ def import_problems(files: list[Path], allowed: set[str], owners: dict[str, set[
         if not dists:
             problems.append(f"{where[0]} imports {module}, which is installed nowhere here")
         elif not dists & allowed:
-            problems.append(f"{where[0]} imports {module} ({'/'.join(sorted(dists))}), which is not on the lent "
-                            f"GPU machine (scripts/gpu_machine.txt) nor carried (scripts/gpu_wheels.txt)")
+            problems.append(
+                f"{where[0]} imports {module} ({'/'.join(sorted(dists))}), which is not on the lent "
+                f"GPU machine (scripts/gpu_machine.txt) nor carried (scripts/gpu_wheels.txt)"
+            )
     return problems
 
 
@@ -191,10 +193,12 @@ def wheel_problems(paths: list[Path]) -> list[str]:
     for path in paths:
         try:
             _, _, _, wheel_tags = parse_wheel_filename(path.name)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a bad name is listed, not fatal
             problems.append(f"{path.name}: not a wheel file name ({e})")
             continue
         if not wheel_tags & ok:
-            problems.append(f"{path.name}: its tags ({', '.join(sorted(map(str, wheel_tags)))}) are not for "
-                            f"Python {machine_header('python')} / {machine_header('platform')}")
+            problems.append(
+                f"{path.name}: its tags ({', '.join(sorted(map(str, wheel_tags)))}) are not for "
+                f"Python {machine_header('python')} / {machine_header('platform')}"
+            )
     return problems

@@ -80,8 +80,11 @@ class Target:
         return tests
 
 
-_BFCL_CALLS = ("tests/unit/envs/bfcl/test_executor.py", "tests/unit/envs/bfcl/test_arg_strictness.py",
-               "tests/unit/envs/bfcl/test_security.py")
+_BFCL_CALLS = (
+    "tests/unit/envs/bfcl/test_executor.py",
+    "tests/unit/envs/bfcl/test_arg_strictness.py",
+    "tests/unit/envs/bfcl/test_security.py",
+)
 
 # Each target's tests: its mirror file (tests/unit/<folder>/test_<mod>.py, where it exists) plus extra_tests.
 TARGETS: dict[str, Target] = {
@@ -94,41 +97,122 @@ TARGETS: dict[str, Target] = {
     "rl_batch": Target("nemo_rcgrpo/algorithms/rl_batch.py", glue=True),
     "rl_tasks": Target("nemo_rcgrpo/data/rl_tasks.py", scope=("stratified_sample", "load_rl_tasks"), glue=True),
     "sft_data": Target("nemo_rcgrpo/data/sft_data.py", scope=("build_examples", "epoch_batches", "collate"), glue=True),
-    "dataset": Target("nemo_rcgrpo/data/dataset.py",
-                      scope=("_check_message", "check_record", "jsonl_objects", "_check_columns", "_select",
-                             "to_record"), glue=True),
-    "hf_local": Target("nemo_rcgrpo/generation/hf_local.py",
-                       scope=("sample_inverse_cdf", "call_seed", "HFGenerator.generate", "HFGenerator._generate_batch",
-                              "HFGenerator._prefill", "HFGenerator.update_weights"), glue=True),
-    "config": Target("nemo_rcgrpo/config.py", ("tests/unit/test_rl_config.py",),
-                     scope=("PolicySetup.validate", "TrainConfig.validate", "TrainConfig._validate_stage1_dataset",
-                            "TrainConfig._validate_megatron", "TrainConfig._validate_rl"), glue=True),
+    "dataset": Target(
+        "nemo_rcgrpo/data/dataset.py",
+        scope=("_check_message", "check_record", "jsonl_objects", "_check_columns", "_select", "to_record"),
+        glue=True,
+    ),
+    "hf_local": Target(
+        "nemo_rcgrpo/generation/hf_local.py",
+        scope=(
+            "sample_inverse_cdf",
+            "call_seed",
+            "HFGenerator.generate",
+            "HFGenerator._generate_batch",
+            "HFGenerator._prefill",
+            "HFGenerator.update_weights",
+        ),
+        glue=True,
+    ),
+    "config": Target(
+        "nemo_rcgrpo/config.py",
+        ("tests/unit/test_rl_config.py",),
+        scope=(
+            "PolicySetup.validate",
+            "TrainConfig.validate",
+            "TrainConfig._validate_stage1_dataset",
+            "TrainConfig._validate_megatron",
+            "TrainConfig._validate_rl",
+        ),
+        glue=True,
+    ),
     "prefix_tree": Target("nemo_rcgrpo/data/prefix_tree.py"),
     "packing": Target("nemo_rcgrpo/data/packing.py", ("tests/unit/data/test_flat_row.py",)),
-    "shared_prefix": Target("nemo_rcgrpo/models/shared_prefix.py",
-                            scope=("tree_pass", "_PassCache.update", "_PassCache.get_seq_length",
-                                   "_PassCache.get_mask_sizes", "_PassCache.take", "_own_checkpointing",
-                                   "_recomputed", "_root", "_rows_rest", "_flat_rest", "shared_hidden"), glue=True),
+    "shared_prefix": Target(
+        "nemo_rcgrpo/models/shared_prefix.py",
+        scope=(
+            "tree_pass",
+            "_PassCache.update",
+            "_PassCache.get_seq_length",
+            "_PassCache.get_mask_sizes",
+            "_PassCache.take",
+            "_own_checkpointing",
+            "_recomputed",
+            "_root",
+            "_rows_rest",
+            "_flat_rest",
+            "shared_hidden",
+        ),
+        glue=True,
+    ),
     "stage1_batches": Target("nemo_rcgrpo/recipes/stage1.py", scope=("micro_batches_for_rank",), glue=True),
     "layout": Target("nemo_rcgrpo/layout.py", scope=("parallel_plan",), glue=True),
-    "rl_recipe": Target("nemo_rcgrpo/recipes/rl.py",
-                        scope=("step_rng", "eval_reward_token", "RLTrainer.train_step", "RLTrainer._mine",
-                               "RLTrainer._update", "RLTrainer._start", "RLTrainer._budget_ranges"), glue=True),
+    "rl_recipe": Target(
+        "nemo_rcgrpo/recipes/rl.py",
+        scope=(
+            "step_rng",
+            "eval_reward_token",
+            "RLTrainer.train_step",
+            "RLTrainer._mine",
+            "RLTrainer._update",
+            "RLTrainer._start",
+            "RLTrainer._budget_ranges",
+        ),
+        glue=True,
+    ),
     "eval_token": Target("nemo_rcgrpo/evaluation/policies.py", scope=("conditioning",), glue=True),
     "reward": Target("nemo_rcgrpo/envs/bfcl/reward.py", ("tests/unit/envs/bfcl/test_reward_classes.py",)),
-    "calls": Target("nemo_rcgrpo/envs/calls.py", _BFCL_CALLS,
-                    scope=("_spend", "_check_nesting", "_literal", "parse_call_string", "parse_json_call",
-                           "to_tool_call", "_check_plain_names", "_check_call_id")),
-    "executor": Target("nemo_rcgrpo/envs/bfcl/executor.py", _BFCL_CALLS,
-                       scope=("_check_type", "_as_number", "_walk_fits", "_resource_guard", "_bind",
-                              "named_arguments", "Toolbox.__init__", "Toolbox.bind")),
-    "tokenize": Target("nemo_rcgrpo/data/tokenize.py", ("tests/unit/data/test_chat_format.py",),
-                       scope=("ChatRenderer._encode_pieces", "ChatRenderer.render", "ChatRenderer.render_into",
-                              "ChatRenderer._template_into", "ChatRenderer._encode_template_text")),
+    "calls": Target(
+        "nemo_rcgrpo/envs/calls.py",
+        _BFCL_CALLS,
+        scope=(
+            "_spend",
+            "_check_nesting",
+            "_literal",
+            "parse_call_string",
+            "parse_json_call",
+            "to_tool_call",
+            "_check_plain_names",
+            "_check_call_id",
+        ),
+    ),
+    "executor": Target(
+        "nemo_rcgrpo/envs/bfcl/executor.py",
+        _BFCL_CALLS,
+        scope=(
+            "_check_type",
+            "_as_number",
+            "_walk_fits",
+            "_resource_guard",
+            "_bind",
+            "named_arguments",
+            "Toolbox.__init__",
+            "Toolbox.bind",
+        ),
+    ),
+    "tokenize": Target(
+        "nemo_rcgrpo/data/tokenize.py",
+        ("tests/unit/data/test_chat_format.py",),
+        scope=(
+            "ChatRenderer._encode_pieces",
+            "ChatRenderer.render",
+            "ChatRenderer.render_into",
+            "ChatRenderer._template_into",
+            "ChatRenderer._encode_template_text",
+        ),
+    ),
     "stage1_datasets": Target("nemo_rcgrpo/data/stage1_datasets.py", scope=("reward_conditioned", "_first_user")),
-    "chat_format": Target("nemo_rcgrpo/data/chat_format.py",
-                          scope=("Piece", "_hermes_pieces", "_hermes_generation_prompt", "_llama3_header",
-                                 "_llama3_pieces", "_llama3_generation_prompt")),
+    "chat_format": Target(
+        "nemo_rcgrpo/data/chat_format.py",
+        scope=(
+            "Piece",
+            "_hermes_pieces",
+            "_hermes_generation_prompt",
+            "_llama3_header",
+            "_llama3_pieces",
+            "_llama3_generation_prompt",
+        ),
+    ),
 }
 
 # Survivors that no test can kill. Key: (module, function, the mutated statement, occurrence) as the report prints
@@ -137,157 +221,393 @@ TARGETS: dict[str, Target] = {
 # when the source is reformatted (line breaks, quotes, parentheses, comments) and does when the code changes;
 # occurrence tells apart mutants that give the same statement in one function (two `return False` -> `return None`).
 EQUIVALENT: dict[tuple[str, str, str, int], str] = {
-    ("prefix_tree", "hidden_index",
-     "row = torch.cat([torch.arange(R), R + b * Q + torch.arange(q), suffixes + r * S + torch.arange(layout.lengths[r] - R + q)])", 1):
-        "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
-    ("prefix_tree", "hidden_index",
-     "row = torch.cat([torch.arange(R), R + b * Q + torch.arange(q), suffixes + r * S + torch.arange(layout.lengths[r] + R - q)])", 1):
-        "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
-    ("prefix_tree", "step_savings",
-     "return {'prefix_tokens_saved': float(saved), 'forward_flops_saved': 1.0 - shared / unshared if unshared > 1 else 0.0}", 1):
-        "unshared is 0 (no micro-batch) or at least 2 N for one token of a model with parameters: never in (0, 1]",
-    ("packing", "positions", "return len(lengths) * max(lengths, default=1)", 1):
-        "the default is read only for no rows, and then multiplied by len(lengths) = 0",
-    ("packing", "positions_saved",
-     "padded = sum((len(lengths) * max(lengths, default=1) for _, lengths in batches))", 1):
-        "the default is read only for a micro-batch of no rows, and then multiplied by its 0 rows",
-    ("packing", "choose_layout", "width = max(lengths, default=1)", 1):
-        "the default is read only for no rows: then the cost is 0 x width and nothing is packed or shared",
-    ("packing", "choose_layout", "if share and len(rows) >= 1:", 1):
-        "a one-row tree runs all of its row (every row keeps a token of its own): never fewer than B x T",
-    ("packing", "_tree_slots", "segment = torch.full((n,), -2, dtype=torch.long)", 1):
-        "padding is told from the rest by segment < 0 (real = segment >= 0), -1 or -2 alike",
-    ("packing", "_tree_slots", "sees = torch.eye(2 + nb + B, dtype=torch.bool)", 1):
-        "a segment index is at most nb + B: the extra last row and column of the table are never read",
-    ("packing", "flat_row",
-     "visible = sees[seg][:, seg] & (positions[None, :] < positions[:, None]) & real[None, :] & real[:, None]", 1):
-        "positions rise along a path, so the only slot of its path at a slot's own position is itself, and every "
-        "slot's diagonal is set right after (`visible |= eye`)",
-    ("shared_prefix", "_PassCache.update",
-     "key_states, value_states = (torch.cat([k, key_states], dim=2), torch.cat([v, value_states], dim=-2))", 1):
-        "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
-    ("shared_prefix", "_PassCache.update",
-     "key_states, value_states = (torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=2))", 1):
-        "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
-    ("shared_prefix", "_PassCache.get_seq_length", "def get_seq_length(self, layer_idx: int=1) -> int:", 1):
-        "every layer continues from the same length: layer 1's is layer 0's",
-    ("shared_prefix", "_PassCache.get_seq_length",
-     "return 0 if self.before is None else self.before[layer_idx][1].shape[-2]", 1):
-        "a layer's keys and values are as long as each other",
-    ("shared_prefix", "_PassCache.get_seq_length",
-     "return 0 if self.before is None else self.before[layer_idx][0].shape[2]", 1):
-        "keys are [rows, heads, length, dim]: dim 2 is dim -2",
-    ("shared_prefix", "shared_hidden",
-     "on = [layer for layer in layers if getattr(layer, 'gradient_checkpointing', True) and layer.training]", 1):
-        "every decoder layer of a model that shares (Llama, Mistral, Qwen2/3) has the setting: the default is never read",
-    ("shared_prefix", "_flat_rest",
-     "used[torch.cat([flat.index[r, :n + 1] for r, n in enumerate(layout.lengths)])] = True", 1):
-        "past a row's length `hidden_index` points at slot 0: the root's (dropped from the slots after it) or, without "
-        "a root, a branch part's first slot, which is real or a padding slot no token sees and no one reads",
-    ("shared_prefix", "_flat_rest",
-     "out = model.get_decoder()(input_ids=flat.ids[rest].to(device)[None], attention_mask=mask[None, None], position_ids=flat.positions[rest].to(device)[None], past_key_values=cache, use_cache=True)", 1):
-        "a cache given is updated whatever use_cache says; without one the decoder makes one nothing reads (memory only)",
-    ("reward", "compute_reward",
-     "components = RewardInfo(value=1.0, state_ok=state_ok, actions_ok=actions_ok, details=details)", 1):
-        "the placeholder value is replaced: the registered reward reads only the components and details",
-    ("advantages", "std_scale",
-     "std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :2])", 1):
-        "the branch runs only for g <= 1, where r[:, :2] and r[:, :1] have the same shape [N, g] (values unused)",
-    ("losses", "GRPOLoss.__call__", "adv = batch.advantages.to(token_logprobs.dtype).unsqueeze(1)", 1):
-        "advantages are [B]: on a 1-D tensor unsqueeze(1) and unsqueeze(-1) are the same [B, 1]",
-    ("kl", "kl_k3", "d = (ref_logprobs - logprobs).clamp(-21.0, 20.0)", 1):
-        "for d in [-21, -20) k3 = e^d - d - 1 > 19, above the K3_MAX = 10 clamp either way (value 10, gradient 0)",
-    ("kl", "kl_k3", "d = (ref_logprobs - logprobs).clamp(-20.0, 21.0)", 1):
-        "for d in (20, 21] k3 = e^d - d - 1 > 10^8, above the K3_MAX = 10 clamp either way (value 10, gradient 0)",
-    ("reward", "replay_gold",
-     "last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=1) for name in instances}", 1):
-        "a class no gold call touches never changes: its state at turn 0 is copied instead of referenced, same values",
-    ("reward", "replay_gold",
-     "last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=-2) for name in instances}", 1):
-        "any negative default is below every turn index: `turn >= last_touch` holds for -1 and -2 alike",
-    ("chat_format", "_llama3_pieces", "if len(calls) >= 1:", 1):
-        "one call through the several-calls branch is the same text: tojson of {name, parameters} and the "
-        "template's concatenation agree on the names a parser accepts (identifiers)",
-    ("chat_format", "_llama3_pieces", "if len(calls) > 2:", 1):
-        "unreachable with two calls: llama3_json renders through one_call_per_message, so a message reaching "
-        "_llama3_pieces holds at most one call",
-    ("rl_collect", "shuffled_tasks", "random.Random(seed * 7919 - epoch).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "shuffled_tasks", "random.Random(seed / 7919 + epoch).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "shuffled_tasks", "random.Random(seed * 7920 + epoch).shuffle(order)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "collect_groups",
-     "trajs, timings = engine.rollout_timed(specs, seed=seed + 100003 * step - 1009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "collect_groups",
-     "trajs, timings = engine.rollout_timed(specs, seed=seed - 100003 * step + 1009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "collect_groups",
-     "trajs, timings = engine.rollout_timed(specs, seed=seed + 100004 * step + 1009 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_collect", "collect_groups",
-     "trajs, timings = engine.rollout_timed(specs, seed=seed + 100003 * step + 1010 * round_index)", 1): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
-    ("rl_tasks", "stratified_sample", "if k > len(task_ids):", 1):
-        "with k equal to the number of ids every category's share is all of it: the same ids in the same order",
-    ("rl_collect", "collect_groups", "rounds = 1 + (rl.dapo_max_rounds if filtering else 1)", 1):
-        "without a filter the first round keeps every group, and the loop stops at `need <= 0` before a second",
-    ("rl_collect", "collect_groups", "check_failures(stage, step + 1, sampled, 2.0)", 1):
-        "this call only raises when every rollout failed (which does not depend on the share); its warning is unused",
-    ("rl_batch", "pearson", "cov = sum(((x + mx) * (y - my) for x, y in zip(xs, ys))) / len(xs)", 1):
-        "sum(y - my) = 0, so mx * sum(y - my) adds nothing: a covariance needs only one side centred",
-    ("rl_batch", "pearson", "cov = sum(((x - mx) * (y + my) for x, y in zip(xs, ys))) / len(xs)", 1):
-        "sum(x - mx) = 0, so my * sum(x - mx) adds nothing: a covariance needs only one side centred",
-    ("hf_local", "sample_inverse_cdf",
-     "def sample_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, block: int=257) -> torch.Tensor:", 1):
-        "the draw is exact for any block size (tested with blocks of 2 and 4 and the default): only the speed differs",
-    ("hf_local", "sample_inverse_cdf", "cdf = blocks.sum(-1).double().cumsum(1)", 1):
-        "cdf is [B, K]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "sample_inverse_cdf",
-     "j = torch.searchsorted(inner.double().cumsum(1), (target - before).unsqueeze(1), right=True).squeeze(1)", 1):
-        "inner is [B, block]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "sample_inverse_cdf",
-     "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -1).amax(1)", 1):
-        "the [B, block] choice: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "sample_inverse_cdf",
-     "j = torch.where((inner > 0) & (slot <= j.clamp(max=block + 1).unsqueeze(1)), slot, -1).amax(-1)", 1):
-        "searchsorted gives j <= block, and every slot is <= block - 1: clamping at block or block + 1 selects alike",
-    ("hf_local", "sample_inverse_cdf",
-     "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -2).amax(-1)", 1):
-        "unreachable for u < 1: cdf[k - 1] <= target < cdf[k], so block k has mass and j passes its leading zeros",
-    ("hf_local", "HFGenerator.generate", "seed = None if params.seed is None else params.seed - start", 1):
-        "a call's chunks need distinct seeds, repeated for the call's seed: seed - start gives them as seed + start does",
-    ("hf_local", "HFGenerator._generate_batch", "positions = attn.sum(1, keepdim=True)", 1):
-        "attn is [B, T]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "HFGenerator._generate_batch", "probs = scores.softmax(1)", 1):
-        "scores are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "HFGenerator._generate_batch", "picked = probs.argmax(1)", 1):
-        "probs are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "HFGenerator._prefill", "share = self.share_prefixes and len(first) <= len(prompts)", 1):
-        "with every prompt distinct, sharing runs every row and reorders the cache by the identity: the same cache, "
-        "logits and counts (only a needless copy)",
-    ("hf_local", "HFGenerator._prefill", "positions = (u_attn.cumsum(1) - 1).masked_fill(u_attn == 0, 1)", 1):
-        "u_attn is [U, W]: on a 2-D tensor dimension 1 is dimension -1",
-    ("hf_local", "HFGenerator._prefill", "positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 2)", 1):
-        "the position of a left-padding slot is never seen: the slot is masked out of every attention",
-    ("hf_local", "HFGenerator._prefill",
-     "out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True, past_key_values=_roomy_cache(self.model.config, room), logits_to_keep=2)", 1):
-        "only the last position's logits are read (out.logits[:, -1]): keeping two computes one more row of them",
-    ("hf_local", "HFGenerator._generate_batch", "return [] -> return None", 1):
-        "unreachable: generate hands it chunks of a range over the prompts, never an empty one (an empty call "
-        "returns [] from generate itself, tested)",
-    ("hf_local", "HFGenerator._generate_batch", "if not greedy and params.top_p <= 1.0:", 1):
-        "top-p at 1.0 removes only tokens whose cumulative probability is <= 0, whose probability is 0 already",
-    ("hf_local", "HFGenerator._generate_batch", "if not greedy and params.top_p < 2.0:", 1):
-        "top_p is at most 1 (a probability): < 2.0 is <= 1.0, and top-p at 1.0 removes only tokens of probability 0",
-    ("executor", "_walk_fits", "return False -> return None", 1):
-        "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a directory)",
-    ("executor", "_walk_fits", "return False -> return None", 2):
-        "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a file)",
-    ("executor", "_check_type", "if typ == 'XXanyXX' or (value is None and 'default' in spec):", 1):
-        "'any' is not a key of _JSON_TYPES, so the `allowed is None` return two lines below skips it the same way",
+    (
+        "prefix_tree",
+        "hidden_index",
+        "row = torch.cat([torch.arange(R), R + b * Q + torch.arange(q), suffixes + r * S + torch.arange(layout.lengths[r] - R + q)])",
+        1,
+    ): "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
+    (
+        "prefix_tree",
+        "hidden_index",
+        "row = torch.cat([torch.arange(R), R + b * Q + torch.arange(q), suffixes + r * S + torch.arange(layout.lengths[r] + R - q)])",
+        1,
+    ): "a longer suffix range: the row is cut at its length (row[:n]), so the positions written are the same",
+    (
+        "prefix_tree",
+        "step_savings",
+        "return {'prefix_tokens_saved': float(saved), 'forward_flops_saved': 1.0 - shared / unshared if unshared > 1 else 0.0}",
+        1,
+    ): "unshared is 0 (no micro-batch) or at least 2 N for one token of a model with parameters: never in (0, 1]",
+    (
+        "packing",
+        "positions",
+        "return len(lengths) * max(lengths, default=1)",
+        1,
+    ): "the default is read only for no rows, and then multiplied by len(lengths) = 0",
+    (
+        "packing",
+        "positions_saved",
+        "padded = sum((len(lengths) * max(lengths, default=1) for _, lengths in batches))",
+        1,
+    ): "the default is read only for a micro-batch of no rows, and then multiplied by its 0 rows",
+    (
+        "packing",
+        "choose_layout",
+        "width = max(lengths, default=1)",
+        1,
+    ): "the default is read only for no rows: then the cost is 0 x width and nothing is packed or shared",
+    (
+        "packing",
+        "choose_layout",
+        "if share and len(rows) >= 1:",
+        1,
+    ): "a one-row tree runs all of its row (every row keeps a token of its own): never fewer than B x T",
+    (
+        "packing",
+        "_tree_slots",
+        "segment = torch.full((n,), -2, dtype=torch.long)",
+        1,
+    ): "padding is told from the rest by segment < 0 (real = segment >= 0), -1 or -2 alike",
+    (
+        "packing",
+        "_tree_slots",
+        "sees = torch.eye(2 + nb + B, dtype=torch.bool)",
+        1,
+    ): "a segment index is at most nb + B: the extra last row and column of the table are never read",
+    (
+        "packing",
+        "flat_row",
+        "visible = sees[seg][:, seg] & (positions[None, :] < positions[:, None]) & real[None, :] & real[:, None]",
+        1,
+    ): "positions rise along a path, so the only slot of its path at a slot's own position is itself, and every "
+    "slot's diagonal is set right after (`visible |= eye`)",
+    (
+        "shared_prefix",
+        "_PassCache.update",
+        "key_states, value_states = (torch.cat([k, key_states], dim=2), torch.cat([v, value_states], dim=-2))",
+        1,
+    ): "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
+    (
+        "shared_prefix",
+        "_PassCache.update",
+        "key_states, value_states = (torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=2))",
+        1,
+    ): "keys and values are [rows, heads, length, dim]: dim 2 is dim -2",
+    (
+        "shared_prefix",
+        "_PassCache.get_seq_length",
+        "def get_seq_length(self, layer_idx: int=1) -> int:",
+        1,
+    ): "every layer continues from the same length: layer 1's is layer 0's",
+    (
+        "shared_prefix",
+        "_PassCache.get_seq_length",
+        "return 0 if self.before is None else self.before[layer_idx][1].shape[-2]",
+        1,
+    ): "a layer's keys and values are as long as each other",
+    (
+        "shared_prefix",
+        "_PassCache.get_seq_length",
+        "return 0 if self.before is None else self.before[layer_idx][0].shape[2]",
+        1,
+    ): "keys are [rows, heads, length, dim]: dim 2 is dim -2",
+    (
+        "shared_prefix",
+        "shared_hidden",
+        "on = [layer for layer in layers if getattr(layer, 'gradient_checkpointing', True) and layer.training]",
+        1,
+    ): "every decoder layer of a model that shares (Llama, Mistral, Qwen2/3) has the setting: the default is never read",
+    (
+        "shared_prefix",
+        "_flat_rest",
+        "used[torch.cat([flat.index[r, :n + 1] for r, n in enumerate(layout.lengths)])] = True",
+        1,
+    ): "past a row's length `hidden_index` points at slot 0: the root's (dropped from the slots after it) or, without "
+    "a root, a branch part's first slot, which is real or a padding slot no token sees and no one reads",
+    (
+        "shared_prefix",
+        "_flat_rest",
+        "out = model.get_decoder()(input_ids=flat.ids[rest].to(device)[None], attention_mask=mask[None, None], position_ids=flat.positions[rest].to(device)[None], past_key_values=cache, use_cache=True)",
+        1,
+    ): "a cache given is updated whatever use_cache says; without one the decoder makes one nothing reads (memory only)",
+    (
+        "reward",
+        "compute_reward",
+        "components = RewardInfo(value=1.0, state_ok=state_ok, actions_ok=actions_ok, details=details)",
+        1,
+    ): "the placeholder value is replaced: the registered reward reads only the components and details",
+    (
+        "advantages",
+        "std_scale",
+        "std = r.std(dim=1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :2])",
+        1,
+    ): "the branch runs only for g <= 1, where r[:, :2] and r[:, :1] have the same shape [N, g] (values unused)",
+    (
+        "losses",
+        "GRPOLoss.__call__",
+        "adv = batch.advantages.to(token_logprobs.dtype).unsqueeze(1)",
+        1,
+    ): "advantages are [B]: on a 1-D tensor unsqueeze(1) and unsqueeze(-1) are the same [B, 1]",
+    (
+        "kl",
+        "kl_k3",
+        "d = (ref_logprobs - logprobs).clamp(-21.0, 20.0)",
+        1,
+    ): "for d in [-21, -20) k3 = e^d - d - 1 > 19, above the K3_MAX = 10 clamp either way (value 10, gradient 0)",
+    (
+        "kl",
+        "kl_k3",
+        "d = (ref_logprobs - logprobs).clamp(-20.0, 21.0)",
+        1,
+    ): "for d in (20, 21] k3 = e^d - d - 1 > 10^8, above the K3_MAX = 10 clamp either way (value 10, gradient 0)",
+    (
+        "reward",
+        "replay_gold",
+        "last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=1) for name in instances}",
+        1,
+    ): "a class no gold call touches never changes: its state at turn 0 is copied instead of referenced, same values",
+    (
+        "reward",
+        "replay_gold",
+        "last_touch = {name: max((t for t, cs in enumerate(touched) if name in cs), default=-2) for name in instances}",
+        1,
+    ): "any negative default is below every turn index: `turn >= last_touch` holds for -1 and -2 alike",
+    (
+        "chat_format",
+        "_llama3_pieces",
+        "if len(calls) >= 1:",
+        1,
+    ): "one call through the several-calls branch is the same text: tojson of {name, parameters} and the "
+    "template's concatenation agree on the names a parser accepts (identifiers)",
+    (
+        "chat_format",
+        "_llama3_pieces",
+        "if len(calls) > 2:",
+        1,
+    ): "unreachable with two calls: llama3_json renders through one_call_per_message, so a message reaching "
+    "_llama3_pieces holds at most one call",
+    (
+        "rl_collect",
+        "shuffled_tasks",
+        "random.Random(seed * 7919 - epoch).shuffle(order)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "shuffled_tasks",
+        "random.Random(seed / 7919 + epoch).shuffle(order)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "shuffled_tasks",
+        "random.Random(seed * 7920 + epoch).shuffle(order)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "collect_groups",
+        "trajs, timings = engine.rollout_timed(specs, seed=seed + 100003 * step - 1009 * round_index)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "collect_groups",
+        "trajs, timings = engine.rollout_timed(specs, seed=seed - 100003 * step + 1009 * round_index)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "collect_groups",
+        "trajs, timings = engine.rollout_timed(specs, seed=seed + 100004 * step + 1009 * round_index)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_collect",
+        "collect_groups",
+        "trajs, timings = engine.rollout_timed(specs, seed=seed + 100003 * step + 1010 * round_index)",
+        1,
+    ): "seeds stay distinct across steps, epochs and rounds and repeat for the same ones: any such constant draws alike",
+    (
+        "rl_tasks",
+        "stratified_sample",
+        "if k > len(task_ids):",
+        1,
+    ): "with k equal to the number of ids every category's share is all of it: the same ids in the same order",
+    (
+        "rl_collect",
+        "collect_groups",
+        "rounds = 1 + (rl.dapo_max_rounds if filtering else 1)",
+        1,
+    ): "without a filter the first round keeps every group, and the loop stops at `need <= 0` before a second",
+    (
+        "rl_collect",
+        "collect_groups",
+        "check_failures(stage, step + 1, sampled, 2.0)",
+        1,
+    ): "this call only raises when every rollout failed (which does not depend on the share); its warning is unused",
+    (
+        "rl_batch",
+        "pearson",
+        "cov = sum(((x + mx) * (y - my) for x, y in zip(xs, ys))) / len(xs)",
+        1,
+    ): "sum(y - my) = 0, so mx * sum(y - my) adds nothing: a covariance needs only one side centred",
+    (
+        "rl_batch",
+        "pearson",
+        "cov = sum(((x - mx) * (y + my) for x, y in zip(xs, ys))) / len(xs)",
+        1,
+    ): "sum(x - mx) = 0, so my * sum(x - mx) adds nothing: a covariance needs only one side centred",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "def sample_inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor, block: int=257) -> torch.Tensor:",
+        1,
+    ): "the draw is exact for any block size (tested with blocks of 2 and 4 and the default): only the speed differs",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "cdf = blocks.sum(-1).double().cumsum(1)",
+        1,
+    ): "cdf is [B, K]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "j = torch.searchsorted(inner.double().cumsum(1), (target - before).unsqueeze(1), right=True).squeeze(1)",
+        1,
+    ): "inner is [B, block]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -1).amax(1)",
+        1,
+    ): "the [B, block] choice: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "j = torch.where((inner > 0) & (slot <= j.clamp(max=block + 1).unsqueeze(1)), slot, -1).amax(-1)",
+        1,
+    ): "searchsorted gives j <= block, and every slot is <= block - 1: clamping at block or block + 1 selects alike",
+    (
+        "hf_local",
+        "sample_inverse_cdf",
+        "j = torch.where((inner > 0) & (slot <= j.clamp(max=block - 1).unsqueeze(1)), slot, -2).amax(-1)",
+        1,
+    ): "unreachable for u < 1: cdf[k - 1] <= target < cdf[k], so block k has mass and j passes its leading zeros",
+    (
+        "hf_local",
+        "HFGenerator.generate",
+        "seed = None if params.seed is None else params.seed - start",
+        1,
+    ): "a call's chunks need distinct seeds, repeated for the call's seed: seed - start gives them as seed + start does",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "positions = attn.sum(1, keepdim=True)",
+        1,
+    ): "attn is [B, T]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "probs = scores.softmax(1)",
+        1,
+    ): "scores are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "picked = probs.argmax(1)",
+        1,
+    ): "probs are [B, V]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "HFGenerator._prefill",
+        "share = self.share_prefixes and len(first) <= len(prompts)",
+        1,
+    ): "with every prompt distinct, sharing runs every row and reorders the cache by the identity: the same cache, "
+    "logits and counts (only a needless copy)",
+    (
+        "hf_local",
+        "HFGenerator._prefill",
+        "positions = (u_attn.cumsum(1) - 1).masked_fill(u_attn == 0, 1)",
+        1,
+    ): "u_attn is [U, W]: on a 2-D tensor dimension 1 is dimension -1",
+    (
+        "hf_local",
+        "HFGenerator._prefill",
+        "positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 2)",
+        1,
+    ): "the position of a left-padding slot is never seen: the slot is masked out of every attention",
+    (
+        "hf_local",
+        "HFGenerator._prefill",
+        "out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True, past_key_values=_roomy_cache(self.model.config, room), logits_to_keep=2)",
+        1,
+    ): "only the last position's logits are read (out.logits[:, -1]): keeping two computes one more row of them",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "return [] -> return None",
+        1,
+    ): "unreachable: generate hands it chunks of a range over the prompts, never an empty one (an empty call "
+    "returns [] from generate itself, tested)",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "if not greedy and params.top_p <= 1.0:",
+        1,
+    ): "top-p at 1.0 removes only tokens whose cumulative probability is <= 0, whose probability is 0 already",
+    (
+        "hf_local",
+        "HFGenerator._generate_batch",
+        "if not greedy and params.top_p < 2.0:",
+        1,
+    ): "top_p is at most 1 (a probability): < 2.0 is <= 1.0, and top-p at 1.0 removes only tokens of probability 0",
+    (
+        "executor",
+        "_walk_fits",
+        "return False -> return None",
+        1,
+    ): "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a directory)",
+    (
+        "executor",
+        "_walk_fits",
+        "return False -> return None",
+        2,
+    ): "its one caller refuses on `not _walk_fits(...)`: None and False refuse alike (the bound at a file)",
+    (
+        "executor",
+        "_check_type",
+        "if typ == 'XXanyXX' or (value is None and 'default' in spec):",
+        1,
+    ): "'any' is not a key of _JSON_TYPES, so the `allowed is None` return two lines below skips it the same way",
 }
 
 # --------------------------------------------------------------------------- mutant generation
 
-CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-            ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-            ast.Pow: ast.Mult, ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}
+CMP_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+BIN_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Pow: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+}
 NAME_SWAP = {"min": "max", "max": "min", "any": "all", "all": "any"}
 ATTR_SWAP = {"minimum": "maximum", "maximum": "minimum"}
 
@@ -320,7 +640,11 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 out.add(id(first))
     return out
 
@@ -364,7 +688,9 @@ class _Collector(ast.NodeVisitor):
         for dec in getattr(node, "decorator_list", []):
             self.skip.update(id(n) for n in ast.walk(dec))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs + [node.args.vararg, node.args.kwarg]:
+            for a in (
+                node.args.posonlyargs + node.args.args + node.args.kwonlyargs + [node.args.vararg, node.args.kwarg]
+            ):
                 if a is not None and a.annotation is not None:
                     self.skip.update(id(n) for n in ast.walk(a.annotation))
             if node.returns is not None:
@@ -417,8 +743,11 @@ class _Collector(ast.NodeVisitor):
             new = copy.deepcopy(node)
             new.op = BIN_SWAP[type(node.op)]()
             self._add(node, new, "arithmetic")
-        elif isinstance(node, ast.AugAssign) and type(node.op) in BIN_SWAP and not _sequence_operand(
-                ast.BinOp(node.value, node.op, node.value)):
+        elif (
+            isinstance(node, ast.AugAssign)
+            and type(node.op) in BIN_SWAP
+            and not _sequence_operand(ast.BinOp(node.value, node.op, node.value))
+        ):
             new = copy.deepcopy(node)
             new.op = BIN_SWAP[type(node.op)]()
             self._add(node, new, "arithmetic", expression=False)
@@ -434,14 +763,17 @@ class _Collector(ast.NodeVisitor):
                 self._add(node, ast.Constant(not v), "constant")
             elif isinstance(v, (int, float)) and not isinstance(v, complex):
                 self._add(node, ast.Constant(v + 1), "constant")
-        elif isinstance(node, ast.Return) and node.value is not None and not (
-                isinstance(node.value, ast.Constant) and node.value.value is None):
+        elif (
+            isinstance(node, ast.Return)
+            and node.value is not None
+            and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+        ):
             self._add(node, ast.Return(ast.Constant(None)), "return", expression=False)
         elif isinstance(node, ast.Slice):
             for bound in ("lower", "upper"):
                 b = getattr(node, bound)
                 if b is not None:
-                    for op in ((ast.Sub(),) if isinstance(b, ast.Constant) else (ast.Add(), ast.Sub())):
+                    for op in (ast.Sub(),) if isinstance(b, ast.Constant) else (ast.Add(), ast.Sub()):
                         self._add(b, ast.BinOp(copy.deepcopy(b), op, ast.Constant(1)), "slice")
         elif isinstance(node, ast.Call):
             f = node.func
@@ -456,7 +788,7 @@ class _Collector(ast.NodeVisitor):
 def _segment(lines: list[bytes], lineno, col, end_lineno, end_col) -> bytes:
     if lineno == end_lineno:
         return lines[lineno - 1][col:end_col]
-    parts = [lines[lineno - 1][col:]] + lines[lineno:end_lineno - 1] + [lines[end_lineno - 1][:end_col]]
+    parts = [lines[lineno - 1][col:]] + lines[lineno : end_lineno - 1] + [lines[end_lineno - 1][:end_col]]
     return b"".join(parts)
 
 
@@ -472,7 +804,7 @@ def _places(tree: ast.AST) -> dict[int, tuple[ast.AST, ast.AST, str, int | None]
     while todo:
         node, owner = todo.pop()
         for field, value in ast.iter_fields(node):
-            for i, child in (enumerate(value) if isinstance(value, list) else [(None, value)]):
+            for i, child in enumerate(value) if isinstance(value, list) else [(None, value)]:
                 if isinstance(child, ast.AST):
                     child_owner = child if isinstance(child, _HEADED) else owner
                     places[id(child)] = (child_owner, node, field, i)
@@ -531,8 +863,17 @@ def generate(module: str, source: str) -> list[Mutant]:
         if (span, mutated) in seen or ast.unparse(node) == text:
             continue
         seen.add((span, mutated))
-        m = Mutant(module, len(mutants), function, node.lineno, original, " ".join(text.split()), operator,
-                   span=span, expression=expression)
+        m = Mutant(
+            module,
+            len(mutants),
+            function,
+            node.lineno,
+            original,
+            " ".join(text.split()),
+            operator,
+            span=span,
+            expression=expression,
+        )
         mutated_source = apply(source, m)
         try:
             compile(mutated_source, target.path, "exec")
@@ -561,13 +902,21 @@ def apply(source: str, m: Mutant) -> str:
 def make_copy(dest: Path) -> Path:
     """The checkout's tracked and untracked, not ignored, files (what a clean checkout plus local edits holds)."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                                capture_output=True).stdout.decode().split("\0")
+        listed = (
+            subprocess.run(
+                ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True
+            )
+            .stdout.decode()
+            .split("\0")
+        )
         files = [f for f in listed if f and (ROOT / f).is_file()]
     except (OSError, subprocess.CalledProcessError):
         skip = {".git", ".venv", "outputs", "runs", "__pycache__", ".pytest_cache"}
-        files = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()
-                 and not skip.intersection(p.relative_to(ROOT).parts)]
+        files = [
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)
+        ]
     for f in files:
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, dest / f)
@@ -614,8 +963,21 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def _pytest_args(tests, *, stop_first: bool, deselect=()) -> list[str]:
-    args = ["-q", "-rfE", "-p", "no:cacheprovider", "-p", "_mutation_guard", "--no-header", "-o", "addopts=",
-            "-W", "ignore::DeprecationWarning", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    args = [
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "_mutation_guard",
+        "--no-header",
+        "-o",
+        "addopts=",
+        "-W",
+        "ignore::DeprecationWarning",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+    ]
     if stop_first:
         args.append("-x")
     for d in deselect:
@@ -653,8 +1015,17 @@ def run_tests(copy_root: Path, tests, timeout: float, log: Path, **kwargs) -> tu
         shutil.rmtree(log.with_suffix(".datasets-cache"), ignore_errors=True)
 
 
-def _run_tests(copy_root: Path, tests, timeout: float, log: Path, *, subprocess_mode: bool, deselect=(),
-               stop_first: bool = True, env_extra: dict[str, str] | None = None) -> tuple[str, float]:
+def _run_tests(
+    copy_root: Path,
+    tests,
+    timeout: float,
+    log: Path,
+    *,
+    subprocess_mode: bool,
+    deselect=(),
+    stop_first: bool = True,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[str, float]:
     args = _pytest_args(tests, stop_first=stop_first, deselect=deselect)
     for k in ("RCGRPO_MUTATION_ORDER", "RCGRPO_MUTATION_DURATIONS"):
         os.environ.pop(k, None)
@@ -666,12 +1037,22 @@ def _run_tests(copy_root: Path, tests, timeout: float, log: Path, *, subprocess_
     os.environ["HF_DATASETS_CACHE"] = str(cache)
     start = time.monotonic()
     if subprocess_mode:
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(copy_root), str(copy_root.parent / "plugin")]))
+        env = dict(
+            os.environ,
+            PYTHONDONTWRITEBYTECODE="1",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(copy_root), str(copy_root.parent / "plugin")]),
+        )
         with open(log, "w") as out:
             try:
-                rc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=copy_root, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, timeout=timeout).returncode
+                rc = subprocess.run(
+                    [sys.executable, "-m", "pytest", *args],
+                    cwd=copy_root,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                ).returncode
             except subprocess.TimeoutExpired:
                 return "timeout", time.monotonic() - start
     else:
@@ -735,13 +1116,20 @@ def _preload() -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--module", action="append", choices=sorted(TARGETS),
-                   help="modules to mutate (default: the pure core; --all: the glue modules too)")
+    p.add_argument(
+        "--module",
+        action="append",
+        choices=sorted(TARGETS),
+        help="modules to mutate (default: the pure core; --all: the glue modules too)",
+    )
     p.add_argument("--all", action="store_true", help="every module, the loop's glue included (make mutation-all)")
     p.add_argument("--match", help="only mutants whose line, function or code contains this text (regex)")
     p.add_argument("--line", type=int, action="append", help="only mutants on these lines")
-    p.add_argument("--survivors-of", metavar="REPORT_JSON",
-                   help="only the mutants that survived in that report (re-check them after adding tests)")
+    p.add_argument(
+        "--survivors-of",
+        metavar="REPORT_JSON",
+        help="only the mutants that survived in that report (re-check them after adding tests)",
+    )
     p.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     p.add_argument("--subprocess", action="store_true", help="a fresh `python -m pytest` per mutant (slower)")
     p.add_argument("--no-verify", action="store_true", help="do not re-check survivors with --subprocess")
@@ -755,8 +1143,11 @@ def main(argv=None) -> int:
 
     previous = None
     if a.survivors_of:
-        previous = {(m["module"], m["function"], m["after"], m.get("occurrence", 1)) for m in json.loads(
-            Path(a.survivors_of).read_text())["mutants"] if m["status"] == "survived"}
+        previous = {
+            (m["module"], m["function"], m["after"], m.get("occurrence", 1))
+            for m in json.loads(Path(a.survivors_of).read_text())["mutants"]
+            if m["status"] == "survived"
+        }
         modules = [mod for mod in modules if any(k[0] == mod for k in previous)]
     all_mutants: dict[str, list[Mutant]] = {}
     for mod in modules:
@@ -778,8 +1169,10 @@ def main(argv=None) -> int:
         for mod, ms in all_mutants.items():
             for m in ms:
                 occurrence = f"  #{m.occurrence}" if m.occurrence > 1 else ""
-                print(f"{mod}#{m.index} {TARGETS[mod].path}:{m.line} [{m.function}] {m.operator}: "
-                      f"{m.original}  ->  {m.mutated}    | {m.after}{occurrence}")
+                print(
+                    f"{mod}#{m.index} {TARGETS[mod].path}:{m.line} [{m.function}] {m.operator}: "
+                    f"{m.original}  ->  {m.mutated}    | {m.after}{occurrence}"
+                )
         print(f"{sum(map(len, all_mutants.values()))} mutants")
         return 0
 
@@ -803,15 +1196,29 @@ def main(argv=None) -> int:
             # baseline: the unmutated tests must pass; tests failing already (work in progress) are left out
             base_log = logs / f"{mod}-baseline.log"
             durations = logs / f"{mod}-durations.json"
-            outcome, base_s = run_tests(copy_root, tests, 900, base_log, subprocess_mode=a.subprocess,
-                                        stop_first=False, env_extra={"RCGRPO_MUTATION_DURATIONS": str(durations)})
+            outcome, base_s = run_tests(
+                copy_root,
+                tests,
+                900,
+                base_log,
+                subprocess_mode=a.subprocess,
+                stop_first=False,
+                env_extra={"RCGRPO_MUTATION_DURATIONS": str(durations)},
+            )
             deselect = []
             if outcome != "passed":
                 deselect = failing_ids(base_log)
                 if deselect:
-                    outcome, base_s = run_tests(copy_root, tests, 900, base_log, subprocess_mode=a.subprocess,
-                                                deselect=deselect, stop_first=False,
-                                                env_extra={"RCGRPO_MUTATION_DURATIONS": str(durations)})
+                    outcome, base_s = run_tests(
+                        copy_root,
+                        tests,
+                        900,
+                        base_log,
+                        subprocess_mode=a.subprocess,
+                        deselect=deselect,
+                        stop_first=False,
+                        env_extra={"RCGRPO_MUTATION_DURATIONS": str(durations)},
+                    )
                 if outcome != "passed":
                     print(f"{mod}: the unmutated tests do not pass; see {out_dir / (mod + '-baseline.log')}")
                     shutil.copy(base_log, out_dir / f"{mod}-baseline.log")
@@ -824,25 +1231,36 @@ def main(argv=None) -> int:
                 path.write_text(apply(source, m))
                 log = logs / f"{mod}-{m.index}.log"
                 order = {"RCGRPO_MUTATION_ORDER": str(durations)}
-                outcome, m.seconds = run_tests(copy_root, tests, timeout, log, subprocess_mode=a.subprocess,
-                                               deselect=deselect, env_extra=order)
+                outcome, m.seconds = run_tests(
+                    copy_root, tests, timeout, log, subprocess_mode=a.subprocess, deselect=deselect, env_extra=order
+                )
                 if outcome == "passed" and not a.subprocess and not a.no_verify:
-                    outcome, s2 = run_tests(copy_root, tests, timeout + 20, log, subprocess_mode=True,
-                                            deselect=deselect, env_extra=order)
+                    outcome, s2 = run_tests(
+                        copy_root, tests, timeout + 20, log, subprocess_mode=True, deselect=deselect, env_extra=order
+                    )
                     m.seconds += s2
                 m.status = {"passed": "survived", "timeout": "timeout"}.get(outcome, "killed")
                 m.killed_by = "" if outcome == "passed" else ("timeout" if outcome == "timeout" else first_failure(log))
                 mark = {"killed": ".", "timeout": "T", "survived": "S"}[m.status]
                 print(mark, end="", flush=True)
                 if m.status == "survived":
-                    print(f"\n  SURVIVED {target.path}:{m.line} [{m.function}] {m.original} -> {m.mutated}: {m.after}"
-                          + (f"  (equivalent: {m.equivalent})" if m.equivalent else ""), flush=True)
+                    print(
+                        f"\n  SURVIVED {target.path}:{m.line} [{m.function}] {m.original} -> {m.mutated}: {m.after}"
+                        + (f"  (equivalent: {m.equivalent})" if m.equivalent else ""),
+                        flush=True,
+                    )
             path.write_text(source)
             killed = sum(m.status in ("killed", "timeout") for m in ms)
-            summary[mod] = {"path": target.path, "tests": list(tests), "deselected": deselect, "mutants": len(ms),
-                            "killed": killed, "survived": len(ms) - killed,
-                            "equivalent": sum(m.status == "survived" and bool(m.equivalent) for m in ms),
-                            "baseline_s": round(base_s, 2)}
+            summary[mod] = {
+                "path": target.path,
+                "tests": list(tests),
+                "deselected": deselect,
+                "mutants": len(ms),
+                "killed": killed,
+                "survived": len(ms) - killed,
+                "equivalent": sum(m.status == "survived" and bool(m.equivalent) for m in ms),
+                "baseline_s": round(base_s, 2),
+            }
             print(f"\n{mod}: killed {killed}/{len(ms)}", flush=True)
     finally:
         if a.keep:
@@ -850,10 +1268,16 @@ def main(argv=None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - started
-    report = {"seconds": round(elapsed, 1), "mode": "subprocess" if a.subprocess else "fork",
-              "summary": summary,
-              "mutants": [{k: v for k, v in asdict(m).items() if k not in ("span", "expression")}
-                          for ms in all_mutants.values() for m in ms]}
+    report = {
+        "seconds": round(elapsed, 1),
+        "mode": "subprocess" if a.subprocess else "fork",
+        "summary": summary,
+        "mutants": [
+            {k: v for k, v in asdict(m).items() if k not in ("span", "expression")}
+            for ms in all_mutants.values()
+            for m in ms
+        ],
+    }
     (out_dir / "report.json").write_text(json.dumps(report, indent=1))
     (out_dir / "report.md").write_text(markdown(report))
     print(f"report: {out_dir / 'report.md'} ({elapsed:.0f}s)")
@@ -863,22 +1287,34 @@ def main(argv=None) -> int:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Mutation report ({report['seconds']:.0f} s, {report['mode']} mode)", "",
-             "| module | killed / mutants | equivalent survivors | other survivors |", "|---|---|---|---|"]
+    lines = [
+        f"# Mutation report ({report['seconds']:.0f} s, {report['mode']} mode)",
+        "",
+        "| module | killed / mutants | equivalent survivors | other survivors |",
+        "|---|---|---|---|",
+    ]
     for mod, s in report["summary"].items():
         if "error" in s:
             lines.append(f"| {mod} | {s['error']} | | |")
         else:
-            lines.append(f"| {mod} | {s['killed']} / {s['mutants']} | {s['equivalent']} | "
-                         f"{s['survived'] - s['equivalent']} |")
-    lines += ["", "## Survivors", "", "| file:line | function | mutation | mutated statement | equivalent |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"| {mod} | {s['killed']} / {s['mutants']} | {s['equivalent']} | {s['survived'] - s['equivalent']} |"
+            )
+    lines += [
+        "",
+        "## Survivors",
+        "",
+        "| file:line | function | mutation | mutated statement | equivalent |",
+        "|---|---|---|---|---|",
+    ]
     for m in report["mutants"]:
         if m["status"] == "survived":
             path = TARGETS[m["module"]].path
             cell = lambda text: text.replace("|", "\\|")  # noqa: E731
-            lines.append(f"| {path}:{m['line']} | {m['function']} | `{cell(m['original'])}` -> `{cell(m['mutated'])}` "
-                         f"| `{cell(m['after'])}` | {m['equivalent'] or '**no**'} |")
+            lines.append(
+                f"| {path}:{m['line']} | {m['function']} | `{cell(m['original'])}` -> `{cell(m['mutated'])}` "
+                f"| `{cell(m['after'])}` | {m['equivalent'] or '**no**'} |"
+            )
     return "\n".join(lines) + "\n"
 
 

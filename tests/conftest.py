@@ -50,10 +50,14 @@ def pytest_collection_modifyitems(config, items):
             module = CHROMIUM
         if marker in required:
             if module == CHROMIUM:
-                raise pytest.UsageError(f"RCGRPO_REQUIRE=browser but {CHROMIUM} is missing: `make browser` "
-                                        "installs Debian's chromium (apt-get, as root)")
-            raise pytest.UsageError(f"RCGRPO_REQUIRE={marker} but {module} is not importable: run `make install` "
-                                    f"(it installs the {'dev' if marker == 'browser' else marker} extra)")
+                raise pytest.UsageError(
+                    f"RCGRPO_REQUIRE=browser but {CHROMIUM} is missing: `make browser` "
+                    "installs Debian's chromium (apt-get, as root)"
+                )
+            raise pytest.UsageError(
+                f"RCGRPO_REQUIRE={marker} but {module} is not importable: run `make install` "
+                f"(it installs the {'dev' if marker == 'browser' else marker} extra)"
+            )
         for item in items:
             if marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=f"{module} is not installed (marker '{marker}')"))
@@ -90,8 +94,13 @@ def micro_data_dir(tmp_path_factory):
 
 ONE_FOLDER_PLUGINS = Path(__file__).resolve().parent / "data" / "plugins"
 # what a run of the one_folder task source needs besides its recipe
-ONE_FOLDER = ["plugins=[one_folder_tasks]", "env.task_source=one_folder", "logging.progress=false",
-              "logging.tensorboard=false", "trainer.save_every=1000"]
+ONE_FOLDER = [
+    "plugins=[one_folder_tasks]",
+    "env.task_source=one_folder",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "trainer.save_every=1000",
+]
 
 
 @contextlib.contextmanager
@@ -127,11 +136,27 @@ def one_folder_rctp(tmp_path_factory):
     data = root / "data"
     data.mkdir()
     with one_folder_plugin_loaded():
-        build(PrepareDataConfig(task_source="one_folder", plugins=("one_folder_tasks",), tokenizer=None,
-                                progress=False), data)
-        assert main(["--config-name=micro_rctp", "model.path=tiny-llama", f"data.dir={data}", f"run_dir={root / 's1'}",
-                     "trainer.max_steps=100", "trainer.global_batch_size=8", "trainer.micro_batch_size=8",
-                     "trainer.lr=3e-3", "trainer.warmup_steps=5", *ONE_FOLDER]) == 0
+        build(
+            PrepareDataConfig(task_source="one_folder", plugins=("one_folder_tasks",), tokenizer=None, progress=False),
+            data,
+        )
+        assert (
+            main(
+                [
+                    "--config-name=micro_rctp",
+                    "model.path=tiny-llama",
+                    f"data.dir={data}",
+                    f"run_dir={root / 's1'}",
+                    "trainer.max_steps=100",
+                    "trainer.global_batch_size=8",
+                    "trainer.micro_batch_size=8",
+                    "trainer.lr=3e-3",
+                    "trainer.warmup_steps=5",
+                    *ONE_FOLDER,
+                ]
+            )
+            == 0
+        )
     return data, root / "s1" / "hf"
 
 
@@ -156,15 +181,27 @@ def hand_advantages(rewards, eps=1e-6):
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def rl_batch(loss_mask, advantages, ref_logprobs, old_logprobs=None, sampler_logprobs=None, input_ids=None,
-             attention_mask=None, first=0):
+def rl_batch(
+    loss_mask,
+    advantages,
+    ref_logprobs,
+    old_logprobs=None,
+    sampler_logprobs=None,
+    input_ids=None,
+    attention_mask=None,
+    first=0,
+):
     """An RLMicroBatch for a loss test: tokens 0 and attention 1 unless given, sampler logprobs 0 unless given."""
     from nemo_rcgrpo.data.batch import RLMicroBatch
 
     mask = torch.as_tensor(loss_mask)
-    return RLMicroBatch(torch.zeros(mask.shape, dtype=torch.long) if input_ids is None else input_ids,
-                        torch.ones(mask.shape, dtype=torch.long) if attention_mask is None else attention_mask, mask,
-                        advantages=torch.as_tensor(advantages), ref_logprobs=torch.as_tensor(ref_logprobs),
-                        sampler_logprobs=(torch.zeros(mask.shape) if sampler_logprobs is None
-                                          else torch.as_tensor(sampler_logprobs)),
-                        old_logprobs=None if old_logprobs is None else torch.as_tensor(old_logprobs), first=first)
+    return RLMicroBatch(
+        torch.zeros(mask.shape, dtype=torch.long) if input_ids is None else input_ids,
+        torch.ones(mask.shape, dtype=torch.long) if attention_mask is None else attention_mask,
+        mask,
+        advantages=torch.as_tensor(advantages),
+        ref_logprobs=torch.as_tensor(ref_logprobs),
+        sampler_logprobs=(torch.zeros(mask.shape) if sampler_logprobs is None else torch.as_tensor(sampler_logprobs)),
+        old_logprobs=None if old_logprobs is None else torch.as_tensor(old_logprobs),
+        first=first,
+    )

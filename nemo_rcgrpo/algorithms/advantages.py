@@ -39,8 +39,9 @@ def no_scale(r: torch.Tensor, centred: torch.Tensor, eps: float) -> torch.Tensor
     return centred
 
 
-def group_advantages(rewards: torch.Tensor, *, baseline: str = "mean", scale: str = "std",
-                     eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, *, baseline: str = "mean", scale: str = "std", eps: float = 1e-6
+) -> torch.Tensor:
     """rewards: [num_groups, G] -> advantages [num_groups, G]; baseline and scale are registered names
     (``advantage_baseline`` / ``advantage_scale``), applied to the rewards in float64."""
     if rewards.dim() != 2:

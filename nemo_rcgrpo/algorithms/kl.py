@@ -33,4 +33,3 @@ K3_MAX = 10.0
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)  # exp overflow guard
     return (torch.exp(d) - d - 1.0).clamp(max=K3_MAX)
-

@@ -17,15 +17,17 @@ from nemo_rcgrpo.registry import lookup, register
 
 
 @register("loss_aggregation", "token")
-def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float,
-               num_sequences: float | None) -> torch.Tensor:
+def token_mean(
+    per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, num_sequences: float | None
+) -> torch.Tensor:
     """sum_t mask * loss_t / num_valid_tokens (the update's token count)."""
     return (per_token * mask).sum() / max(num_valid_tokens, 1.0)
 
 
 @register("loss_aggregation", "sequence")
-def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float,
-                  num_sequences: float | None) -> torch.Tensor:
+def sequence_mean(
+    per_token: torch.Tensor, mask: torch.Tensor, num_valid_tokens: float, num_sequences: float | None
+) -> torch.Tensor:
     """sum_b [sum_t mask * loss_t / len_b] / num_sequences (the update's sequence count)."""
     if not num_sequences:
         raise ValueError("loss aggregation 'sequence' needs the update's sequence count (GRPOLoss.num_sequences)")
@@ -130,20 +132,32 @@ class GRPOLoss:
     @classmethod
     def from_config(cls, loss_cfg, ratio: str) -> "GRPOLoss":
         """From the ``rl.loss`` section, with the loop's choice of ratio."""
-        return cls(clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, kl_beta=loss_cfg.kl_beta,
-                   kl_estimator=loss_cfg.kl_estimator, aggregation=loss_cfg.aggregation,
-                   correction=loss_cfg.correction, correction_cap=loss_cfg.correction_cap, policy_loss=loss_cfg.policy_loss, ratio=ratio)
+        return cls(
+            clip_low=loss_cfg.clip_low,
+            clip_high=loss_cfg.clip_high,
+            kl_beta=loss_cfg.kl_beta,
+            kl_estimator=loss_cfg.kl_estimator,
+            aggregation=loss_cfg.aggregation,
+            correction=loss_cfg.correction,
+            correction_cap=loss_cfg.correction_cap,
+            policy_loss=loss_cfg.policy_loss,
+            ratio=ratio,
+        )
 
-    def __call__(self, token_logprobs: torch.Tensor, batch: RLMicroBatch,
-                 num_valid_tokens: float) -> tuple[torch.Tensor, PolicyLossStats]:
+    def __call__(
+        self, token_logprobs: torch.Tensor, batch: RLMicroBatch, num_valid_tokens: float
+    ) -> tuple[torch.Tensor, PolicyLossStats]:
         """token_logprobs: [B, T] with gradient. Returns the scalar loss and its statistics."""
         if (batch.old_logprobs is None) != (self.ratio == "current"):
-            raise ValueError(f"GRPOLoss(ratio={self.ratio!r}) got a batch "
-                             f"{'without' if batch.old_logprobs is None else 'with'} old_logprobs")
+            raise ValueError(
+                f"GRPOLoss(ratio={self.ratio!r}) got a batch "
+                f"{'without' if batch.old_logprobs is None else 'with'} old_logprobs"
+            )
         mask = batch.loss_mask.to(token_logprobs.dtype)  # [B, T]
         adv = batch.advantages.to(token_logprobs.dtype).unsqueeze(-1)  # [B, 1]
-        old = (token_logprobs.detach() if batch.old_logprobs is None
-               else batch.old_logprobs.to(token_logprobs.dtype))  # [B, T]
+        old = (
+            token_logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs.to(token_logprobs.dtype)
+        )  # [B, T]
         ratio = torch.exp((token_logprobs - old) * mask)  # [B, T]
         pg, is_clipped = lookup("policy_loss", self.policy_loss)(ratio, adv, self.clip_low, self.clip_high)  # [B, T]
         gap = (old - batch.sampler_logprobs.to(old.dtype)) * mask  # [B, T] trainer - generator, detached
@@ -151,9 +165,11 @@ class GRPOLoss:
         if self.correction != "none":
             weights = lookup("sampler_correction", self.correction)(gap, mask, self.correction_cap)  # [B, T]
             if not (isinstance(weights, torch.Tensor) and weights.shape == gap.shape):
-                raise ValueError(f"sampler_correction {self.correction} returned "
-                                 f"{getattr(weights, 'shape', type(weights).__name__)}, not weights of shape "
-                                 f"{tuple(gap.shape)}")
+                raise ValueError(
+                    f"sampler_correction {self.correction} returned "
+                    f"{getattr(weights, 'shape', type(weights).__name__)}, not weights of shape "
+                    f"{tuple(gap.shape)}"
+                )
             weights = weights.detach().to(pg.dtype)
             pg = pg * weights  # [B, T]
         kl = lookup("kl_estimator", self.kl_estimator)(token_logprobs, batch.ref_logprobs) * mask  # [B, T]
@@ -161,12 +177,23 @@ class GRPOLoss:
         loss = lookup("loss_aggregation", self.aggregation)(per_token, mask, num_valid_tokens, self.num_sequences)
         with torch.no_grad():
             stats = PolicyLossStats(
-                loss=float(loss), pg_loss_sum=float((pg * mask).sum()), kl_sum=float((kl * mask).sum()),
-                clipped_tokens=float((is_clipped.to(mask.dtype) * mask).sum()), ratio_sum=float((ratio * mask).sum()),
-                tokens=float(mask.sum()), sampler_abs_diff_sum=float((gap.abs() * mask).sum()),
+                loss=float(loss),
+                pg_loss_sum=float((pg * mask).sum()),
+                kl_sum=float((kl * mask).sum()),
+                clipped_tokens=float((is_clipped.to(mask.dtype) * mask).sum()),
+                ratio_sum=float((ratio * mask).sum()),
+                tokens=float(mask.sum()),
+                sampler_abs_diff_sum=float((gap.abs() * mask).sum()),
                 # as NeMo-RL's token_mult_prob_error: mean exp(|trainer - generator logprob|)
                 sampler_mult_err_sum=float((torch.exp(gap.abs()) * mask).sum()),
-                **({} if weights is None else dict(
-                    corrected_tokens=float(mask.sum()), correction_weight_sum=float((weights * mask).sum()),
-                    correction_dropped=float(((weights == 0).to(mask.dtype) * mask).sum()))))
+                **(
+                    {}
+                    if weights is None
+                    else dict(
+                        corrected_tokens=float(mask.sum()),
+                        correction_weight_sum=float((weights * mask).sum()),
+                        correction_dropped=float(((weights == 0).to(mask.dtype) * mask).sum()),
+                    )
+                ),
+            )
         return loss, stats

@@ -26,8 +26,14 @@ from nemo_rcgrpo.algorithms.rl_collect import StepRollouts
 
 
 class AheadCollector:
-    def __init__(self, collect: Callable[[int, int], StepRollouts], first_step: int, last_step: int, cursor: int,
-                 max_staleness: int):
+    def __init__(
+        self,
+        collect: Callable[[int, int], StepRollouts],
+        first_step: int,
+        last_step: int,
+        cursor: int,
+        max_staleness: int,
+    ):
         """``collect(step, cursor)``: step ``step``'s rollouts from task ``cursor`` on; steps ``first_step`` ..
         ``last_step`` are collected (``first_step - 1`` are trained)."""
         if max_staleness < 1:
@@ -90,5 +96,8 @@ def staleness_metrics(groups: Sequence[Sequence[Any]], step: int) -> dict[str, f
     minus the version of its first turn; ``spanning_rollouts``: rollouts whose turns ran on more than one version."""
     trajs = [t for g in groups for t in g if t.weight_version is not None]
     ages = [step - 1 - t.weight_version for t in trajs]
-    return {"staleness_mean": statistics.fmean(ages) if ages else 0.0, "staleness_max": float(max(ages, default=0)),
-            "spanning_rollouts": float(sum(len(set(t.turn_versions)) > 1 for t in trajs))}
+    return {
+        "staleness_mean": statistics.fmean(ages) if ages else 0.0,
+        "staleness_max": float(max(ages, default=0)),
+        "spanning_rollouts": float(sum(len(set(t.turn_versions)) > 1 for t in trajs)),
+    }

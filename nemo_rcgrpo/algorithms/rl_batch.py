@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,29 +24,42 @@ from nemo_rcgrpo.utils.bounded import bounded_line
 RolloutGroup = list[Trajectory]  # the G rollouts of one task (one group); advantages are taken within it
 
 
-def token_batches(trajs: Sequence[Trajectory], pad_id: int, micro: int,
-                  ranges: Sequence[tuple[int, int]] | None = None) -> list[MicroBatch]:
+def token_batches(
+    trajs: Sequence[Trajectory], pad_id: int, micro: int, ranges: Sequence[tuple[int, int]] | None = None
+) -> list[MicroBatch]:
     """The rollouts' tokens as right-padded micro-batches, in trajectory order: ``micro`` rollouts each (batch i
     holds rollouts i * micro ...), or ``ranges``' [lo, hi) runs of rollouts (a token budget's,
     `data/packing.py: budget_batches`): what the reference and the policy score before the update."""
     if ranges is None:
         ranges = [(s, min(s + micro, len(trajs))) for s in range(0, len(trajs), micro)]
-    return [collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs[lo:hi]], pad_id)
-            for lo, hi in ranges]
+    return [collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs[lo:hi]], pad_id) for lo, hi in ranges]
 
 
-def rl_micro_batch(tokens: MicroBatch, trajs: Sequence[Trajectory], first: int, flat_adv: torch.Tensor,
-                   ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor | None) -> RLMicroBatch:
+def rl_micro_batch(
+    tokens: MicroBatch,
+    trajs: Sequence[Trajectory],
+    first: int,
+    flat_adv: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+) -> RLMicroBatch:
     """The complete micro-batch of rollouts ``trajs[first : first + tokens.rows]``: their tokens, advantages
     (``flat_adv``: [len(trajs)]), the generator's logprobs, the reference's and (None where the loss takes its
     ratio against its own pass) the policy's old logprobs, [B, T] each."""
-    part = trajs[first:first + tokens.rows]
+    part = trajs[first : first + tokens.rows]
     sampler = torch.zeros(tuple(tokens.input_ids.shape), dtype=torch.float32)  # [B, T]
     for row, t in enumerate(part):
         sampler[row, : len(t.sampler_logprobs)] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
-    return RLMicroBatch(tokens.input_ids, tokens.attention_mask, tokens.loss_mask,
-                        advantages=flat_adv[first:first + tokens.rows].float(), ref_logprobs=ref_logprobs,
-                        sampler_logprobs=sampler, old_logprobs=old_logprobs, first=first)
+    return RLMicroBatch(
+        tokens.input_ids,
+        tokens.attention_mask,
+        tokens.loss_mask,
+        advantages=flat_adv[first : first + tokens.rows].float(),
+        ref_logprobs=ref_logprobs,
+        sampler_logprobs=sampler,
+        old_logprobs=old_logprobs,
+        first=first,
+    )
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,14 @@ def pearson(xs: list[float], ys: list[float]) -> float | None:
     return cov / (statistics.pstdev(xs) * statistics.pstdev(ys))
 
 
-def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor,
-                 entropy_sums: Sequence[float], out: UpdateTotals, num_valid: float) -> dict[str, float]:
+def step_metrics(
+    groups: Sequence[RolloutGroup],
+    rewards: torch.Tensor,
+    adv: torch.Tensor,
+    entropy_sums: Sequence[float],
+    out: UpdateTotals,
+    num_valid: float,
+) -> dict[str, float]:
     """The step's metrics from its groups, rewards [N, G], advantages [N, G], per-rollout entropy sums, the
     updates' totals and the number of generated tokens."""
     stats = out.stats
@@ -78,24 +97,33 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
     r = [t.reward for t in trajs]
     entropies = [e / max(1, t.generated_tokens) for e, t in zip(entropy_sums, trajs)]  # per-trajectory means
     m: dict[str, float] = {
-        "loss": stats.loss / max(out.updates, 1), "grad_norm": out.grad_norm, "lr": out.lr,
-        "reward_mean": statistics.fmean(r), "zero_variance_fraction": zero_variance_fraction(rewards),
-        "advantage_mean": float(adv.mean()), "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
-        "advantage_abs_mean": float(adv.abs().mean()), "nonzero_advantage_share": float((adv != 0).float().mean()),
+        "loss": stats.loss / max(out.updates, 1),
+        "grad_norm": out.grad_norm,
+        "lr": out.lr,
+        "reward_mean": statistics.fmean(r),
+        "zero_variance_fraction": zero_variance_fraction(rewards),
+        "advantage_mean": float(adv.mean()),
+        "advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "advantage_abs_mean": float(adv.abs().mean()),
+        "nonzero_advantage_share": float((adv != 0).float().mean()),
         # entropy: the token mean over every generated token of the step; entropy_seq_mean: mean of the
         # per-trajectory means (short trajectories weigh more)
-        "entropy": sum(entropy_sums) / max(num_valid, 1.0), "entropy_seq_mean": statistics.fmean(entropies),
+        "entropy": sum(entropy_sums) / max(num_valid, 1.0),
+        "entropy_seq_mean": statistics.fmean(entropies),
         # per token over every update (stats.tokens: the generated tokens of all updates, each epoch once)
         "kl": stats.kl_sum / max(stats.tokens, 1.0),
         "clip_fraction": stats.clipped_tokens / max(stats.tokens, 1.0),
-        "updates": float(out.updates), "skipped_updates": float(out.skipped),
+        "updates": float(out.updates),
+        "skipped_updates": float(out.skipped),
         "response_tokens": statistics.fmean(t.generated_tokens for t in trajs),
         "turns": statistics.fmean(t.num_turns for t in trajs),
         "tool_error_rate": sum(t.tool_errors for t in trajs) / max(1, sum(len(c) for t in trajs for c in t.calls)),
         # assistant messages the format's parser rejected whole (chat.rejected_message decides what they became)
         "rejected_message_rate": sum(t.rejected_messages for t in trajs) / max(1, sum(t.num_turns for t in trajs)),
         "truncated_share": statistics.fmean(t.truncated is not None for t in trajs),
-        "groups": float(len(groups)), "rollouts": float(len(trajs)), "tokens": num_valid,
+        "groups": float(len(groups)),
+        "rollouts": float(len(trajs)),
+        "tokens": num_valid,
     }
     if stats.sampler_mult_err_sum > 0:  # the generator's logprobs against the trainer's, before the update
         m["sampler_logprob_abs_diff"] = stats.sampler_abs_diff_sum / max(stats.tokens, 1.0)
@@ -123,8 +151,9 @@ def step_metrics(groups: Sequence[RolloutGroup], rewards: torch.Tensor, adv: tor
     return m
 
 
-def write_rollouts(path: Path, step: int, groups: Sequence[RolloutGroup], adv: torch.Tensor,
-                   decode: Callable[[list[int]], str]) -> None:
+def write_rollouts(
+    path: Path, step: int, groups: Sequence[RolloutGroup], adv: torch.Tensor, decode: Callable[[list[int]], str]
+) -> None:
     """rollouts/step_N.jsonl (N counts from 1, as metrics.jsonl and checkpoints/ do): one record per rollout; the
     rendered prompt (reward goal included) is written once per group and token, on the first record that has
     it, and the others name that record's line (``prompt_line``, from 1). Each line is bounded (`utils/bounded.py`:

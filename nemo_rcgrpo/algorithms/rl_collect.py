@@ -26,6 +26,7 @@ from nemo_rcgrpo.utils.banner import say
 class StepRollouts:
     """What collection hands the step: the groups to train on, the timing and filter stats, and the task cursor
     after the tasks it drew (the trainer keeps and checkpoints it)."""
+
     groups: list[RolloutGroup]
     stats: dict[str, float]
     cursor: int
@@ -47,11 +48,16 @@ def check_failures(stage: str, step: int, trajectories: Sequence[Any], max_share
         return None
     first = f"first: task {failed[0].task_id}: {failed[0].error}"
     if len(failed) == len(trajectories):
-        raise RolloutsFailed(f"{stage} step {step}: all {len(failed)} rollouts failed, nothing to train on ({first}); "
-                             f"every rollout's error is in rollouts/step_{step}.jsonl", list(trajectories))
+        raise RolloutsFailed(
+            f"{stage} step {step}: all {len(failed)} rollouts failed, nothing to train on ({first}); "
+            f"every rollout's error is in rollouts/step_{step}.jsonl",
+            list(trajectories),
+        )
     if len(failed) > max_share * len(trajectories):
-        return (f"WARNING: {stage} step {step}: {len(failed)} of {len(trajectories)} rollouts failed (more than "
-                f"rl.max_failed_share={max_share:g}) and pay reward 0; {first}")
+        return (
+            f"WARNING: {stage} step {step}: {len(failed)} of {len(trajectories)} rollouts failed (more than "
+            f"rl.max_failed_share={max_share:g}) and pay reward 0; {first}"
+        )
     return None
 
 
@@ -67,8 +73,9 @@ def shuffled_tasks(task_ids: Sequence[str], cursor: int, n: int, seed: int) -> l
     return out
 
 
-def rollout_specs(rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequence[str], first_group: int,
-                  rng: random.Random) -> list[RolloutSpec]:
+def rollout_specs(
+    rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequence[str], first_group: int, rng: random.Random
+) -> list[RolloutSpec]:
     """G rollouts per task, in group order; a conditioned stage's each get a token from rl.reward_token_sampling."""
     if conditioned:
         sampler = lookup("reward_token_sampler", rl.reward_token_sampling)
@@ -78,15 +85,30 @@ def rollout_specs(rl: RLConfig, conditioned: bool, suite: Any, task_ids: Sequenc
     return [RolloutSpec(suite[t], first_group + g, tok) for g, t in enumerate(task_ids) for tok in tokens[g]]
 
 
-def collect_groups(rl: RLConfig, spec: Stage, engine: RolloutEngine, suite: Any, task_ids: Sequence[str],
-                   cursor: int, step: int, rng: random.Random, seed: int, stage: str = "rl") -> StepRollouts:
+def collect_groups(
+    rl: RLConfig,
+    spec: Stage,
+    engine: RolloutEngine,
+    suite: Any,
+    task_ids: Sequence[str],
+    cursor: int,
+    step: int,
+    rng: random.Random,
+    seed: int,
+    stage: str = "rl",
+) -> StepRollouts:
     """``rl.tasks_per_step`` groups of G trajectories (fewer only when a group filter's rounds ran out and
     ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts. Tasks are
     drawn from ``cursor`` on in the seeded per-epoch shuffle of ``task_ids`` (``shuffled_tasks``); the stage's
     spec (``spec``, registered or not) says whether rollouts get reward tokens and which groups are kept;
     ``stage``: its name in messages."""
-    stats = {"generation_seconds": 0.0, "env_seconds": 0.0, "reward_seconds": 0.0,
-             "dropped_zero_variance_groups": 0.0, "sampled_groups": 0.0}
+    stats = {
+        "generation_seconds": 0.0,
+        "env_seconds": 0.0,
+        "reward_seconds": 0.0,
+        "dropped_zero_variance_groups": 0.0,
+        "sampled_groups": 0.0,
+    }
     groups: list[RolloutGroup] = []
     keep = group_filter(spec, rl.group_filter)  # None: every group is trained on
     filtering = keep is not None
@@ -106,7 +128,7 @@ def collect_groups(rl: RLConfig, spec: Stage, engine: RolloutEngine, suite: Any,
         sampled += trajs
         check_failures(stage, step + 1, sampled, 1.0)  # all failed so far: stop before any filter or update
         for g in range(need):
-            group = trajs[g * rl.group_size:(g + 1) * rl.group_size]
+            group = trajs[g * rl.group_size : (g + 1) * rl.group_size]
             rewards = [t.reward for t in group]
             stats["sampled_groups"] += 1
             zero_sampled += len(set(rewards)) == 1
@@ -126,8 +148,10 @@ def collect_groups(rl: RLConfig, spec: Stage, engine: RolloutEngine, suite: Any,
         what = "have reward variance" if keep is has_variance else "pass its group filter"
         zero = int(stats["dropped_zero_variance_groups"])
         also = "" if dropped == zero else f", {dropped} in all"
-        raise ValueError(f"{stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
-                         f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
-                         "on); raise rl.dapo_max_rounds"
-                         + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups"))
+        raise ValueError(
+            f"{stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
+            f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
+            "on); raise rl.dapo_max_rounds"
+            + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups")
+        )
     return StepRollouts(groups, stats, cursor)

@@ -54,7 +54,9 @@ class MicroBatch:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The batch's tensor fields by name (None fields left out)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if torch.is_tensor(getattr(self, f.name))}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if torch.is_tensor(getattr(self, f.name))
+        }
 
     def to(self: B, device: torch.device | str) -> B:
         """The same batch with every tensor on ``device``."""

@@ -145,7 +145,8 @@ def one_call_per_message(messages: Sequence[Message]) -> list[Message]:
             raise OneCallPerMessageError(
                 f"message {i}: {len(calls)} tool calls in one assistant message and {len(results)} results that "
                 "cannot be matched to them (no tool_call_id); the llama3_json format (Llama 3.1 template) "
-                "renders one call per assistant message")
+                "renders one call per assistant message"
+            )
         i = j
     return out
 
@@ -153,7 +154,9 @@ def one_call_per_message(messages: Sequence[Message]) -> list[Message]:
 # --------------------------------------------------------------------------- hermes
 
 
-def _hermes_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict] | None, description: str) -> list[Piece]:
+def _hermes_pieces(
+    messages: Sequence[Message], index: int, tools: Sequence[dict] | None, description: str
+) -> list[Piece]:
     m = messages[index]
     role = m["role"]
     out: list[Piece] = []
@@ -184,8 +187,13 @@ def _hermes_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict
             Piece("<|im_end|>", train=True, special=True),
             Piece("\n"),
         ]
-    return out + [Piece("<|im_start|>", special=True), Piece(f"{role}\n"),
-                  Piece(m.get("content") or "", user_text=role == "user"), Piece("<|im_end|>", special=True), Piece("\n")]
+    return out + [
+        Piece("<|im_start|>", special=True),
+        Piece(f"{role}\n"),
+        Piece(m.get("content") or "", user_text=role == "user"),
+        Piece("<|im_end|>", special=True),
+        Piece("\n"),
+    ]
 
 
 def _hermes_system(system: str, tools: Sequence[dict] | None, description: str) -> list[Piece]:
@@ -194,7 +202,12 @@ def _hermes_system(system: str, tools: Sequence[dict] | None, description: str) 
         lines = _tool_lines(tools, description)
         body = (system + "\n\n" if system else "") + HERMES_TOOLS_PREAMBLE + "".join("\n" + l for l in lines)
         body += HERMES_TOOLS_POSTAMBLE
-    return [Piece("<|im_start|>", special=True), Piece("system\n" + body), Piece("<|im_end|>", special=True), Piece("\n")]
+    return [
+        Piece("<|im_start|>", special=True),
+        Piece("system\n" + body),
+        Piece("<|im_end|>", special=True),
+        Piece("\n"),
+    ]
 
 
 def _hermes_generation_prompt() -> list[Piece]:
@@ -209,10 +222,13 @@ def _llama3_header(role: str, separate: bool = True) -> list[Piece]:
     tokenised as one run, as a server tokenises the template's text (the assistant header keeps it: the
     generation prompt ends there)."""
     return [Piece("<|start_header_id|>", special=True), Piece(role), Piece("<|end_header_id|>", special=True)] + (
-        [Piece("\n\n")] if separate else [])
+        [Piece("\n\n")] if separate else []
+    )
 
 
-def _llama3_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict] | None, description: str) -> list[Piece]:
+def _llama3_pieces(
+    messages: Sequence[Message], index: int, tools: Sequence[dict] | None, description: str
+) -> list[Piece]:
     m = messages[index]
     role = m["role"]
     header = (LLAMA3_ENVIRONMENT if tools else "") + LLAMA3_DATE_HEADER
@@ -221,10 +237,17 @@ def _llama3_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict
         out += _llama3_header("system", False) + [Piece("\n\n" + header), Piece("<|eot_id|>", special=True)]
     content = m.get("content") or ""
     if role == "system" and index == 0:
-        return out + _llama3_header("system", False) + [Piece("\n\n" + header + content.strip()),
-                                                        Piece("<|eot_id|>", special=True)]
+        return (
+            out
+            + _llama3_header("system", False)
+            + [Piece("\n\n" + header + content.strip()), Piece("<|eot_id|>", special=True)]
+        )
     if role == "tool":  # the template writes a string result through tojson (a string is iterable)
-        return out + _llama3_header("ipython", False) + [Piece("\n\n" + tojson(content)), Piece("<|eot_id|>", special=True)]
+        return (
+            out
+            + _llama3_header("ipython", False)
+            + [Piece("\n\n" + tojson(content)), Piece("<|eot_id|>", special=True)]
+        )
     if role == "assistant":
         calls = m.get("tool_calls") or []
         if len(calls) > 1:  # one call per message; render() splits parallel turns
@@ -234,14 +257,23 @@ def _llama3_pieces(messages: Sequence[Message], index: int, tools: Sequence[dict
             text = '{"name": "' + c["name"] + '", "parameters": ' + tojson(_arguments(calls[0])) + "}"
         else:
             text = content.strip()
-        return out + _llama3_header("assistant") + [Piece(text, train=True), Piece("<|eot_id|>", train=True, special=True)]
+        return (
+            out + _llama3_header("assistant") + [Piece(text, train=True), Piece("<|eot_id|>", train=True, special=True)]
+        )
     first = index == (1 if messages[0]["role"] == "system" else 0)  # the template's first message after system
     if first and tools:
-        content = LLAMA3_TOOLS_PREAMBLE + "".join(l + "\n\n" for l in _tool_lines(tools, description, indent=4)) + content.strip()
+        content = (
+            LLAMA3_TOOLS_PREAMBLE
+            + "".join(l + "\n\n" for l in _tool_lines(tools, description, indent=4))
+            + content.strip()
+        )
     else:
         content = content.strip()
-    return out + _llama3_header(role, False) + [Piece("\n\n" + content, user_text=role == "user"),
-                                                Piece("<|eot_id|>", special=True)]
+    return (
+        out
+        + _llama3_header(role, False)
+        + [Piece("\n\n" + content, user_text=role == "user"), Piece("<|eot_id|>", special=True)]
+    )
 
 
 def _llama3_generation_prompt() -> list[Piece]:
@@ -254,6 +286,7 @@ class FormatSpec:
     server that will serve the trained model reads the model's tool calls back. Training rewards only calls that
     ``parse`` accepts, and ``parse`` accepts only what ``vllm serve --tool-call-parser {vllm_tool_parser}`` serves
     the same way (tests/unit/data/test_parser_agreement.py)."""
+
     pieces: Callable[[Sequence[Message], int, Sequence[dict] | None, str], list[Piece]]
     generation_prompt: Callable[[], list[Piece]]
     special_tokens: tuple[str, ...]
@@ -265,15 +298,31 @@ class FormatSpec:
     tokenizer_template: bool = False  # chat.renderer=auto may use a tokenizer's own tool-aware template
 
 
-register("chat_format", "hermes")(FormatSpec(
-    _hermes_pieces, _hermes_generation_prompt, ("<|im_start|>", "<|im_end|>"), ("<|im_end|>",), "\n",
-    parse=parse_hermes, vllm_tool_parser="hermes", tokenizer_template=True))
-register("chat_format", "llama3_json")(FormatSpec(
-    _llama3_pieces, _llama3_generation_prompt,
-    # <|python_tag|>: vLLM's llama3_json tool parser refuses to start without it in the vocabulary
-    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
-    ("<|eot_id|>", "<|eom_id|>"), "", parse=parse_llama3_json, vllm_tool_parser="llama3_json",
-    one_call_per_message=True))
+register("chat_format", "hermes")(
+    FormatSpec(
+        _hermes_pieces,
+        _hermes_generation_prompt,
+        ("<|im_start|>", "<|im_end|>"),
+        ("<|im_end|>",),
+        "\n",
+        parse=parse_hermes,
+        vllm_tool_parser="hermes",
+        tokenizer_template=True,
+    )
+)
+register("chat_format", "llama3_json")(
+    FormatSpec(
+        _llama3_pieces,
+        _llama3_generation_prompt,
+        # <|python_tag|>: vLLM's llama3_json tool parser refuses to start without it in the vocabulary
+        ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
+        ("<|eot_id|>", "<|eom_id|>"),
+        "",
+        parse=parse_llama3_json,
+        vllm_tool_parser="llama3_json",
+        one_call_per_message=True,
+    )
+)
 
 
 def format_spec(fmt: str) -> FormatSpec:
@@ -285,16 +334,24 @@ def formats() -> tuple[str, ...]:
     return names("chat_format")
 
 
-def render_pieces(messages: Sequence[Message], tools: Sequence[dict] | None = None, fmt: str = "hermes",
-                  tool_description: str = "full") -> list[Piece]:
+def render_pieces(
+    messages: Sequence[Message],
+    tools: Sequence[dict] | None = None,
+    fmt: str = "hermes",
+    tool_description: str = "full",
+) -> list[Piece]:
     spec = format_spec(fmt)
     if spec.one_call_per_message:
         messages = one_call_per_message(messages)
     return [p for i in range(len(messages)) for p in spec.pieces(messages, i, tools, tool_description)]
 
 
-def render_text(messages: Sequence[Message], tools: Sequence[dict] | None = None, fmt: str = "hermes",
-                tool_description: str = "full") -> str:
+def render_text(
+    messages: Sequence[Message],
+    tools: Sequence[dict] | None = None,
+    fmt: str = "hermes",
+    tool_description: str = "full",
+) -> str:
     """The conversation as text (no generation prompt)."""
     return "".join(p.text for p in render_pieces(messages, tools, fmt, tool_description))
 
@@ -332,4 +389,3 @@ class TokenCounter:
             ids = self.tokenizer(chunk, add_special_tokens=False)["input_ids"]
             self.cache.update(zip(chunk, map(len, ids)))
         return [sum(self.cache[seg] for seg in segs) for segs in rendered]
-

@@ -35,7 +35,9 @@ def data_settings(data_dir: str | Path) -> dict[str, Any]:
     try:
         settings = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise DataMismatchError(f"{path} is not valid YAML ({str(e).splitlines()[0]}); prepare the data again") from None
+        raise DataMismatchError(
+            f"{path} is not valid YAML ({str(e).splitlines()[0]}); prepare the data again"
+        ) from None
     return settings if isinstance(settings, dict) else {}
 
 
@@ -43,8 +45,10 @@ def check_task_source(data_dir: str | Path, task_source: str, setting: str = "en
     """Refuse (one line) a run whose ``setting`` (the task source) is not the one its data was prepared from."""
     saved = data_settings(data_dir).get("task_source", "bfcl")  # data from before the setting: BFCL v4
     if saved != task_source:
-        raise DataMismatchError(f"{setting}={task_source} but {data_dir} was prepared with task_source={saved}: "
-                                f"set {setting}={saved} or prepare the data with task_source={task_source}")
+        raise DataMismatchError(
+            f"{setting}={task_source} but {data_dir} was prepared with task_source={saved}: "
+            f"set {setting}={saved} or prepare the data with task_source={task_source}"
+        )
 
 
 def reward_goal_of(data_dir: str | Path, high: str, low: str) -> RewardGoal:
@@ -58,7 +62,8 @@ def reward_goal_of(data_dir: str | Path, high: str, low: str) -> RewardGoal:
         raise DataMismatchError(
             f"{data_dir} was prepared with reward_goal tokens {goal.high_token} / {goal.low_token} but the run's "
             f"reward_tokens are {high} / {low}: set reward_tokens.high={goal.high_token} reward_tokens.low="
-            f"{goal.low_token}, or prepare the data with reward_goal.high_token={high} reward_goal.low_token={low}")
+            f"{goal.low_token}, or prepare the data with reward_goal.high_token={high} reward_goal.low_token={low}"
+        )
     return goal
 
 
@@ -79,8 +84,9 @@ def _first_line(data_dir: Path, task_ids: set[str], reward_goal: str | None) -> 
     return None
 
 
-def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids: list[str], env_config,
-                        conditioned: bool) -> str | None:
+def check_prompt_prefix(
+    engine, renderer, suite, data_dir: str | Path, task_ids: list[str], env_config, conditioned: bool
+) -> str | None:
     """Refuse (DataMismatchError, one line) when the RL prompt of a training task is not an id-prefix of its stage-1
     rendering; returns the task checked (None when the data has no line for the run's tasks)."""
     data_dir = Path(data_dir)
@@ -108,5 +114,6 @@ def check_prompt_prefix(engine, renderer, suite, data_dir: str | Path, task_ids:
     tok = renderer.tokenizer
     raise DataMismatchError(
         f"the RL prompt of {record['task_id']} is not a prefix of its stage-1 rendering in {data_dir} (first "
-        f"difference at token {at}: data {tok.decode(stage1[at:at + 8])!r} vs prompt {tok.decode(prompt[at:at + 8])!r}); "
-        f"check {setting}: the run must render prompts as the data was prepared")
+        f"difference at token {at}: data {tok.decode(stage1[at : at + 8])!r} vs prompt {tok.decode(prompt[at : at + 8])!r}); "
+        f"check {setting}: the run must render prompts as the data was prepared"
+    )

@@ -29,8 +29,13 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-MESSAGE = {"role": "string", "content": "string", "tool_call_id": "string", "name": "string",
-           "tool_calls": [{"id": "string", "type": "string", "function": {"name": "string", "arguments": "string"}}]}
+MESSAGE = {
+    "role": "string",
+    "content": "string",
+    "tool_call_id": "string",
+    "name": "string",
+    "tool_calls": [{"id": "string", "type": "string", "function": {"name": "string", "arguments": "string"}}],
+}
 OPTIONAL = ("category", "split", "tools", "reward", "mode", "failure_type", "reward_goal")
 
 
@@ -48,9 +53,19 @@ def features():
             return List(build(spec[0]))
         return Value(spec)
 
-    return Features({"task_id": Value("string"), "category": Value("string"), "split": Value("string"),
-                     "mode": Value("string"), "messages": List(build(MESSAGE)), "tools": Value("string"),
-                     "reward": Value("int32"), "failure_type": Value("string"), "reward_goal": Value("string")})
+    return Features(
+        {
+            "task_id": Value("string"),
+            "category": Value("string"),
+            "split": Value("string"),
+            "mode": Value("string"),
+            "messages": List(build(MESSAGE)),
+            "tools": Value("string"),
+            "reward": Value("int32"),
+            "failure_type": Value("string"),
+            "reward_goal": Value("string"),
+        }
+    )
 
 
 def _check_message(m: Any, where: str) -> dict[str, Any]:
@@ -77,7 +92,9 @@ def _check_message(m: Any, where: str) -> dict[str, Any]:
         args = f.get("arguments")
         if not isinstance(args, str):  # an object is accepted and stored as its JSON text, as OpenAI sends it
             args = json.dumps(args if args is not None else {})
-        out.append({"id": c.get("id"), "type": c.get("type", "function"), "function": {"name": f["name"], "arguments": args}})
+        out.append(
+            {"id": c.get("id"), "type": c.get("type", "function"), "function": {"name": f["name"], "arguments": args}}
+        )
     return {**m, "tool_calls": out}
 
 
@@ -87,10 +104,14 @@ def check_record(r: Any, where: str) -> dict[str, Any]:
         raise DataSchemaError(f"{where}: must be an object, not {type(r).__name__}")
     messages = r.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise DataSchemaError(f"{where}: field 'messages' must be a non-empty list of chat messages"
-                              + ("" if "messages" in r else f" (the row has {sorted(r)})"))
-    row = {"task_id": None if r.get("task_id") is None else str(r["task_id"]), "messages": [_check_message(m, f"{where}: messages[{i}]")
-                                                              for i, m in enumerate(messages)]}
+        raise DataSchemaError(
+            f"{where}: field 'messages' must be a non-empty list of chat messages"
+            + ("" if "messages" in r else f" (the row has {sorted(r)})")
+        )
+    row = {
+        "task_id": None if r.get("task_id") is None else str(r["task_id"]),
+        "messages": [_check_message(m, f"{where}: messages[{i}]") for i, m in enumerate(messages)],
+    }
     tools = r.get("tools")
     if tools is not None and not isinstance(tools, (list, str)):
         raise DataSchemaError(f"{where}: field 'tools' must be a list of tool schemas or its JSON string")
@@ -126,7 +147,9 @@ def open_table(datasets, path: Path):
     try:
         return datasets.load_from_disk(str(path))
     except Exception as e:  # noqa: BLE001 - not a saved Dataset: say so in one line
-        raise DataSchemaError(f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})") from None
+        raise DataSchemaError(
+            f"{path}: a folder must be written by Dataset.save_to_disk ({type(e).__name__})"
+        ) from None
 
 
 def _jsonl_rows(path: str, size: int, mtime: int) -> Iterator[dict[str, Any]]:  # size, mtime: the cache key
@@ -138,8 +161,10 @@ def _check_columns(ds, path: Path):
     """A Parquet file or saved Dataset: required and known columns, then every row through `check_record`."""
     columns = set(ds.column_names)
     if "messages" not in columns:
-        raise DataSchemaError(f"{path}: field 'messages' is missing (columns: {sorted(columns)}; the stage-1 schema: "
-                              "nemo_rcgrpo/data/dataset.py)")
+        raise DataSchemaError(
+            f"{path}: field 'messages' is missing (columns: {sorted(columns)}; the stage-1 schema: "
+            "nemo_rcgrpo/data/dataset.py)"
+        )
     return ds
 
 
@@ -174,9 +199,14 @@ def _load(datasets, path: Path, split: str):
     elif path.is_file():
         st = path.stat()
         try:
-            return _select(datasets.Dataset.from_generator(
-                _jsonl_rows, gen_kwargs={"path": str(path.resolve()), "size": st.st_size, "mtime": st.st_mtime_ns},
-                features=features()), split)
+            return _select(
+                datasets.Dataset.from_generator(
+                    _jsonl_rows,
+                    gen_kwargs={"path": str(path.resolve()), "size": st.st_size, "mtime": st.st_mtime_ns},
+                    features=features(),
+                ),
+                split,
+            )
         except datasets.exceptions.DatasetGenerationError as e:  # the generator's own error, not the wrapper
             cause = e.__cause__
             while cause is not None and not isinstance(cause, DataSchemaError):
@@ -199,6 +229,7 @@ def _select(ds, split: str):
 
 def to_record(row: dict[str, Any]) -> dict[str, Any]:
     """A Dataset row as the renderer takes it: absent (None) fields dropped, at every level, and tools parsed."""
+
     def clean(x):
         if isinstance(x, dict):
             return {k: clean(v) for k, v in x.items() if v is not None}

@@ -100,8 +100,7 @@ def forward_cost(rows: Sequence[Sequence[int]], share: bool, pack: str | None) -
     return positions(choose_layout(rows, share, pack), [len(r) for r in rows])
 
 
-def budget_batches(count: int, group_size: int, budget: int,
-                   cost: Callable[[int, int], int]) -> list[tuple[int, int]]:
+def budget_batches(count: int, group_size: int, budget: int, cost: Callable[[int, int], int]) -> list[tuple[int, int]]:
     """Micro-batches of ``count`` rollouts (groups of ``group_size`` consecutive ones) as [lo, hi) ranges in
     order, each costing at most ``budget`` positions (``cost(lo, hi)``) where it can: a whole group joins the
     open micro-batch where it fits, else starts one of its own where it fits alone, else its rollouts fill
@@ -151,7 +150,7 @@ class FlatRow:
         if extra <= 0:
             return self
         blocked = torch.ones(length, length, dtype=torch.bool, device=self.blocked.device)
-        blocked[:self.length, :self.length] = self.blocked
+        blocked[: self.length, : self.length] = self.blocked
         blocked[torch.arange(self.length, length), torch.arange(self.length, length)] = False
         zeros = self.ids.new_zeros(extra)
         return FlatRow(torch.cat([self.ids, zeros]), torch.cat([self.positions, zeros]), blocked, self.index)
@@ -173,15 +172,15 @@ def _tree_slots(layout: GroupLayout, input_ids: torch.Tensor):
     sees = torch.eye(1 + nb + B, dtype=torch.bool)  # segments: 0 the root, 1 + b branch b, 1 + nb + r row r's suffix
     for b, branch in enumerate(layout.branches):
         start, q = R + b * Q, branch.length
-        ids[start:start + q] = input_ids[branch.rows[0], R:R + q]
-        positions[start:start + q] = R + torch.arange(q)
-        segment[start:start + q] = 1 + b
+        ids[start : start + q] = input_ids[branch.rows[0], R : R + q]
+        positions[start : start + q] = R + torch.arange(q)
+        segment[start : start + q] = 1 + b
         sees[1 + b, 0] = True
     for r, length in enumerate(layout.lengths):
         start, first = R + nb * Q + r * S, layout.suffix_start(r)
-        ids[start:start + length - first] = input_ids[r, first:length]
-        positions[start:start + length - first] = first + torch.arange(length - first)
-        segment[start:start + length - first] = 1 + nb + r
+        ids[start : start + length - first] = input_ids[r, first:length]
+        positions[start : start + length - first] = first + torch.arange(length - first)
+        segment[start : start + length - first] = 1 + nb + r
         sees[1 + nb + r, 0] = sees[1 + nb + r, 1 + layout.branch_of(r)] = True
     return ids, positions, segment, sees
 

@@ -77,8 +77,11 @@ class GroupLayout:
     @property
     def tokens(self) -> int:
         """The tokens the shared forward computes: the root once, each branch once, every suffix."""
-        return (self.root + sum(b.length for b in self.branches)
-                + sum(n - self.suffix_start(r) for r, n in enumerate(self.lengths)))
+        return (
+            self.root
+            + sum(b.length for b in self.branches)
+            + sum(n - self.suffix_start(r) for r, n in enumerate(self.lengths))
+        )
 
 
 def group_layout(rows: Sequence[Sequence[int]]) -> GroupLayout:
@@ -129,8 +132,13 @@ def hidden_index(layout: GroupLayout, width: int) -> torch.Tensor:
         q = branch.length
         for r in branch.rows:
             n = min(layout.lengths[r], width)
-            row = torch.cat([torch.arange(R), R + b * Q + torch.arange(q),
-                             suffixes + r * S + torch.arange(layout.lengths[r] - R - q)])
+            row = torch.cat(
+                [
+                    torch.arange(R),
+                    R + b * Q + torch.arange(q),
+                    suffixes + r * S + torch.arange(layout.lengths[r] - R - q),
+                ]
+            )
             out[r, :n] = row[:n]
     return out
 
@@ -156,8 +164,9 @@ def layout_flops(layout: GroupLayout, params: int, layers: int, hidden: int) -> 
     return unshared, forward_flops(passes, params, layers, hidden)
 
 
-def step_savings(batches: Sequence[tuple[GroupLayout | None, Sequence[int]]], params: int, layers: int,
-                 hidden: int) -> dict[str, float]:
+def step_savings(
+    batches: Sequence[tuple[GroupLayout | None, Sequence[int]]], params: int, layers: int, hidden: int
+) -> dict[str, float]:
     """What a step's prefix-once passes did not compute: ``batches`` holds each micro-batch's layout (a prefix tree;
     anything else, None or packed rows, ran every row in full) and row lengths. ``prefix_tokens_saved``: tokens computed once instead of once per row;
     ``forward_flops_saved``: the share of the step's forward FLOPs (`layout_flops`) not spent."""
@@ -169,5 +178,7 @@ def step_savings(batches: Sequence[tuple[GroupLayout | None, Sequence[int]]], pa
         else:
             u, s = layout_flops(layout, params, layers, hidden)
             unshared, shared, saved = unshared + u, shared + s, saved + layout.shared_tokens
-    return {"prefix_tokens_saved": float(saved),
-            "forward_flops_saved": 1.0 - shared / unshared if unshared > 0 else 0.0}
+    return {
+        "prefix_tokens_saved": float(saved),
+        "forward_flops_saved": 1.0 - shared / unshared if unshared > 0 else 0.0,
+    }

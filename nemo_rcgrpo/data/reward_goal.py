@@ -43,6 +43,10 @@ class RewardGoal:
             if m.get("role") == "user":
                 goal = self.text(success)
                 content = m.get("content") or ""
-                m["content"] = (content + self.separator + goal) if self.position == "suffix" else (goal + self.separator + content)
+                m["content"] = (
+                    (content + self.separator + goal)
+                    if self.position == "suffix"
+                    else (goal + self.separator + content)
+                )
                 return out
         raise ValueError("conversation has no user message to carry the reward goal")

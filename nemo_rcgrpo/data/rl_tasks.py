@@ -48,8 +48,10 @@ def _check(row: Any, where: str) -> dict[str, str | None]:
         raise DataSchemaError(f"{where}: must be an object with a task_id, not {type(row).__name__}")
     task_id = row.get("task_id")
     if isinstance(task_id, bool) or not isinstance(task_id, (str, int)) or task_id == "":
-        raise DataSchemaError(f"{where}: field 'task_id' must be a task id (a string)"
-                              + ("" if "task_id" in row else f" (the row has {sorted(row)})"))
+        raise DataSchemaError(
+            f"{where}: field 'task_id' must be a task id (a string)"
+            + ("" if "task_id" in row else f" (the row has {sorted(row)})")
+        )
     out: dict[str, str | None] = {"task_id": str(task_id)}
     for key in FIELDS[1:]:
         value = row.get(key)
@@ -69,7 +71,9 @@ def load_pointers(path: str | Path):
     elif path.is_file():
         rows = jsonl_objects(path)
     else:
-        raise FileNotFoundError(f"RL task pointers {path} do not exist; run `rcgrpo prepare-data out_dir={path.parent}`")
+        raise FileNotFoundError(
+            f"RL task pointers {path} do not exist; run `rcgrpo prepare-data out_dir={path.parent}`"
+        )
     checked = [_check(r, where) for where, r in rows]
     return datasets.Dataset.from_list(checked, features=pointer_features())
 
@@ -79,8 +83,10 @@ def task_ids(data_dir: str | Path, split: str, required: bool = True) -> list[st
     path = find_pointers(data_dir, split)
     if path is None:
         if required:
-            raise FileNotFoundError(f"no RL task pointers rl_{split}.jsonl / .parquet / folder in {data_dir}; run "
-                                    f"`rcgrpo prepare-data out_dir={data_dir}`")
+            raise FileNotFoundError(
+                f"no RL task pointers rl_{split}.jsonl / .parquet / folder in {data_dir}; run "
+                f"`rcgrpo prepare-data out_dir={data_dir}`"
+            )
         return []
     return list(load_pointers(path)["task_id"])
 
@@ -126,7 +132,9 @@ def load_rl_tasks(data_dir: str | Path, split: str, env: Any, eval_tasks: int, s
     suite = make_suite(env.task_source, env.categories)
     train = [t for t in task_ids(data_dir, split) if t in suite.tasks]
     if not train:
-        raise ValueError(f"no task of the rl_{split} pointers in {data_dir} is in task source {env.task_source} "
-                         f"(categories {list(env.categories)})")
+        raise ValueError(
+            f"no task of the rl_{split} pointers in {data_dir} is in task source {env.task_source} "
+            f"(categories {list(env.categories)})"
+        )
     test = [t for t in task_ids(data_dir, "test", required=False) if t in suite.tasks]
     return RLTasks(suite, train, stratified_sample(test, lambda t: suite[t].category, eval_tasks, seed))

@@ -32,8 +32,10 @@ _COMPACT_MACRO = """{%- macro compact_tool(tool) -%}
 {%- endmacro -%}
 """
 # the line of each official template that writes one tool, and what the compact form writes instead
-_TOOL_LINE = {"hermes": ("{{- tool | tojson }}", "{{- compact_tool(tool) }}"),
-              "llama3_json": ("{{- t | tojson(indent=4) }}", "{{- compact_tool(t) }}")}
+_TOOL_LINE = {
+    "hermes": ("{{- tool | tojson }}", "{{- compact_tool(tool) }}"),
+    "llama3_json": ("{{- t | tojson(indent=4) }}", "{{- compact_tool(t) }}"),
+}
 
 
 class ServedTemplateError(ValueError):
@@ -42,8 +44,10 @@ class ServedTemplateError(ValueError):
 
 def official_template(fmt: str) -> str:
     if fmt not in OFFICIAL:
-        raise ServedTemplateError(f"chat.format={fmt}: no shipped chat template (shipped: {sorted(OFFICIAL)}); a plugin "
-                                  "format's export keeps its tokenizer's own")
+        raise ServedTemplateError(
+            f"chat.format={fmt}: no shipped chat template (shipped: {sorted(OFFICIAL)}); a plugin "
+            "format's export keeps its tokenizer's own"
+        )
     return (TEMPLATES / OFFICIAL[fmt]).read_text()
 
 
@@ -69,8 +73,10 @@ def prepare_export(tokenizer, generation_config, fmt: str, tool_description: str
     spec = format_spec(fmt)
     missing = [t for t in spec.special_tokens if t not in tokenizer.get_vocab()]
     if missing:
-        raise ServedTemplateError(f"the tokenizer lacks the {fmt} tokens {missing} (load it through "
-                                  "models/setup.py: load_tokenizer_and_model)")
+        raise ServedTemplateError(
+            f"the tokenizer lacks the {fmt} tokens {missing} (load it through "
+            "models/setup.py: load_tokenizer_and_model)"
+        )
     tokenizer.chat_template = served_template(fmt, tool_description)
     if BOS.get(fmt):
         tokenizer.bos_token = BOS[fmt]

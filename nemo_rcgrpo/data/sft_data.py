@@ -10,7 +10,6 @@ from typing import Any, Sequence
 import torch
 
 from nemo_rcgrpo.data.batch import MicroBatch
-
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 
 
@@ -32,8 +31,9 @@ def load_records(path: Path, split: str, progress: bool = False) -> Sequence[dic
     return Rows(load_stage1(path, split, progress=progress))
 
 
-def build_examples(records: Sequence[dict[str, Any]], renderer: ChatRenderer, max_length: int,
-                   seed: int, max_examples: int | None) -> tuple[list[Example], dict[str, int]]:
+def build_examples(
+    records: Sequence[dict[str, Any]], renderer: ChatRenderer, max_length: int, seed: int, max_examples: int | None
+) -> tuple[list[Example], dict[str, int]]:
     """Seeded shuffle, optional slice, tokenise; examples longer than max_length are dropped."""
     order = list(range(len(records)))
     random.Random(seed).shuffle(order)
@@ -50,8 +50,9 @@ def build_examples(records: Sequence[dict[str, Any]], renderer: ChatRenderer, ma
     return examples, {"examples": len(examples), "dropped_too_long": dropped, "records": len(records)}
 
 
-def epoch_batches(lengths: list[int], global_batch_size: int, seed: int, epoch: int,
-                  bucket_by_length: bool) -> list[list[int]]:
+def epoch_batches(
+    lengths: list[int], global_batch_size: int, seed: int, epoch: int, bucket_by_length: bool
+) -> list[list[int]]:
     """Global batches of example indices for one epoch (the remainder is dropped).
 
     With bucketing, indices are sorted by length inside chunks of 8 batches, so
@@ -63,8 +64,10 @@ def epoch_batches(lengths: list[int], global_batch_size: int, seed: int, epoch: 
     rng.shuffle(order)
     if bucket_by_length:
         chunk = global_batch_size * 8
-        order = [i for s in range(0, len(order), chunk) for i in sorted(order[s:s + chunk], key=lambda j: lengths[j])]
-    batches = [order[s:s + global_batch_size] for s in range(0, len(order) - global_batch_size + 1, global_batch_size)]
+        order = [i for s in range(0, len(order), chunk) for i in sorted(order[s : s + chunk], key=lambda j: lengths[j])]
+    batches = [
+        order[s : s + global_batch_size] for s in range(0, len(order) - global_batch_size + 1, global_batch_size)
+    ]
     rng.shuffle(batches)
     return batches
 

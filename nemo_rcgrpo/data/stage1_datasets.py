@@ -56,11 +56,21 @@ def reward_conditioned(record: Record, goal: RewardGoal) -> Record:
     if first is None:
         raise DataSchemaError(f"{where}: no user message to carry the reward goal")
     content = record["messages"][first].get("content") or ""
-    elsewhere = next((i for i, m in enumerate(record["messages"]) if i != first and m.get("role") in ("system", "user")
-                      and any(goal.token(ok) in (m.get("content") or "") for ok in (True, False))), None)
+    elsewhere = next(
+        (
+            i
+            for i, m in enumerate(record["messages"])
+            if i != first
+            and m.get("role") in ("system", "user")
+            and any(goal.token(ok) in (m.get("content") or "") for ok in (True, False))
+        ),
+        None,
+    )
     if elsewhere is not None:
-        raise DataSchemaError(f"{where}: messages[{elsewhere}] holds a reward goal token; RCTP-FT puts the goal in "
-                              "the first user message only")
+        raise DataSchemaError(
+            f"{where}: messages[{elsewhere}] holds a reward goal token; RCTP-FT puts the goal in "
+            "the first user message only"
+        )
     present = [success for success in (True, False) if goal.token(success) in content]
     reward = record.get("reward")
     said = record.get("reward_goal")
@@ -73,19 +83,27 @@ def reward_conditioned(record: Record, goal: RewardGoal) -> Record:
         raise DataSchemaError(f"{where}: the first user message holds both reward tokens")
     if present:
         if outcome is not None and present[0] != outcome:
-            raise DataSchemaError(f"{where}: the first user message holds {goal.token(present[0])} but the row's "
-                                  f"reward says {goal.token(outcome)}")
+            raise DataSchemaError(
+                f"{where}: the first user message holds {goal.token(present[0])} but the row's "
+                f"reward says {goal.token(outcome)}"
+            )
         return record
     if outcome is None:
-        raise DataSchemaError(f"{where}: no reward goal in the first user message and no reward (1 expert, 0 "
-                              "failure) to template one from")
+        raise DataSchemaError(
+            f"{where}: no reward goal in the first user message and no reward (1 expert, 0 "
+            "failure) to template one from"
+        )
     return {**record, "messages": goal.apply(record["messages"], outcome)}
 
 
 register("stage1_dataset", "sft")(Stage1Dataset(as_is, description="the conversations as they are"))
-register("stage1_dataset", "rctp")(Stage1Dataset(
-    reward_conditioned, conditioned=True,
-    description="RCTP-FT: each row's reward goal (from reward: 1 / 0) in its first user message"))
+register("stage1_dataset", "rctp")(
+    Stage1Dataset(
+        reward_conditioned,
+        conditioned=True,
+        description="RCTP-FT: each row's reward goal (from reward: 1 / 0) in its first user message",
+    )
+)
 
 
 def stage1_dataset(name: str) -> Stage1Dataset:

@@ -58,8 +58,16 @@ def _shipped_template(template: str, fmt: str) -> bool:
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer, fmt: str = "hermes", *, tool_description: str = "full",
-                 renderer: str = "auto", reward_tokens: Sequence[str] = REWARD_TOKENS, literal_reward_tokens: bool = False):
+    def __init__(
+        self,
+        tokenizer,
+        fmt: str = "hermes",
+        *,
+        tool_description: str = "full",
+        renderer: str = "auto",
+        reward_tokens: Sequence[str] = REWARD_TOKENS,
+        literal_reward_tokens: bool = False,
+    ):
         if fmt not in formats():
             raise ChatFormatError(f"chat.format={fmt!r}: choose one of {list(formats())}")
         if renderer not in RENDERERS:
@@ -70,16 +78,23 @@ class ChatRenderer:
         self.tool_description = tool_description
         template = getattr(tokenizer, "chat_template", None) or ""
         if renderer == "auto":  # a template the project ships (its exports carry one) renders as the project does
-            renderer = "template" if ("tools" in template and self.spec.tokenizer_template
-                                      and not _shipped_template(template, fmt)) else "project"
+            renderer = (
+                "template"
+                if ("tools" in template and self.spec.tokenizer_template and not _shipped_template(template, fmt))
+                else "project"
+            )
         if renderer == "template" and "tools" not in template:
-            raise ChatFormatError("chat.renderer=template needs a tokenizer chat template with tool support; use project")
+            raise ChatFormatError(
+                "chat.renderer=template needs a tokenizer chat template with tool support; use project"
+            )
         self.renderer = renderer
         vocab = tokenizer.get_vocab()
         missing = [t for t in self.spec.special_tokens if t not in vocab]
         if missing:
-            raise ChatFormatError(f"the tokenizer lacks the {fmt} control tokens {missing}; choose the model's own "
-                                  f"format (chat.format) or add them with ensure_format_tokens")
+            raise ChatFormatError(
+                f"the tokenizer lacks the {fmt} control tokens {missing}; choose the model's own "
+                f"format (chat.format) or add them with ensure_format_tokens"
+            )
         self.special_ids = {t: vocab[t] for t in self.spec.special_tokens}
         self._generation_prompt_text = "".join(p.text for p in self.spec.generation_prompt())
         self.stop_ids = [vocab[t] for t in self.spec.stop_tokens]
@@ -88,7 +103,9 @@ class ChatRenderer:
         if not literal_reward_tokens:
             self.reward_ids = {t: vocab[t] for t in reward_tokens if t in vocab}
         # the configured reward tokens (reward_tokens.high / .low), not the default names
-        self.reward_pattern = re.compile("(" + "|".join(map(re.escape, self.reward_ids)) + ")") if self.reward_ids else None
+        self.reward_pattern = (
+            re.compile("(" + "|".join(map(re.escape, self.reward_ids)) + ")") if self.reward_ids else None
+        )
 
     # ------------------------------------------------------------------ text -> ids
     def encode_text(self, text: str, user_text: bool = False) -> list[int]:
@@ -113,8 +130,12 @@ class ChatRenderer:
             out.mask += [int(p.train)] * len(ids)
 
     # ------------------------------------------------------------------ public API
-    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = False) -> Tokenized:
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> Tokenized:
         out = Tokenized([], [])
         if self.spec.one_call_per_message and self.renderer == "project":
             messages = one_call_per_message(messages)  # the Llama 3.1 template's one call per assistant message
@@ -124,8 +145,9 @@ class ChatRenderer:
             out.mask += [0] * len(self.generation_prompt_ids())
         return out
 
-    def render_into(self, out: Tokenized, messages: Sequence[Message], start: int,
-                    tools: Sequence[dict[str, Any]] | None = None) -> Tokenized:
+    def render_into(
+        self, out: Tokenized, messages: Sequence[Message], start: int, tools: Sequence[dict[str, Any]] | None = None
+    ) -> Tokenized:
         """Append the tokens of ``messages[start:]`` (rendered in the context of all of them)."""
         if self.renderer == "template":
             self._template_into(out, messages, start, tools)
@@ -151,31 +173,42 @@ class ChatRenderer:
 
     # ------------------------------------------------------------------ template renderer
     def _template_text(self, messages: Sequence[Message], tools, add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def _template_into(self, out: Tokenized, messages: Sequence[Message], start: int, tools) -> None:
         # units: a run of consecutive tool messages is one unit (templates merge them)
-        bounds = [i + 1 for i in range(len(messages)) if i + 1 == len(messages) or not (
-            messages[i]["role"] == "tool" and messages[i + 1]["role"] == "tool")]
+        bounds = [
+            i + 1
+            for i in range(len(messages))
+            if i + 1 == len(messages) or not (messages[i]["role"] == "tool" and messages[i + 1]["role"] == "tool")
+        ]
         previous = self._template_text(messages[:start], tools) if start else ""
         eot = self.spec.stop_tokens[0]
         for end in (b for b in bounds if b > start):
             text = self._template_text(messages[:end], tools)
             if not text.startswith(previous):
-                raise ChatFormatError("the tokenizer's chat template rewrites earlier text when a message is added; "
-                                      "use chat.renderer=project")
-            delta = text[len(previous):]
+                raise ChatFormatError(
+                    "the tokenizer's chat template rewrites earlier text when a message is added; "
+                    "use chat.renderer=project"
+                )
+            delta = text[len(previous) :]
             last = messages[end - 1]
             if last["role"] == "assistant":
-                header = self._template_text(messages[: end - 1], tools, add_generation_prompt=True)[len(previous):]
+                header = self._template_text(messages[: end - 1], tools, add_generation_prompt=True)[len(previous) :]
                 if not delta.startswith(header):
                     raise ChatFormatError("the chat template's generation prompt does not start the assistant turn")
                 if header != self._generation_prompt_text:
-                    raise ChatFormatError(f"the chat template's generation prompt {header!r} differs from the "
-                                          f"{self.fmt} format's {self._generation_prompt_text!r} that RL and "
-                                          "evaluation prompts end with; use chat.renderer=project")
-                body, _, tail = delta[len(header):].partition(eot)
+                    raise ChatFormatError(
+                        f"the chat template's generation prompt {header!r} differs from the "
+                        f"{self.fmt} format's {self._generation_prompt_text!r} that RL and "
+                        "evaluation prompts end with; use chat.renderer=project"
+                    )
+                body, _, tail = delta[len(header) :].partition(eot)
                 # the header and the tail are template text (special tokens as their ids, as in the generation
                 # prompt); the body is what the model writes
                 self._encode_template_text(header, out, user_text=False)

@@ -99,8 +99,10 @@ def _rejected(raws: list[str], reason: str) -> list[ToolCall | ToolCallError]:
 def _too_many(content: str, count: str, raw: str) -> ParsedMessage:
     """A message past the cap on calls: one error naming the cap (an observation the model and the dump see). Not
     a rejection: vLLM would hand every call over, so it is an error whatever ``chat.rejected_message`` says."""
-    message = (f"this message has {count} tool calls; at most {MAX_CALLS} are read per message, so none of them "
-               "was run (call fewer tools per message)")
+    message = (
+        f"this message has {count} tool calls; at most {MAX_CALLS} are read per message, so none of them "
+        "was run (call fewer tools per message)"
+    )
     return ParsedMessage(content, [ToolCallError(raw=raw[:200], message=message)])
 
 
@@ -146,15 +148,16 @@ def parse_llama3_json(text: str, known_tools: Collection[str] | None = None) -> 
         pieces.append(text[end:start])
         try:
             if raws and start == end:  # vLLM skips an object that directly follows another (no separator)
-                raws.append(text[start:start + 200])
-                raise _Reject("tool calls must be separated (e.g. by '; '): vLLM skips a call that directly "
-                              "follows another")
+                raws.append(text[start : start + 200])
+                raise _Reject(
+                    "tool calls must be separated (e.g. by '; '): vLLM skips a call that directly follows another"
+                )
             try:
                 obj, end = _DECODER.raw_decode(text, start)
             except (ValueError, RecursionError) as e:
                 if isinstance(e, _Reject):
                     raise
-                raws.append(text[start:start + 200])
+                raws.append(text[start : start + 200])
                 raise _Reject(f"tool call is not valid JSON: {e}") from None
             raws.append(text[start:end])
             if len(raws) > MAX_CALLS:

@@ -35,8 +35,10 @@ class CallRejected(ValueError):
 def _spend(budget: list[int], amount: int) -> None:
     budget[0] -= amount
     if budget[0] < 0:
-        raise CallRejected(f"arguments hold more than {MAX_CALL_CHARS} characters of text (an element of a list "
-                           "or a nested mapping counts as one)")
+        raise CallRejected(
+            f"arguments hold more than {MAX_CALL_CHARS} characters of text (an element of a list "
+            "or a nested mapping counts as one)"
+        )
 
 
 def _check_nesting(value: Any, depth: int = 0, budget: list[int] | None = None) -> None:
@@ -85,8 +87,10 @@ def _check_plain_names(text: str) -> None:
         return  # ast.parse accepted it; nothing to compare
     for t in tokens:
         if t.type == tokenize.NAME and unicodedata.normalize("NFKC", t.string) != t.string:
-            raise CallRejected(f"name {t.string!r} is not written in plain characters (it would be read as "
-                               f"{unicodedata.normalize('NFKC', t.string)!r}); names are matched exactly as written")
+            raise CallRejected(
+                f"name {t.string!r} is not written in plain characters (it would be read as "
+                f"{unicodedata.normalize('NFKC', t.string)!r}); names are matched exactly as written"
+            )
 
 
 def _check_call_id(call_id: Any) -> str | None:
@@ -165,8 +169,13 @@ def to_tool_call(raw: Any, call_id: str | None = None) -> ToolCall | ToolCallErr
             return parse_call_string(raw, call_id)
         if isinstance(raw, Mapping):
             return parse_json_call(raw, call_id)
-        raise CallRejected(f"a call must be a string or an object with 'name' and 'arguments', got {type(raw).__name__}")
+        raise CallRejected(
+            f"a call must be a string or an object with 'name' and 'arguments', got {type(raw).__name__}"
+        )
     except CallRejected as e:
         text = raw[:200] if isinstance(raw, str) else repr(raw)[:200]
-        return ToolCallError(raw=valid_text(text), message=valid_text(str(e)),
-                             id=call_id if isinstance(call_id, str) and len(call_id) <= MAX_CALL_ID_CHARS else None)
+        return ToolCallError(
+            raw=valid_text(text),
+            message=valid_text(str(e)),
+            id=call_id if isinstance(call_id, str) and len(call_id) <= MAX_CALL_ID_CHARS else None,
+        )

@@ -33,8 +33,9 @@ def settings_class(env: str) -> type:
 
     cls = table("env_settings").get(env, NoSettings)
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise ConfigError(f"{registered('env_settings', env)} is {cls!r}: register a dataclass (its fields are "
-                          "env.settings)")
+        raise ConfigError(
+            f"{registered('env_settings', env)} is {cls!r}: register a dataclass (its fields are env.settings)"
+        )
     return cls
 
 
@@ -58,7 +59,9 @@ def build_settings(env: str, given: Mapping[str, Any] | None, prefix: str = "env
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "bfcl"  # a registered environment: bfcl | a plugin's
-    task_source: str = "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro (docs/experiments.md) | a plugin's
+    task_source: str = (
+        "bfcl"  # a registered task source: bfcl (BFCL v4) | bfcl_micro (docs/experiments.md) | a plugin's
+    )
     # the task source's categories played ([]: every one it declares; rl_*.jsonl pointers: the data's)
     categories: tuple[str, ...] = ()
     settings: Any = None  # env.name's registered settings (kind env_settings); null: that class's defaults
@@ -74,8 +77,10 @@ class EnvConfig:
         if self.settings is None:
             object.__setattr__(self, "settings", cls())
         if type(self.settings) is not cls:
-            raise ConfigError(f"env.settings is a {type(self.settings).__name__}, but env {self.name} takes "
-                              f"{cls.__name__} (its registered env_settings)")
+            raise ConfigError(
+                f"env.settings is a {type(self.settings).__name__}, but env {self.name} takes "
+                f"{cls.__name__} (its registered env_settings)"
+            )
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, prefix: str = "env") -> "EnvConfig":

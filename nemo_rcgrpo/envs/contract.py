@@ -54,15 +54,21 @@ def where(fn: Any) -> str:
 def check_tools(owner: str, tools: Any) -> list[dict[str, Any]]:
     """``tools`` as a list of OpenAI function schemas with unique names."""
     if not isinstance(tools, (list, tuple)):
-        raise PluginContractError(f"{owner}: tools is {_short(tools)}: give a list of OpenAI function schemas "
-                                  f"{TOOL_SHAPE}")
+        raise PluginContractError(
+            f"{owner}: tools is {_short(tools)}: give a list of OpenAI function schemas {TOOL_SHAPE}"
+        )
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         field = f"{owner}: tools[{i}]"
-        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"),
-                                                                                             Mapping):
-            raise PluginContractError(f"{field} is {_short(tool)}: a tool is an OpenAI function schema {TOOL_SHAPE} "
-                                      "(the \"function\" wrapper included)")
+        if (
+            not isinstance(tool, Mapping)
+            or tool.get("type") != "function"
+            or not isinstance(tool.get("function"), Mapping)
+        ):
+            raise PluginContractError(
+                f"{field} is {_short(tool)}: a tool is an OpenAI function schema {TOOL_SHAPE} "
+                '(the "function" wrapper included)'
+            )
         fn = tool["function"]
         name = fn.get("name")
         if not isinstance(name, str) or not name:
@@ -71,8 +77,10 @@ def check_tools(owner: str, tools: Any) -> list[dict[str, Any]]:
             raise PluginContractError(f"{field}: a second tool named {name!r}; tool names must be unique")
         seen.add(name)
         if "parameters" in fn and not isinstance(fn["parameters"], Mapping):
-            raise PluginContractError(f"{field}.function.parameters is {_short(fn['parameters'])}: give a JSON "
-                                      "Schema object, e.g. {\"type\": \"object\", \"properties\": {...}}")
+            raise PluginContractError(
+                f"{field}.function.parameters is {_short(fn['parameters'])}: give a JSON "
+                'Schema object, e.g. {"type": "object", "properties": {...}}'
+            )
         if "description" in fn and not isinstance(fn["description"], str):
             raise PluginContractError(f"{field}.function.description is {_short(fn['description'])}: give a string")
     return list(tools)
@@ -81,12 +89,14 @@ def check_tools(owner: str, tools: Any) -> list[dict[str, Any]]:
 def check_messages(owner: str, messages: Any) -> list[dict[str, Any]]:
     """``messages`` as a list of chat dicts with a string role and string-or-None content."""
     if not isinstance(messages, list):
-        raise PluginContractError(f"{owner} is {_short(messages)}: give a list of chat messages "
-                                  "{\"role\": ..., \"content\": ...}")
+        raise PluginContractError(
+            f'{owner} is {_short(messages)}: give a list of chat messages {{"role": ..., "content": ...}}'
+        )
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not m["role"]:
-            raise PluginContractError(f"{owner}[{i}] is {_short(m)}: a message is a dict with a string \"role\" "
-                                      "(tool, user, ...) and \"content\"")
+            raise PluginContractError(
+                f'{owner}[{i}] is {_short(m)}: a message is a dict with a string "role" (tool, user, ...) and "content"'
+            )
         if not isinstance(m.get("content"), (str, type(None))):
             raise PluginContractError(f"{owner}[{i}].content is {_short(m.get('content'))}: give a string (or None)")
     return messages
@@ -96,23 +106,32 @@ def check_step(owner: str, result: Any) -> Any:
     """A ``step()`` result (envs/interfaces.py: StepResult): observations, messages, tools_changed."""
     if result is None or not all(hasattr(result, f) for f in ("observations", "messages", "tools_changed")):
         missing = [f for f in ("observations", "messages", "tools_changed") if not hasattr(result, f)]
-        raise PluginContractError(f"{owner}: step() returned {_short(result)}, which has no {', '.join(missing)}: "
-                                  "return an object with observations, messages and tools_changed (StepResult)")
+        raise PluginContractError(
+            f"{owner}: step() returned {_short(result)}, which has no {', '.join(missing)}: "
+            "return an object with observations, messages and tools_changed (StepResult)"
+        )
     observations = result.observations
     if isinstance(observations, (str, bytes)) or not isinstance(observations, Sequence):
-        raise PluginContractError(f"{owner}: step().observations is {_short(observations)}: give a list of "
-                                  "Observation(content, ok, name, tool_call_id)")
+        raise PluginContractError(
+            f"{owner}: step().observations is {_short(observations)}: give a list of "
+            "Observation(content, ok, name, tool_call_id)"
+        )
     for i, o in enumerate(observations):
         if not isinstance(o, Observation):
-            raise PluginContractError(f"{owner}: step().observations[{i}] is {_short(o)}, not an Observation: "
-                                      "return nemo_rcgrpo.types.Observation(content, ok, name, tool_call_id)")
+            raise PluginContractError(
+                f"{owner}: step().observations[{i}] is {_short(o)}, not an Observation: "
+                "return nemo_rcgrpo.types.Observation(content, ok, name, tool_call_id)"
+            )
         if not isinstance(o.content, str) or not isinstance(o.ok, bool):
-            raise PluginContractError(f"{owner}: step().observations[{i}] has content {_short(o.content)} and ok "
-                                      f"{_short(o.ok)}: content is a string, ok a bool")
+            raise PluginContractError(
+                f"{owner}: step().observations[{i}] has content {_short(o.content)} and ok "
+                f"{_short(o.ok)}: content is a string, ok a bool"
+            )
     check_messages(f"{owner}: step().messages", result.messages)
     if not isinstance(result.tools_changed, bool):
-        raise PluginContractError(f"{owner}: step().tools_changed is {_short(result.tools_changed)}: give True "
-                                  "(Env.tools changed) or False")
+        raise PluginContractError(
+            f"{owner}: step().tools_changed is {_short(result.tools_changed)}: give True (Env.tools changed) or False"
+        )
     return result
 
 
@@ -120,21 +139,27 @@ def check_reward(owner: str, info: Any) -> RewardInfo:
     """A ``reward()`` result as a RewardInfo with a finite float value in REWARD_RANGE."""
     lo, hi = REWARD_RANGE
     if not all(hasattr(info, f) for f in ("value", "state_ok", "actions_ok", "details")):
-        raise PluginContractError(f"{owner}: reward() returned {_short(info)}: return "
-                                  "nemo_rcgrpo.types.RewardInfo(value, state_ok, actions_ok, details)")
+        raise PluginContractError(
+            f"{owner}: reward() returned {_short(info)}: return "
+            "nemo_rcgrpo.types.RewardInfo(value, state_ok, actions_ok, details)"
+        )
     value = info.value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise PluginContractError(f"{owner}: reward().value is {_short(value)} ({type(value).__name__}): give a "
-                                  f"float in [{lo:g}, {hi:g}], e.g. float(success)")
+        raise PluginContractError(
+            f"{owner}: reward().value is {_short(value)} ({type(value).__name__}): give a "
+            f"float in [{lo:g}, {hi:g}], e.g. float(success)"
+        )
     if not math.isfinite(float(value)) or not lo <= float(value) <= hi:
-        raise PluginContractError(f"{owner}: reward().value is {float(value)!r}: give a finite float in "
-                                  f"[{lo:g}, {hi:g}]")
+        raise PluginContractError(
+            f"{owner}: reward().value is {float(value)!r}: give a finite float in [{lo:g}, {hi:g}]"
+        )
     for name in ("state_ok", "actions_ok"):
         if not isinstance(getattr(info, name), bool):
             raise PluginContractError(f"{owner}: reward().{name} is {_short(getattr(info, name))}: give a bool")
     if not isinstance(info.details, Mapping):
-        raise PluginContractError(f"{owner}: reward().details is {_short(info.details)}: give a dict (it goes "
-                                  "into the rollout dump)")
+        raise PluginContractError(
+            f"{owner}: reward().details is {_short(info.details)}: give a dict (it goes into the rollout dump)"
+        )
     return RewardInfo(float(value), info.state_ok, info.actions_ok, dict(info.details))
 
 
@@ -148,18 +173,23 @@ def check_suite(source: str, suite: Any) -> Any:
     for key, task in tasks.items():
         tid = getattr(task, "id", None)
         if not isinstance(tid, str) or not tid:
-            raise PluginContractError(f"{owner}: task {_short(key)} has id {_short(tid)}: a task is an object with "
-                                      "a non-empty string .id (its key in .tasks) and .category")
+            raise PluginContractError(
+                f"{owner}: task {_short(key)} has id {_short(tid)}: a task is an object with "
+                "a non-empty string .id (its key in .tasks) and .category"
+            )
         if tid != key:
             raise PluginContractError(f"{owner}: the task filed under {key!r} has id {tid!r}: key .tasks by task id")
         category = getattr(task, "category", None)
         if not isinstance(category, str) or not category:
-            raise PluginContractError(f"{owner}: task {tid} has category {_short(category)}: give every task a "
-                                      "non-empty string .category (what the per-category metrics are keyed on)")
+            raise PluginContractError(
+                f"{owner}: task {tid} has category {_short(category)}: give every task a "
+                "non-empty string .category (what the per-category metrics are keyed on)"
+            )
         tools = getattr(task, "tools", None)
         if isinstance(tools, (list, tuple)) and any(isinstance(t, Mapping) for t in tools):
             check_tools(f"{owner}: task {tid}", tools)
     if not hasattr(suite, "__getitem__"):
-        raise PluginContractError(f"{owner}: the suite has no suite[task_id]: add __getitem__ returning "
-                                  ".tasks[task_id]")
+        raise PluginContractError(
+            f"{owner}: the suite has no suite[task_id]: add __getitem__ returning .tasks[task_id]"
+        )
     return suite

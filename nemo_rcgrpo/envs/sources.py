@@ -57,8 +57,10 @@ def check_categories(task_source: str, categories, setting: str) -> tuple[str, .
         return categories
     unknown = [c for c in categories if c not in declared]
     if unknown:
-        raise ConfigError(f"{setting}={list(categories)}: unknown {unknown}; use a non-empty subset of "
-                          f"{list(declared)} (the categories of task source {task_source})")
+        raise ConfigError(
+            f"{setting}={list(categories)}: unknown {unknown}; use a non-empty subset of "
+            f"{list(declared)} (the categories of task source {task_source})"
+        )
     return categories or declared
 
 
@@ -82,9 +84,15 @@ def make_opener(config, suite):
         if _shipped(factory) or plugin_frame(e) is None:  # this package's own errors: as they are
             raise
         raise PluginContractError(f"env {config.name}: its factory {where(factory)} failed: {error_line(e)}") from e
-    return check_part("env", config.name, factory, opener, EnvOpener,
-                      "an env factory returns an opener whose open(task) returns (Env, opening messages) "
-                      "(the EnvOpener Protocol, nemo_rcgrpo/envs/interfaces.py)")
+    return check_part(
+        "env",
+        config.name,
+        factory,
+        opener,
+        EnvOpener,
+        "an env factory returns an opener whose open(task) returns (Env, opening messages) "
+        "(the EnvOpener Protocol, nemo_rcgrpo/envs/interfaces.py)",
+    )
 
 
 def make_suite(name: str, categories: Iterable[str], data_dir: str | Path | None = None):

@@ -109,9 +109,18 @@ def play_episode(agent: Agent, env: Env, opening: list[Message], *, max_turns: i
         ep.num_turns += 1
         ep.generated_tokens += reply.tokens
         ids = [c.id or f"call_{len(ep.messages)}_{i}" for i, c in enumerate(reply.calls)]
-        ep.messages.append(reply.message or {"role": "assistant", "content": reply.content, "tool_calls": [
-            {"id": ids[i], "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
-            for i, c in enumerate(reply.calls) if isinstance(c, ToolCall)]})
+        ep.messages.append(
+            reply.message
+            or {
+                "role": "assistant",
+                "content": reply.content,
+                "tool_calls": [
+                    {"id": ids[i], "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
+                    for i, c in enumerate(reply.calls)
+                    if isinstance(c, ToolCall)
+                ],
+            }
+        )
         if reply.truncated:
             env.truncate(reply.truncated)
             break

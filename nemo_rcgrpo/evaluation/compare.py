@@ -51,8 +51,12 @@ def comparison_table(results: Sequence[dict[str, Any]], labels: Sequence[str]) -
     cats = _categories(results)
     protocol = results[0]["protocol"]
     head = "| run | " + " | ".join(cats) + " | overall | tasks |"
-    lines = [f"### {_tasks_title(results)}, {protocol} protocol (accuracy, %)", "", head,
-             "|---|" + "---:|" * (len(cats) + 2)]
+    lines = [
+        f"### {_tasks_title(results)}, {protocol} protocol (accuracy, %)",
+        "",
+        head,
+        "|---|" + "---:|" * (len(cats) + 2),
+    ]
     best = max(r["overall"] for r in results)
     for r, label in zip(results, labels):
         cells = [f"{r['categories'][c]['accuracy']:.1f}" if c in r["categories"] else "-" for c in cats]

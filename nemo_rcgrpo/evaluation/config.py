@@ -19,7 +19,9 @@ BFCLHandler = Literal["auto", "openai_fc", "llama3_1", "qwen_fc", "project"]
 class CheckpointPolicyConfig:
     """policy=checkpoint: an HF folder, a model name, or a run dir (its hf/ export or newest checkpoint)."""
 
-    path: str | None = None  # HF folder, model name (smollm2), run dir (its hf/ or newest checkpoint) or checkpoints/step_N
+    path: str | None = (
+        None  # HF folder, model name (smollm2), run dir (its hf/ or newest checkpoint) or checkpoints/step_N
+    )
     step: int | None = None  # a run dir's checkpoints/step_N instead of the newest
 
 
@@ -140,11 +142,14 @@ class EvalConfig:
         if not 0 < self.test_fraction < 1:
             raise ConfigError(f"test_fraction={self.test_fraction}: must be between 0 and 1")
         if self.policy == "endpoint" and self.bfcl_handler == "project":
-            raise ConfigError("bfcl_handler=project is a checkpoint's; an endpoint is played by openai_fc, llama3_1 "
-                              "or qwen_fc")
+            raise ConfigError(
+                "bfcl_handler=project is a checkpoint's; an endpoint is played by openai_fc, llama3_1 or qwen_fc"
+            )
         if self.policy == "checkpoint" and self.bfcl_handler == "openai_fc":
-            raise ConfigError("bfcl_handler=openai_fc needs a chat server: serve the checkpoint (rcgrpo serve) and "
-                              "evaluate it as policy=endpoint, or use llama3_1 / qwen_fc / project")
+            raise ConfigError(
+                "bfcl_handler=openai_fc needs a chat server: serve the checkpoint (rcgrpo serve) and "
+                "evaluate it as policy=endpoint, or use llama3_1 / qwen_fc / project"
+            )
         if self.policy == "checkpoint":
             if not self.checkpoint.path:
                 raise ConfigError("policy=checkpoint needs checkpoint.path (an HF folder, a model name or a run dir)")
@@ -163,14 +168,23 @@ class EvalConfig:
         protocol's episode shape (``mode``), ``max_steps`` and ``reward`` where the env's settings have them."""
         given = {"mode": self.mode, "max_steps": self.max_steps, "reward": self.reward}
         known = {f.name for f in dataclasses.fields(settings_class(self.env))}
-        return EnvConfig(name=self.env, task_source=self.task_source, categories=tuple(self.categories),
-                         settings=build_settings(self.env, {k: v for k, v in given.items() if k in known}))
+        return EnvConfig(
+            name=self.env,
+            task_source=self.task_source,
+            categories=tuple(self.categories),
+            settings=build_settings(self.env, {k: v for k, v in given.items() if k in known}),
+        )
 
     def policy_setup(self, model_path: str | None = None) -> PolicySetup:
         """What a checkpoint policy is built from, as in training: model loading, chat format, generator, tasks."""
-        return PolicySetup(model=dataclasses.replace(self.model, path=model_path or self.checkpoint.path or "smollm2"),
-                           chat=self.chat, reward_tokens=self.reward_tokens, generation=self.generation,
-                           env=self.env_config(), run_dir=str(self.out_dir))
+        return PolicySetup(
+            model=dataclasses.replace(self.model, path=model_path or self.checkpoint.path or "smollm2"),
+            chat=self.chat,
+            reward_tokens=self.reward_tokens,
+            generation=self.generation,
+            env=self.env_config(),
+            run_dir=str(self.out_dir),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return plain(dataclasses.asdict(self))  # api keys are never settings (only the variable's name)

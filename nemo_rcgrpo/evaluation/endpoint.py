@@ -49,7 +49,9 @@ def parse_tool_calls(raw_calls: Any) -> list[ToolCall | ToolCallError]:
         fn = raw.get("function") if isinstance(raw, dict) else None
         call_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            out.append(ToolCallError(json.dumps(raw, default=str)[:200], f"tool call {i} has no function name", call_id))
+            out.append(
+                ToolCallError(json.dumps(raw, default=str)[:200], f"tool call {i} has no function name", call_id)
+            )
             continue
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
@@ -85,8 +87,15 @@ class EndpointAgent:
         self.seed = seed
 
     def act(self, messages: list[Message], tools: list[dict], turn: int) -> AgentReply:
-        body = {"model": self.cfg.model, "messages": messages, "tools": tools, "tool_choice": self.cfg.tool_choice,
-                "seed": self.seed, **self.sampling, **dict(self.cfg.extra_body)}
+        body = {
+            "model": self.cfg.model,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": self.cfg.tool_choice,
+            "seed": self.seed,
+            **self.sampling,
+            **dict(self.cfg.extra_body),
+        }
         reply = self._post(body)
         try:
             choice = reply["choices"][0]
@@ -101,9 +110,13 @@ class EndpointAgent:
         echoed = {"role": "assistant", "content": content}
         if message.get("tool_calls"):
             echoed["tool_calls"] = message["tool_calls"]
-        return AgentReply(content=content, calls=calls, message=echoed,
-                          truncated="max_new_tokens without a stop (finish_reason=length)" if truncated else None,
-                          tokens=int((reply.get("usage") or {}).get("completion_tokens") or 0))
+        return AgentReply(
+            content=content,
+            calls=calls,
+            message=echoed,
+            truncated="max_new_tokens without a stop (finish_reason=length)" if truncated else None,
+            tokens=int((reply.get("usage") or {}).get("completion_tokens") or 0),
+        )
 
     def _post(self, body: dict) -> dict:
         data = json.dumps(body).encode()
@@ -133,5 +146,8 @@ class EndpointAgent:
                 return json.loads(text)
             except json.JSONDecodeError:
                 raise EpisodeRefused(f"endpoint answered with non-JSON: {text[:200]!r}") from None
-        raise EndpointUnavailable(f"endpoint {self.url} did not answer after {self.cfg.max_retries + 1} attempts "
-                                  f"(last: {last}); is the server running?", timed_out=timed_out)
+        raise EndpointUnavailable(
+            f"endpoint {self.url} did not answer after {self.cfg.max_retries + 1} attempts "
+            f"(last: {last}); is the server running?",
+            timed_out=timed_out,
+        )

@@ -25,8 +25,15 @@ class EvalPolicy(Protocol):
 
     description: dict[str, Any]  # the model, the reward token (`auto` resolved), ...: results.json's ``policy``
 
-    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable[[dict], None],
-            only: set[str] | None = None) -> list[dict]:
+    def run(
+        self,
+        suite: Suite,
+        task_ids: list[str],
+        sample: int,
+        seed: int,
+        on_done: Callable[[dict], None],
+        only: set[str] | None = None,
+    ) -> list[dict]:
         """The episode records of ``task_ids`` (those in ``only``), each also handed to ``on_done`` when it ends."""
         ...
 
@@ -46,16 +53,25 @@ def conditioning(cfg: EvalConfig, model_path: Path | None, source: str, has_toke
     if token == "auto":  # as the model was trained (its training record), as in-training evaluation does
         token = auto_reward_token(record)
         if record is None and (has_tokens or (has_tokens is None and model_path is not None)):
-            print(f"warning: {source} {'has reward tokens but ' if has_tokens else ''}no training record "
-                  f"({RECORD_FILE}); reward_token=auto evaluates it without a token: set reward_token=high for an "
-                  "RCTP-FT / RC-GRPO model", file=sys.stderr)
+            print(
+                f"warning: {source} {'has reward tokens but ' if has_tokens else ''}no training record "
+                f"({RECORD_FILE}); reward_token=auto evaluates it without a token: set reward_token=high for an "
+                "RCTP-FT / RC-GRPO model",
+                file=sys.stderr,
+            )
     if token != "none" and has_tokens is False and cfg.model.reward_tokens == "special":
-        print(f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
-              f"tokens (use reward_token=none for SFT/GRPO models)", file=sys.stderr)
+        print(
+            f"warning: {source} was not trained with reward tokens; reward_token={token} adds untrained "
+            f"tokens (use reward_token=none for SFT/GRPO models)",
+            file=sys.stderr,
+        )
     saved = (record or {}).get("reward_goal") or {}
     fields = {"template", "position", "separator"}  # the tokens are the run's (checked against the vocabulary)
-    goal = RewardGoal(high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
-                      **{k: v for k, v in saved.items() if k in fields})
+    goal = RewardGoal(
+        high_token=cfg.reward_tokens.high,
+        low_token=cfg.reward_tokens.low,
+        **{k: v for k, v in saved.items() if k in fields},
+    )
     return token, goal
 
 
@@ -64,13 +80,21 @@ class MessagePolicy:
     high, False: low, None: no goal) goes into the first user message as ``goal`` writes it, as the checkpoint
     policy and training do."""
 
-    def __init__(self, cfg: EvalConfig, make_agent: Callable[[], Any], concurrency: int, description: dict,
-                 reward_token: bool | None = None, goal=None):
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        make_agent: Callable[[], Any],
+        concurrency: int,
+        description: dict,
+        reward_token: bool | None = None,
+        goal=None,
+    ):
         self.cfg, self.make_agent, self.concurrency, self.description = cfg, make_agent, concurrency, description
         self.reward_token, self.goal = reward_token, goal
 
-    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
-            only: set[str] | None = None) -> list[dict]:
+    def run(
+        self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable, only: set[str] | None = None
+    ) -> list[dict]:
         """Episodes of ``task_ids`` (those in ``only``); episode seeds follow the position in ``task_ids``."""
         from nemo_rcgrpo.envs.sources import make_opener
 
@@ -91,13 +115,26 @@ class MessagePolicy:
             reward = env.reward()
             verdict = env.official_verdict()
             token = None if self.reward_token is None else ("high" if self.reward_token else "low")
-            rec = episode_record(self.cfg, task, sample, episode_seed, token, reward=reward.value,
-                          official_valid=None if verdict is None else verdict.valid,
-                          official_error=None if verdict is None or verdict.valid else
-                          f"{verdict.error_type}: {verdict.error_message}",
-                          truncated=env.truncated, details=reward.details, num_turns=ep.num_turns,
-                          tool_errors=ep.tool_errors, generated_tokens=ep.generated_tokens, calls=ep.calls,
-                          observations=ep.observations, extra={"messages": ep.messages})
+            rec = episode_record(
+                self.cfg,
+                task,
+                sample,
+                episode_seed,
+                token,
+                reward=reward.value,
+                official_valid=None if verdict is None else verdict.valid,
+                official_error=None
+                if verdict is None or verdict.valid
+                else f"{verdict.error_type}: {verdict.error_message}",
+                truncated=env.truncated,
+                details=reward.details,
+                num_turns=ep.num_turns,
+                tool_errors=ep.tool_errors,
+                generated_tokens=ep.generated_tokens,
+                calls=ep.calls,
+                observations=ep.observations,
+                extra={"messages": ep.messages},
+            )
             on_done(rec)
             return rec
 
@@ -124,11 +161,11 @@ class CheckpointPolicy:
     def __init__(self, cfg: EvalConfig, suite: Suite):
         import torch
 
-        from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
+        from nemo_rcgrpo.envs.sources import make_opener
         from nemo_rcgrpo.generation import make_generator
         from nemo_rcgrpo.generation.base import SamplingParams
         from nemo_rcgrpo.models.hf import load_tokenizer
-        from nemo_rcgrpo.envs.sources import make_opener
+        from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, seed_everything
         from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
 
         self.cfg = cfg
@@ -143,43 +180,74 @@ class CheckpointPolicy:
         if state is not None:
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected or [k for k in missing if "lm_head" not in k]:
-                raise ValueError(f"checkpoint weights do not fit {model_path}: missing {missing[:3]}, "
-                                 f"unexpected {unexpected[:3]}")
+                raise ValueError(
+                    f"checkpoint weights do not fit {model_path}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
         model.eval().requires_grad_(False)
         if torch.cuda.is_available():
             model = model.cuda()
         self.generator = make_generator(setup, model, self.tokenizer)
-        if not self.generator.shares_policy_weights:  # a started server serves these weights; an attached one receives them
+        if (
+            not self.generator.shares_policy_weights
+        ):  # a started server serves these weights; an attached one receives them
             self.generator.update_weights(model.state_dict().items(), 0)
         self.engine = RolloutEngine(
-            self.generator, make_renderer(setup, self.tokenizer), make_opener(setup.env, suite),
+            self.generator,
+            make_renderer(setup, self.tokenizer),
+            make_opener(setup.env, suite),
             SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p),
-            max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
-            reward_goal=goal, name=setup.env.name, rejected_message=cfg.chat.rejected_message)
+            max_turns=cfg.max_turns,
+            max_total_tokens=cfg.max_total_tokens,
+            reward_goal=goal,
+            name=setup.env.name,
+            rejected_message=cfg.chat.rejected_message,
+        )
         self.goal, self.model_path = goal, model_path
-        self.description = {"policy": "checkpoint", "source": source, "model_path": str(model_path),
-                            "generator": cfg.generation.backend, "reward_token": token,
-                            "chat_format": cfg.chat.format}
+        self.description = {
+            "policy": "checkpoint",
+            "source": source,
+            "model_path": str(model_path),
+            "generator": cfg.generation.backend,
+            "reward_token": token,
+            "chat_format": cfg.chat.format,
+        }
 
-    def run(self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
-            only: set[str] | None = None) -> list[dict]:
+    def run(
+        self, suite: Suite, task_ids: list[str], sample: int, seed: int, on_done: Callable, only: set[str] | None = None
+    ) -> list[dict]:
         from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
 
         task_ids = [t for t in task_ids if only is None or t in only]
         out = []
         chunk = self.cfg.generation.max_batch_size
         for start in range(0, len(task_ids), chunk):
-            part = task_ids[start:start + chunk]
+            part = task_ids[start : start + chunk]
             specs = [RolloutSpec(suite[t], start + i, self.reward_token) for i, t in enumerate(part)]
             for t in self.engine.rollout(specs, seed=seed + start):
-                rec = episode_record(self.cfg, suite[t.task_id], sample, seed + start, t.reward_token, reward=t.reward,
-                              official_valid=t.official_valid, official_error=t.official_error,
-                              truncated=t.truncated, details=t.reward_details, num_turns=t.num_turns,
-                              tool_errors=t.tool_errors, generated_tokens=t.generated_tokens, calls=t.calls,
-                              observations=t.observations,
-                              extra={"text": t.texts, "reward_details": t.reward_details, "messages": t.messages(),
-                                     "rejected_messages": t.rejected_messages,
-                                     "prompt": self.engine.tokenizer.decode(t.token_ids[: t.prompt_length])})
+                rec = episode_record(
+                    self.cfg,
+                    suite[t.task_id],
+                    sample,
+                    seed + start,
+                    t.reward_token,
+                    reward=t.reward,
+                    official_valid=t.official_valid,
+                    official_error=t.official_error,
+                    truncated=t.truncated,
+                    details=t.reward_details,
+                    num_turns=t.num_turns,
+                    tool_errors=t.tool_errors,
+                    generated_tokens=t.generated_tokens,
+                    calls=t.calls,
+                    observations=t.observations,
+                    extra={
+                        "text": t.texts,
+                        "reward_details": t.reward_details,
+                        "messages": t.messages(),
+                        "rejected_messages": t.rejected_messages,
+                        "prompt": self.engine.tokenizer.decode(t.token_ids[: t.prompt_length]),
+                    },
+                )
                 on_done(rec)
                 out.append(rec)
         return out
@@ -192,8 +260,13 @@ class CheckpointPolicy:
 def resolve_checkpoint(path: str, step: int | None = None):
     """(HF folder of the architecture, weights to load on top or None, description) for checkpoint.path."""
     from nemo_rcgrpo.models.hf import resolve_model_path
-    from nemo_rcgrpo.utils.checkpoint import CheckpointError, checkpoint_dir, latest_checkpoint, load_checkpoint
-    from nemo_rcgrpo.utils.checkpoint import verify_checkpoint
+    from nemo_rcgrpo.utils.checkpoint import (
+        CheckpointError,
+        checkpoint_dir,
+        latest_checkpoint,
+        load_checkpoint,
+        verify_checkpoint,
+    )
 
     p = Path(path).expanduser()
     if (p / "config.json").is_file():
@@ -202,15 +275,20 @@ def resolve_checkpoint(path: str, step: int | None = None):
         return p / "hf", None, str(p / "hf")
     if (p / "checkpoints").is_dir() or (p / "trainer_state.json").is_file():
         run_dir = p if (p / "checkpoints").is_dir() else p.parent.parent
-        ckpt = (checkpoint_dir(run_dir) / f"step_{step}") if step is not None else (
-            p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
+        ckpt = (
+            (checkpoint_dir(run_dir) / f"step_{step}")
+            if step is not None
+            else (p if (p / "trainer_state.json").is_file() else latest_checkpoint(run_dir))
+        )
         if ckpt is None or not ckpt.is_dir():
             raise FileNotFoundError(f"no checkpoint {'step_' + str(step) if step else ''} in {run_dir}/checkpoints")
         # never evaluate weights that are not what was written (the optimizer's bytes, most of them, are not used)
         reason = verify_checkpoint(ckpt, hashed=lambda name: name not in ("optimizer.pt", "extra.pt"))
         if reason is not None:
-            raise CheckpointError(f"checkpoint {ckpt} fails verification ({reason}); choose another step "
-                                  f"(checkpoint.step=N) or resume the run, which falls back to one that verifies")
+            raise CheckpointError(
+                f"checkpoint {ckpt} fails verification ({reason}); choose another step "
+                f"(checkpoint.step=N) or resume the run, which falls back to one that verifies"
+            )
         state = load_checkpoint(ckpt)
         base = state["trainer_state"].get("model_path")
         tokenizer_dir = ckpt / "tokenizer"
@@ -272,10 +350,13 @@ def oracle_policy(cfg: EvalConfig, suite: Suite):
 
     plan_of = getattr(suite, "oracle_calls", None)
     if not callable(plan_of):
-        raise ConfigError(f"policy=oracle plays the suite's oracle_calls(task); task_source={cfg.task_source}'s "
-                          f"suite ({type(suite).__name__}) has none (envs/interfaces.py: Suite)")
-    return _pipeline_policy("oracle", cfg, suite) or MessagePolicy(cfg, lambda: OracleAgent(plan_of), 1,
-                                                                    {"policy": "oracle"})
+        raise ConfigError(
+            f"policy=oracle plays the suite's oracle_calls(task); task_source={cfg.task_source}'s "
+            f"suite ({type(suite).__name__}) has none (envs/interfaces.py: Suite)"
+        )
+    return _pipeline_policy("oracle", cfg, suite) or MessagePolicy(
+        cfg, lambda: OracleAgent(plan_of), 1, {"policy": "oracle"}
+    )
 
 
 @register("eval_policy", "null")
@@ -305,29 +386,48 @@ def endpoint_policy(cfg: EvalConfig, suite: Suite) -> EvalPolicy:
             has_tokens = None
     token, goal = conditioning(cfg, folder, f"endpoint model {cfg.endpoint.model}", has_tokens)
     description = {"policy": "endpoint", "url": cfg.endpoint.url, "model": cfg.endpoint.model, "reward_token": token}
-    pipelined = _pipeline_policy("endpoint", cfg, suite, folder=folder, description=description,
-                                 reward_token=reward_token_value(token), goal=goal)
+    pipelined = _pipeline_policy(
+        "endpoint",
+        cfg,
+        suite,
+        folder=folder,
+        description=description,
+        reward_token=reward_token_value(token),
+        goal=goal,
+    )
     if pipelined is not None:
         return pipelined
-    return MessagePolicy(cfg, lambda: EndpointAgent(cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p,
-                                                    max_new_tokens=cfg.max_new_tokens),
-                         cfg.endpoint.concurrency, {"policy": "endpoint", "url": cfg.endpoint.url,
-                                                    "model": cfg.endpoint.model, "reward_token": token},
-                         reward_token=reward_token_value(token), goal=goal)
+    return MessagePolicy(
+        cfg,
+        lambda: EndpointAgent(
+            cfg.endpoint, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens
+        ),
+        cfg.endpoint.concurrency,
+        {"policy": "endpoint", "url": cfg.endpoint.url, "model": cfg.endpoint.model, "reward_token": token},
+        reward_token=reward_token_value(token),
+        goal=goal,
+    )
 
 
 @register("eval_policy", "checkpoint")
 def checkpoint_policy(cfg: EvalConfig, suite: Suite):
     """A trained model (an HF folder, a model name or a run dir) through ``generation.backend``, token in / out;
     with protocol=bfcl, through the env's official pipeline where it has one (BFCL's local handlers)."""
-    return (_pipeline_policy("checkpoint", cfg, suite, build=lambda: CheckpointPolicy(cfg, suite))
-            or CheckpointPolicy(cfg, suite))
+    return _pipeline_policy("checkpoint", cfg, suite, build=lambda: CheckpointPolicy(cfg, suite)) or CheckpointPolicy(
+        cfg, suite
+    )
 
 
 def make_policy(cfg: EvalConfig, suite: Suite) -> EvalPolicy:
     """The ``policy`` entry (kind ``eval_policy``: oracle, null, endpoint, checkpoint or a plugin's), checked for
     what `evaluate` uses of it before any episode runs."""
     factory = lookup("eval_policy", cfg.policy)
-    return check_part("eval_policy", cfg.policy, factory, factory(cfg, suite), EvalPolicy,
-                      "an eval policy has description, and run() and close() (the EvalPolicy Protocol, "
-                      "nemo_rcgrpo/evaluation/policies.py)")
+    return check_part(
+        "eval_policy",
+        cfg.policy,
+        factory,
+        factory(cfg, suite),
+        EvalPolicy,
+        "an eval policy has description, and run() and close() (the EvalPolicy Protocol, "
+        "nemo_rcgrpo/evaluation/policies.py)",
+    )

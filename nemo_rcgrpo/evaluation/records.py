@@ -8,8 +8,9 @@ from typing import Any
 from nemo_rcgrpo.envs.interfaces import Task
 
 
-def failure_reason(protocol: str, *, success: bool, truncated: str | None, official_error: str | None,
-                   details: dict[str, Any]) -> str | None:
+def failure_reason(
+    protocol: str, *, success: bool, truncated: str | None, official_error: str | None, details: dict[str, Any]
+) -> str | None:
     if success:
         return None
     if protocol == "bfcl" and official_error:
@@ -26,15 +27,43 @@ def failure_reason(protocol: str, *, success: bool, truncated: str | None, offic
     return "; ".join(parts) or "reward 0"
 
 
-def episode_record(cfg, task: Task, sample: int, seed: int, reward_token: str | None, *, reward,
-            official_valid, official_error, truncated, details, num_turns, tool_errors, generated_tokens,
-            calls, observations, extra: dict[str, Any]) -> dict[str, Any]:
+def episode_record(
+    cfg,
+    task: Task,
+    sample: int,
+    seed: int,
+    reward_token: str | None,
+    *,
+    reward,
+    official_valid,
+    official_error,
+    truncated,
+    details,
+    num_turns,
+    tool_errors,
+    generated_tokens,
+    calls,
+    observations,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
     return {
-        "task_id": task.id, "category": task.category, "sample": sample, "seed": seed, "reward_token": reward_token,
-        "success": success, "reward": reward, "official_valid": official_valid,
-        "failure_reason": failure_reason(cfg.protocol, success=success, truncated=truncated,
-                                         official_error=official_error, details=details),
-        "truncated": truncated, "num_turns": num_turns, "tool_errors": tool_errors,
-        "generated_tokens": generated_tokens, "calls": calls, "observations": observations, **extra,
+        "task_id": task.id,
+        "category": task.category,
+        "sample": sample,
+        "seed": seed,
+        "reward_token": reward_token,
+        "success": success,
+        "reward": reward,
+        "official_valid": official_valid,
+        "failure_reason": failure_reason(
+            cfg.protocol, success=success, truncated=truncated, official_error=official_error, details=details
+        ),
+        "truncated": truncated,
+        "num_turns": num_turns,
+        "tool_errors": tool_errors,
+        "generated_tokens": generated_tokens,
+        "calls": calls,
+        "observations": observations,
+        **extra,
     }

@@ -85,16 +85,21 @@ def held_out_ids(cfg: EvalConfig, suite: Suite) -> list[str]:
         if pointers is not None:
             return list(load_pointers(pointers)["task_id"])
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
-                                    f"or drop data_dir to recompute the split from split_seed")
+            raise FileNotFoundError(
+                f"{path} not found; prepare the data (rcgrpo prepare-data out_dir={cfg.data_dir}) "
+                f"or drop data_dir to recompute the split from split_seed"
+            )
         try:
             return list(json.loads(path.read_text())["test"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ConfigError(f"{path} is not a split written by prepare-data: {e}") from None
     from nemo_rcgrpo.envs.splits import split_by_scenario
 
-    split = suite.split if callable(getattr(suite, "split", None)) else \
-        (lambda seed, fraction: split_by_scenario(suite, seed, fraction))
+    split = (
+        suite.split
+        if callable(getattr(suite, "split", None))
+        else (lambda seed, fraction: split_by_scenario(suite, seed, fraction))
+    )
     return split(cfg.split_seed, cfg.test_fraction).to_json(suite)["test"]
 
 
@@ -120,15 +125,21 @@ def summarize(records: Sequence[dict[str, Any]], samples: int = 1, order=None) -
         cats[category[t]].append(acc)
     out: dict[str, Any] = {
         "overall": 100.0 * statistics.fmean(task_acc.values()) if task_acc else 0.0,
-        "categories": {c: {"accuracy": 100.0 * statistics.fmean(v), "tasks": len(v)}
-                       for c, v in sorted(cats.items(), key=lambda kv: order(kv[0]))},
-        "tasks": len(task_acc), "episodes": len(records),
+        "categories": {
+            c: {"accuracy": 100.0 * statistics.fmean(v), "tasks": len(v)}
+            for c, v in sorted(cats.items(), key=lambda kv: order(kv[0]))
+        },
+        "tasks": len(task_acc),
+        "episodes": len(records),
     }
     out["category_mean"] = statistics.fmean(c["accuracy"] for c in out["categories"].values()) if cats else 0.0
     if samples > 1:
         ks = sorted({k for k in (1, 2, 4, 8, 16, 32, samples) if k <= samples})
-        out["pass_at_k"] = {str(k): 100.0 * statistics.fmean(
-            pass_at_k(len(rs), sum(r["success"] for r in rs), k) for rs in by_task.values()) for k in ks}
+        out["pass_at_k"] = {
+            str(k): 100.0
+            * statistics.fmean(pass_at_k(len(rs), sum(r["success"] for r in rs), k) for rs in by_task.values())
+            for k in ks
+        }
     return out
 
 
@@ -163,8 +174,10 @@ def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir)
     check_writable(out_dir, "out_dir")  # before any model loads
     if (out_dir / "results.json").exists() and not (cfg.overwrite or cfg.resume):
-        raise FileExistsError(f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
-                              f"or resume=true to finish an incomplete evaluation")
+        raise FileExistsError(
+            f"{out_dir}/results.json exists; choose another out_dir, set overwrite=true, "
+            f"or resume=true to finish an incomplete evaluation"
+        )
     if cfg.data_dir:  # a model trained on one task source is evaluated on that source's held-out tasks
         from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
 
@@ -189,21 +202,32 @@ def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
     policy = make_policy(cfg, suite)
     described = policy.description  # what the policy says of itself: the model, the reward token (`auto` resolved)
     model = described.get("source") or described.get("model")
-    print(f"eval    policy {cfg.policy}" + (f" ({model}, reward token {described['reward_token']})"
-                                           if "reward_token" in described else "")
-          + f", {cfg.protocol} protocol" + (f" ({described['pipeline']}, {described['handler']})"
-                                            if "pipeline" in described else "")
-          + f": {len(task_ids)} tasks x {cfg.samples} sample(s) of "
-          + f"{sorted({suite[t].category for t in task_ids}, key=category_key(suite))}"
-          + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
-          + f"; results in {out_dir}", file=sys.stderr, flush=True)
+    print(
+        f"eval    policy {cfg.policy}"
+        + (f" ({model}, reward token {described['reward_token']})" if "reward_token" in described else "")
+        + f", {cfg.protocol} protocol"
+        + (f" ({described['pipeline']}, {described['handler']})" if "pipeline" in described else "")
+        + f": {len(task_ids)} tasks x {cfg.samples} sample(s) of "
+        + f"{sorted({suite[t].category for t in task_ids}, key=category_key(suite))}"
+        + (f", {len(done)} episodes kept from the incomplete run" if cfg.resume else "")
+        + f"; results in {out_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.perf_counter()
-    bar = tqdm(total=len(task_ids) * cfg.samples, initial=len(done), desc=f"eval {cfg.policy}/{cfg.protocol}",
-               unit="episode", disable=not cfg.progress, file=sys.stderr)
+    bar = tqdm(
+        total=len(task_ids) * cfg.samples,
+        initial=len(done),
+        desc=f"eval {cfg.policy}/{cfg.protocol}",
+        unit="episode",
+        disable=not cfg.progress,
+        file=sys.stderr,
+    )
     error = None
     try:
         lock = threading.Lock()
         with traj_path.open("a" if cfg.resume else "w") as traj_file:
+
             def on_done(rec: dict) -> None:
                 with lock:
                     traj_file.write(bounded_line(rec) + "\n")  # tool results clipped past the cap (utils/bounded.py)
@@ -213,8 +237,9 @@ def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
             for sample in range(cfg.samples):
                 todo = [t for t in task_ids if (t, sample) not in done]
                 if todo:
-                    records += policy.run(suite, task_ids, sample, cfg.seed + SAMPLE_SEED_STRIDE * sample, on_done,
-                                          only=set(todo))
+                    records += policy.run(
+                        suite, task_ids, sample, cfg.seed + SAMPLE_SEED_STRIDE * sample, on_done, only=set(todo)
+                    )
     except (RuntimeError, OSError) as e:  # a dead endpoint or server: keep what was scored, then report
         error = f"{type(e).__name__}: {e}"
         records = _load_done(traj_path)
@@ -225,12 +250,16 @@ def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
     summary = summarize(records, cfg.samples, category_key(suite))
     result = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "protocol": cfg.protocol, "policy": policy.description, "config": cfg.to_dict(),
+        "protocol": cfg.protocol,
+        "policy": policy.description,
+        "config": cfg.to_dict(),
         "tasks_title": getattr(suite, "title", None) or f"task source {cfg.task_source}",
-        "complete": error is None, **({"error": error} if error else {}),
+        "complete": error is None,
+        **({"error": error} if error else {}),
         **summary,
         "mean_accuracy": 100.0 * statistics.fmean(r["success"] for r in records) if records else 0.0,
-        "seconds": seconds, "episodes_per_minute": 60.0 * len(records) / seconds if seconds > 0 else None,
+        "seconds": seconds,
+        "episodes_per_minute": 60.0 * len(records) / seconds if seconds > 0 else None,
         "per_task": _per_task(records),
     }
     title = f"{describe(result)} — {cfg.protocol} protocol"
@@ -246,8 +275,9 @@ def evaluate(cfg: EvalConfig, suite: Suite | None = None) -> dict[str, Any]:
     if official is not None:
         result["official_table"] = official_table  # for the command's summary, not results.json
     if error:
-        raise EvaluationIncomplete(f"{error} (scored {len(records)} of {len(task_ids) * cfg.samples} episodes; "
-                                   f"partial results in {out_dir})")
+        raise EvaluationIncomplete(
+            f"{error} (scored {len(records)} of {len(task_ids) * cfg.samples} episodes; partial results in {out_dir})"
+        )
     return result
 
 
@@ -268,12 +298,26 @@ def _per_task(records: list[dict]) -> list[dict]:
     by_task: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_task[r["task_id"]].append(r)
-    return [{"task_id": t, "category": rs[0]["category"], "successes": sum(r["success"] for r in rs),
-             "samples": len(rs),
-             "outcomes": [{"sample": r["sample"], "seed": r["seed"], "success": r["success"], "reward": r["reward"],
-                           "official_valid": r["official_valid"], "failure_reason": r["failure_reason"]}
-                          for r in sorted(rs, key=lambda r: r["sample"])]}
-            for t, rs in by_task.items()]
+    return [
+        {
+            "task_id": t,
+            "category": rs[0]["category"],
+            "successes": sum(r["success"] for r in rs),
+            "samples": len(rs),
+            "outcomes": [
+                {
+                    "sample": r["sample"],
+                    "seed": r["seed"],
+                    "success": r["success"],
+                    "reward": r["reward"],
+                    "official_valid": r["official_valid"],
+                    "failure_reason": r["failure_reason"],
+                }
+                for r in sorted(rs, key=lambda r: r["sample"])
+            ],
+        }
+        for t, rs in by_task.items()
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_writable(cfg.out_dir, "out_dir")
         with run_lock(cfg.out_dir):  # one evaluation per out_dir
             result = evaluate(cfg)
-        print(markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol")
-              + result.get("official_table", ""))
+        print(
+            markdown_table(result, f"{describe(result)} — {cfg.protocol} protocol") + result.get("official_table", "")
+        )
         print(f"results: {cfg.out_dir}/results.json, results.md, trajectories.jsonl")
         return 0
 

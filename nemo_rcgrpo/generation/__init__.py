@@ -19,8 +19,12 @@ if TYPE_CHECKING:  # not at run time: the vLLM worker imports this package, and 
 def _hf(cfg: PolicySetup, model: Any, tokenizer: Any):
     from nemo_rcgrpo.generation.hf_local import HFGenerator
 
-    return HFGenerator(model, tokenizer.pad_token_id, max_batch_size=cfg.generation.max_batch_size,
-                       share_prefixes=cfg.generation.share_prefixes)
+    return HFGenerator(
+        model,
+        tokenizer.pad_token_id,
+        max_batch_size=cfg.generation.max_batch_size,
+        share_prefixes=cfg.generation.share_prefixes,
+    )
 
 
 @register("generator", "vllm")
@@ -50,7 +54,6 @@ _vllm.check = _check_vllm  # a generator's ``check(setup)``: its settings, valid
 _vllm.server_gpus = lambda generation: generation.vllm.tp  # a server of its own, on layout.generation_gpus
 
 
-
 def make_generator(setup: PolicySetup, model: Any, tokenizer: Any, gated: bool = False):
     """The ``generation.backend``'s generator. ``gated``: it is called from two threads (rollouts generated ahead),
     so it comes behind `GatedGenerator`'s lock, unless it samples from the policy's own module (shares its weights:
@@ -65,9 +68,15 @@ def make_generator(setup: PolicySetup, model: Any, tokenizer: Any, gated: bool =
     factory = lookup("generator", backend)
     generator = factory(setup, model, tokenizer)
     # the loops call these without probing for them: a missing one is one line now, not an AttributeError mid-step
-    check_part("generator", backend, factory, generator, Generator,
-               "a generator has version and shares_policy_weights, and generate(), update_weights() and close() "
-               "(the Generator Protocol, nemo_rcgrpo/generation/base.py)")
+    check_part(
+        "generator",
+        backend,
+        factory,
+        generator,
+        Generator,
+        "a generator has version and shares_policy_weights, and generate(), update_weights() and close() "
+        "(the Generator Protocol, nemo_rcgrpo/generation/base.py)",
+    )
     if gated and not generator.shares_policy_weights:
         from nemo_rcgrpo.generation.gated import GatedGenerator
 

@@ -79,19 +79,25 @@ class _RoomyLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         have, new = self.get_seq_length(), key_states.shape[-2]
-        inside = (self._k is not None and have > 0 and self.keys.data_ptr() == self._k.data_ptr()
-                  and self.keys.shape[0] == self._k.shape[0] and have + new <= self._k.shape[-2])
+        inside = (
+            self._k is not None
+            and have > 0
+            and self.keys.data_ptr() == self._k.data_ptr()
+            and self.keys.shape[0] == self._k.shape[0]
+            and have + new <= self._k.shape[-2]
+        )
         if not inside:
             rows, heads, _, dim = key_states.shape
             self._k = key_states.new_empty(rows, heads, have + new + self.room, dim)
-            self._v = value_states.new_empty(rows, value_states.shape[1], have + new + self.room,
-                                             value_states.shape[-1])
+            self._v = value_states.new_empty(
+                rows, value_states.shape[1], have + new + self.room, value_states.shape[-1]
+            )
             if have:
                 self._k[:, :, :have] = self.keys
                 self._v[:, :, :have] = self.values
-        self._k[:, :, have:have + new] = key_states
-        self._v[:, :, have:have + new] = value_states
-        self.keys, self.values = self._k[:, :, :have + new], self._v[:, :, :have + new]
+        self._k[:, :, have : have + new] = key_states
+        self._v[:, :, have : have + new] = value_states
+        self.keys, self.values = self._k[:, :, : have + new], self._v[:, :, : have + new]
         return self.keys, self.values
 
 
@@ -105,8 +111,9 @@ def _roomy_cache(config, room: int) -> DynamicCache:
 class HFGenerator:
     shares_policy_weights = True  # its model is the policy's module (megatron: rank 0's HF copy, kept current)
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64,
-                 share_prefixes: bool = True):
+    def __init__(
+        self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64, share_prefixes: bool = True
+    ):
         self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -119,7 +126,7 @@ class HFGenerator:
         out: list[Completion] = []
         for start in range(0, len(prompts), self.max_batch_size):
             seed = None if params.seed is None else params.seed + start
-            out += self._generate_batch(prompts[start:start + self.max_batch_size], params, seed)
+            out += self._generate_batch(prompts[start : start + self.max_batch_size], params, seed)
         return out
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list[Completion]:
@@ -132,8 +139,8 @@ class HFGenerator:
         ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.tensor(p)
-            attn[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(p)
+            attn[row, width - len(p) :] = 1
         ids, attn = ids.to(device), attn.to(device)
         greedy = params.temperature == 0
         warpers = [] if greedy else [TemperatureLogitsWarper(params.temperature)]
@@ -159,13 +166,16 @@ class HFGenerator:
                     scores = warp(None, scores)
                 probs = scores.softmax(-1)
                 if not bool(torch.isfinite(probs).all()):  # torch.multinomial raised here; say why instead
-                    raise RuntimeError("the model's next-token scores are not finite (NaN or inf logits): the "
-                                       "weights have diverged, or the dtype overflows")
+                    raise RuntimeError(
+                        "the model's next-token scores are not finite (NaN or inf logits): the "
+                        "weights have diverged, or the dtype overflows"
+                    )
                 if greedy:
                     picked = probs.argmax(-1)
                 else:
-                    picked = sample_inverse_cdf(probs, torch.rand(rows, generator=rng, device=device,
-                                                                     dtype=torch.float64)[live])
+                    picked = sample_inverse_cdf(
+                        probs, torch.rand(rows, generator=rng, device=device, dtype=torch.float64)[live]
+                    )
                 picked_lp = probs.gather(1, picked.unsqueeze(1)).squeeze(1).log()  # > 0: drawn tokens have mass
                 done = torch.isin(picked, stops)
                 for row, token, lp, stop in zip(live.tolist(), picked.tolist(), picked_lp.tolist(), done.tolist()):
@@ -180,8 +190,13 @@ class HFGenerator:
                     cache.batch_select_indices(keep)
                     live, picked, attn, positions = live[keep], picked[keep], attn[keep], positions[keep]
                 attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-                out = self.model(input_ids=picked.unsqueeze(1), attention_mask=attn, position_ids=positions,
-                                 past_key_values=cache, use_cache=True)
+                out = self.model(
+                    input_ids=picked.unsqueeze(1),
+                    attention_mask=attn,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 cache, logits = out.past_key_values, out.logits[:, -1]
                 positions = positions + 1
         finally:
@@ -199,8 +214,14 @@ class HFGenerator:
         sel = torch.tensor(run, device=ids.device)
         u_ids, u_attn = ids[sel], attn[sel]
         positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 1)  # left padding numbered as generate does
-        out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True,
-                         past_key_values=_roomy_cache(self.model.config, room), logits_to_keep=1)  # the cache and the last logits are what is needed, not [U, W, V]
+        out = self.model(
+            input_ids=u_ids,
+            attention_mask=u_attn,
+            position_ids=positions,
+            use_cache=True,
+            past_key_values=_roomy_cache(self.model.config, room),
+            logits_to_keep=1,
+        )  # the cache and the last logits are what is needed, not [U, W, V]
         cache, logits = out.past_key_values, out.logits[:, -1]
         if share:
             where = {row: k for k, row in enumerate(run)}

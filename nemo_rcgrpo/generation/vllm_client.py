@@ -41,8 +41,17 @@ class WeightSyncError(GeneratorError):
 
 
 class VLLMClient:
-    def __init__(self, url: str, *, model: str | None = None, request_timeout: float = 600.0, max_retries: int = 3,
-                 backoff: float = 1.0, max_concurrency: int = 256, alive: Callable[[], str | None] | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        request_timeout: float = 600.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        max_concurrency: int = 256,
+        alive: Callable[[], str | None] | None = None,
+    ):
         """``alive()`` (optional) returns None while the server can be waited for, else why not (its process
         exited): retries stop at once then."""
         self.url = url.rstrip("/")
@@ -64,8 +73,10 @@ class VLLMClient:
             else:
                 if r.status_code < 500:
                     if r.status_code >= 400:
-                        raise GeneratorError(f"vLLM server {self.url}{path} refused the request "
-                                             f"(HTTP {r.status_code}): {_server_message(r)}")
+                        raise GeneratorError(
+                            f"vLLM server {self.url}{path} refused the request "
+                            f"(HTTP {r.status_code}): {_server_message(r)}"
+                        )
                     return r.json() if r.content else None
                 last = f"HTTP {r.status_code}: {_server_message(r)}"
                 if path != "/health":  # a 5xx control call is a server-side failure, not a connection problem
@@ -77,11 +88,13 @@ class VLLMClient:
         if self.alive is not None and (why := self.alive()) is not None:
             raise GeneratorUnavailable(f"vLLM server {self.url} is gone: {why} (last error: {last})")
         if attempt < retries:
-            time.sleep(self.backoff * 2 ** attempt)
+            time.sleep(self.backoff * 2**attempt)
 
     def _gone(self, last: str, retries: int) -> GeneratorUnavailable:
-        return GeneratorUnavailable(f"vLLM server {self.url} is not answering after {retries + 1} tries "
-                                    f"({last}); is it running? (start one with `rcgrpo serve`)")
+        return GeneratorUnavailable(
+            f"vLLM server {self.url} is not answering after {retries + 1} tries "
+            f"({last}); is it running? (start one with `rcgrpo serve`)"
+        )
 
     def healthy(self) -> bool:
         try:
@@ -102,8 +115,9 @@ class VLLMClient:
         return self._model, self._max_model_len
 
     def tokenize(self, text: str) -> list[int]:
-        data = self._call("POST", "/tokenize", json={"model": self.model_info()[0], "prompt": text,
-                                                    "add_special_tokens": False})
+        data = self._call(
+            "POST", "/tokenize", json={"model": self.model_info()[0], "prompt": text, "add_special_tokens": False}
+        )
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise GeneratorError(f"vLLM server {self.url}/tokenize: unexpected answer {str(data)[:200]}")
@@ -117,8 +131,13 @@ class VLLMClient:
         self._call("POST", "/resume")
 
     def collective_rpc(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        return self._call("POST", "/collective_rpc", json={"method": method, "kwargs": kwargs, "timeout": timeout},
-                          timeout=timeout + 30, retries=0)
+        return self._call(
+            "POST",
+            "/collective_rpc",
+            json={"method": method, "kwargs": kwargs, "timeout": timeout},
+            timeout=timeout + 30,
+            retries=0,
+        )
 
     def set_weight_version(self, version: int) -> None:
         self._call("POST", "/update_weight_version", json={"new_version": str(version)})
@@ -136,11 +155,20 @@ class VLLMClient:
         for i, prompt in enumerate(prompts):
             room = max_len - len(prompt)
             if room < 1:
-                raise GeneratorError(f"a prompt of {len(prompt)} tokens leaves no room to generate within the "
-                                     f"server's max_model_len={max_len} (generation.vllm.max_model_len)")
-            body = {"model": model, "prompt": list(prompt), "max_tokens": min(params.max_new_tokens, room),
-                    "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-                    "return_token_ids": True, "skip_special_tokens": False}
+                raise GeneratorError(
+                    f"a prompt of {len(prompt)} tokens leaves no room to generate within the "
+                    f"server's max_model_len={max_len} (generation.vllm.max_model_len)"
+                )
+            body = {
+                "model": model,
+                "prompt": list(prompt),
+                "max_tokens": min(params.max_new_tokens, room),
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "logprobs": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+            }
             if params.stop_token_ids:  # stop on these only, as the HF generator does (eos counts only if listed)
                 body.update(stop_token_ids=list(params.stop_token_ids), ignore_eos=True)
             if params.seed is not None:
@@ -171,13 +199,15 @@ class VLLMClient:
                 if r.status_code == 200:
                     return _completion(r, self.url)
                 if r.status_code < 500:
-                    raise GeneratorError(f"vLLM server {self.url} refused a completion request "
-                                         f"(HTTP {r.status_code}): {_server_message(r)}")
+                    raise GeneratorError(
+                        f"vLLM server {self.url} refused a completion request "
+                        f"(HTTP {r.status_code}): {_server_message(r)}"
+                    )
                 last = f"HTTP {r.status_code}: {_server_message(r)}"
             if self.alive is not None and (why := self.alive()) is not None:
                 raise GeneratorUnavailable(f"vLLM server {self.url} is gone: {why} (last error: {last})")
             if attempt < self.max_retries:
-                await asyncio.sleep(self.backoff * 2 ** attempt)
+                await asyncio.sleep(self.backoff * 2**attempt)
         raise self._gone(last, self.max_retries)
 
 
@@ -205,11 +235,18 @@ def _completion(r: httpx.Response, url: str) -> Completion:
         raise GeneratorError(f"vLLM server {url}: unexpected completion answer {r.text[:200]!r}") from None
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise GeneratorError(f"vLLM server {url}: token_ids is not a list of integers (is return_token_ids supported?)")
-    if not isinstance(logprobs, list) or len(logprobs) != len(ids) or not all(
-            isinstance(x, (int, float)) and not math.isnan(x) and x <= 0 for x in logprobs):
-        raise GeneratorError(f"vLLM server {url}: expected one logprob <= 0 per generated token, "
-                             f"got {str(logprobs)[:120]} for {len(ids)} tokens")
+    if (
+        not isinstance(logprobs, list)
+        or len(logprobs) != len(ids)
+        or not all(isinstance(x, (int, float)) and not math.isnan(x) and x <= 0 for x in logprobs)
+    ):
+        raise GeneratorError(
+            f"vLLM server {url}: expected one logprob <= 0 per generated token, "
+            f"got {str(logprobs)[:120]} for {len(ids)} tokens"
+        )
     if reason not in ("stop", "length"):
-        raise GeneratorError(f"vLLM server {url}: completion ended with finish_reason={reason!r} "
-                             f"(aborted? the server may be pausing or shutting down)")
+        raise GeneratorError(
+            f"vLLM server {url}: completion ended with finish_reason={reason!r} "
+            f"(aborted? the server may be pausing or shutting down)"
+        )
     return Completion(list(ids), [float(x) for x in logprobs], reason)

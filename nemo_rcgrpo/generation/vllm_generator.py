@@ -15,8 +15,14 @@ import torch
 from nemo_rcgrpo.generation.base import Completion, SamplingParams, WeightSync
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient
 from nemo_rcgrpo.generation.vllm_server import DTYPES, ServerSpec, VLLMServer, managed_server_devices, visible_gpus
-from nemo_rcgrpo.generation.vllm_sync import (FolderSync, _atomic_write, _manifest, _save, _stream_with_lm_head,
-                                              _with_lm_head)
+from nemo_rcgrpo.generation.vllm_sync import (
+    FolderSync,
+    _atomic_write,
+    _manifest,
+    _save,
+    _stream_with_lm_head,
+    _with_lm_head,
+)
 
 
 class VLLMGenerator:
@@ -25,8 +31,18 @@ class VLLMGenerator:
 
     shares_policy_weights = False  # the server holds its own copy: weights are sent (folder or collective)
 
-    def __init__(self, vcfg: Any, *, model: Any, tokenizer: Any, weight_dir: Path, dtype: str,
-                 reward_tokens: tuple[str, ...] = (), model_path: str | None = None, generation_gpus: int = 0):
+    def __init__(
+        self,
+        vcfg: Any,
+        *,
+        model: Any,
+        tokenizer: Any,
+        weight_dir: Path,
+        dtype: str,
+        reward_tokens: tuple[str, ...] = (),
+        model_path: str | None = None,
+        generation_gpus: int = 0,
+    ):
         self.vcfg, self.model, self.tokenizer, self.model_path = vcfg, model, tokenizer, model_path
         self.generation_gpus = generation_gpus  # layout.generation_gpus: a managed server's GPUs when devices is unset
         self.weight_dir, self.reward_tokens = Path(weight_dir), reward_tokens
@@ -58,11 +74,17 @@ class VLLMGenerator:
         if v.url:
             url, alive = v.url, None
         else:
-            devices = managed_server_devices(v.devices, visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                                             self.generation_gpus)
+            devices = managed_server_devices(
+                v.devices, visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.generation_gpus
+            )
             folder = self._write_initial(weights if weights is not None else self.model.state_dict().items(), version)
-            spec = ServerSpec.from_config(v, str(folder.resolve()), dtype=self.dtype, devices=devices,
-                                          worker_extension=self.weight_sync == "collective")
+            spec = ServerSpec.from_config(
+                v,
+                str(folder.resolve()),
+                dtype=self.dtype,
+                devices=devices,
+                worker_extension=self.weight_sync == "collective",
+            )
             self.server = VLLMServer(spec, self.weight_dir / "server.log")
             try:
                 url = self.server.start(v.startup_timeout)
@@ -70,11 +92,18 @@ class VLLMGenerator:
                 self.server.stop()
                 raise
             alive = self.server.exit_reason
-        client = VLLMClient(url, request_timeout=v.request_timeout, max_retries=v.max_retries,
-                            max_concurrency=v.max_concurrency, alive=alive)
+        client = VLLMClient(
+            url,
+            request_timeout=v.request_timeout,
+            max_retries=v.max_retries,
+            max_concurrency=v.max_concurrency,
+            alive=alive,
+        )
         if not client.healthy() and v.url:
-            raise GeneratorUnavailable(f"vLLM server {url} (generation.vllm.url) is not answering /health; "
-                                       f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null")
+            raise GeneratorUnavailable(
+                f"vLLM server {url} (generation.vllm.url) is not answering /health; "
+                f"start it with `rcgrpo serve MODEL --port ...` or set generation.vllm.url=null"
+            )
         self._check_reward_tokens(client)
         folders = FolderSync(client, self.weight_dir, v.request_timeout, version=version)
         if folder is not None:
@@ -84,9 +113,14 @@ class VLLMGenerator:
         if self.weight_sync == "collective":
             from nemo_rcgrpo.generation.weight_transfer import CollectiveSync
 
-            self.sync = CollectiveSync(client, v.nccl_master, v.request_timeout, folders,
-                                       backend="nccl" if v.weight_sync == "nccl" else None,
-                                       default_dtype=DTYPES[self.dtype])
+            self.sync = CollectiveSync(
+                client,
+                v.nccl_master,
+                v.request_timeout,
+                folders,
+                backend="nccl" if v.weight_sync == "nccl" else None,
+                default_dtype=DTYPES[self.dtype],
+            )
         self.client = client
         client.set_weight_version(version)
 
@@ -136,9 +170,11 @@ class VLLMGenerator:
             ours = self.tokenizer.convert_tokens_to_ids(token)
             served = client.tokenize(token)
             if served != [ours]:
-                raise GeneratorError(f"the served tokenizer at {client.url} encodes reward token {token!r} as "
-                                     f"{served}, the trainer's as [{ours}]: serve the policy's own export "
-                                     f"(a stage-1 run's hf/ folder) with its tokenizer")
+                raise GeneratorError(
+                    f"the served tokenizer at {client.url} encodes reward token {token!r} as "
+                    f"{served}, the trainer's as [{ours}]: serve the policy's own export "
+                    f"(a stage-1 run's hf/ folder) with its tokenizer"
+                )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         self.start()
@@ -170,5 +206,13 @@ def make_vllm_generator(cfg: Any, model: Any, tokenizer: Any) -> VLLMGenerator:
     v = cfg.generation.vllm
     weight_dir = Path(v.weight_dir) if v.weight_dir else Path(cfg.run_dir) / "generator"
     tokens = (cfg.reward_tokens.high, cfg.reward_tokens.low) if cfg.model.reward_tokens == "special" else ()
-    return VLLMGenerator(v, model=model, tokenizer=tokenizer, weight_dir=weight_dir, dtype=cfg.model.dtype,
-                         reward_tokens=tokens, model_path=cfg.model.path, generation_gpus=cfg.generation_gpus)
+    return VLLMGenerator(
+        v,
+        model=model,
+        tokenizer=tokenizer,
+        weight_dir=weight_dir,
+        dtype=cfg.model.dtype,
+        reward_tokens=tokens,
+        model_path=cfg.model.path,
+        generation_gpus=cfg.generation_gpus,
+    )

@@ -74,8 +74,20 @@ def _die_with_parent() -> None:  # runs in the child before exec
 # The settings of a vLLM server process. Their one source is `nemo_rcgrpo.config_schema.VLLMConfig`
 # (``generation.vllm``, documented in conf/generation/vllm.yaml): a managed server takes them from the run's config
 # (`ServerSpec.from_config`), `rcgrpo serve` makes one command-line option of each (`serve_parser`).
-SERVER_FIELDS = ("host", "port", "tp", "dtype", "max_model_len", "gpu_memory_utilization", "seed", "kv_cache_gib",
-                 "enforce_eager", "devices", "python", "extra_args")
+SERVER_FIELDS = (
+    "host",
+    "port",
+    "tp",
+    "dtype",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "seed",
+    "kv_cache_gib",
+    "enforce_eager",
+    "devices",
+    "python",
+    "extra_args",
+)
 _V = VLLMConfig()
 
 
@@ -138,11 +150,30 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         s = self.spec
-        cmd = [s.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
-               "--served-model-name", SERVED_NAME, "--host", s.host, "--port", str(self.port),
-               "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype, "--seed", str(s.seed),
-               "--gpu-memory-utilization", str(s.gpu_memory_utilization),
-               "--logprobs-mode", "processed_logprobs", "--disable-uvicorn-access-log"]
+        cmd = [
+            s.python or sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            s.model,
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            s.host,
+            "--port",
+            str(self.port),
+            "--tensor-parallel-size",
+            str(s.tp),
+            "--dtype",
+            s.dtype,
+            "--seed",
+            str(s.seed),
+            "--gpu-memory-utilization",
+            str(s.gpu_memory_utilization),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--disable-uvicorn-access-log",
+        ]
         if s.max_model_len:
             cmd += ["--max-model-len", str(s.max_model_len)]
         if s.enforce_eager:
@@ -154,8 +185,10 @@ class VLLMServer:
         own = {a for a in cmd if a.startswith("--")}
         clash = sorted({a.split("=")[0] for a in s.extra_args if a.split("=")[0] in own | {"-tp"}})
         if clash:  # vLLM keeps the last value: an extra one would silently replace what the client relies on
-            raise GeneratorError(f"extra vLLM arguments {clash} set what this server sets itself; use its own "
-                                 "settings (generation.vllm.* or rcgrpo serve's options)")
+            raise GeneratorError(
+                f"extra vLLM arguments {clash} set what this server sets itself; use its own "
+                "settings (generation.vllm.* or rcgrpo serve's options)"
+            )
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -182,8 +215,15 @@ class VLLMServer:
         if self.spec.worker_extension:
             self._write_extension()
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         (self.log_path.parent / "server.pid").write_text(f"{self.proc.pid}\n")
         client = VLLMClient(self.url)
         deadline = time.monotonic() + timeout
@@ -192,8 +232,10 @@ class VLLMServer:
                 raise GeneratorUnavailable(f"vLLM server did not start: {why}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise GeneratorUnavailable(f"vLLM server {self.url} not healthy after {timeout:.0f} s "
-                                           f"(generation.vllm.startup_timeout); log: {self.log_path}")
+                raise GeneratorUnavailable(
+                    f"vLLM server {self.url} not healthy after {timeout:.0f} s "
+                    f"(generation.vllm.startup_timeout); log: {self.log_path}"
+                )
             time.sleep(0.5)
         return self.url
 
@@ -227,8 +269,9 @@ class VLLMServer:
 # ---------------------------------------------------------------------- weights
 
 
-def managed_server_devices(devices: str | None, visible: list[str] | None, local_world: int,
-                           generation_gpus: int) -> str | None:
+def managed_server_devices(
+    devices: str | None, visible: list[str] | None, local_world: int, generation_gpus: int
+) -> str | None:
     """CUDA_VISIBLE_DEVICES of a server this trainer starts: never a GPU that one of its ranks uses.
 
     ``visible``: this node's GPUs as the trainer sees them (its CUDA_VISIBLE_DEVICES, else 0..n-1), None without
@@ -242,15 +285,19 @@ def managed_server_devices(devices: str | None, visible: list[str] | None, local
     if devices is None:
         spare = visible[local_world:]
         if generation_gpus < 1 or len(spare) < generation_gpus:
-            raise GeneratorError(f"a vLLM server started by the run needs GPUs of its own: the trainer's {local_world} "
-                                 f"process(es) use GPU(s) {','.join(trainer)} of {','.join(visible)}; set "
-                                 f"layout.generation_gpus to at most {len(spare)} (and start fewer trainer processes), "
-                                 f"or generation.vllm.devices")
-        return ",".join(spare[len(spare) - generation_gpus:])
+            raise GeneratorError(
+                f"a vLLM server started by the run needs GPUs of its own: the trainer's {local_world} "
+                f"process(es) use GPU(s) {','.join(trainer)} of {','.join(visible)}; set "
+                f"layout.generation_gpus to at most {len(spare)} (and start fewer trainer processes), "
+                f"or generation.vllm.devices"
+            )
+        return ",".join(spare[len(spare) - generation_gpus :])
     shared = [d for d in devices.split(",") if d.strip() in trainer]
     if shared:
-        raise GeneratorError(f"generation.vllm.devices={devices} includes GPU(s) {','.join(shared)} that trainer ranks "
-                             f"use ({','.join(trainer)}): a server and a trainer rank cannot share a GPU")
+        raise GeneratorError(
+            f"generation.vllm.devices={devices} includes GPU(s) {','.join(shared)} that trainer ranks "
+            f"use ({','.join(trainer)}): a server and a trainer rank cannot share a GPU"
+        )
     return devices
 
 
@@ -258,16 +305,21 @@ def visible_gpus() -> list[str] | None:
     if not torch.cuda.is_available():
         return None
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(torch.cuda.device_count())]
+    return (
+        [d.strip() for d in env.split(",") if d.strip()] if env else [str(i) for i in range(torch.cuda.device_count())]
+    )
 
 
 # ---------------------------------------------------------------------- rcgrpo serve
 # `rcgrpo serve` is a server for other machines: it listens on every interface, on a fixed port, in bf16
 SERVE_DEFAULTS = {"host": "0.0.0.0", "port": 8000, "dtype": "bfloat16", "python": os.environ.get("RCGRPO_VLLM_PYTHON")}
-SERVE_HELP = {"host": "the address to listen on", "dtype": "the served weights' dtype",
-              "python": "interpreter with vLLM installed (default: $RCGRPO_VLLM_PYTHON, else this one; the GPU "
-                        "container sets it to its vLLM venv)",
-              "devices": "CUDA_VISIBLE_DEVICES of the server, e.g. 4,5,6,7"}
+SERVE_HELP = {
+    "host": "the address to listen on",
+    "dtype": "the served weights' dtype",
+    "python": "interpreter with vLLM installed (default: $RCGRPO_VLLM_PYTHON, else this one; the GPU "
+    "container sets it to its vLLM venv)",
+    "devices": "CUDA_VISIBLE_DEVICES of the server, e.g. 4,5,6,7",
+}
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -278,8 +330,12 @@ def serve_parser() -> argparse.ArgumentParser:
     from nemo_rcgrpo.utils.config import conf_dir
 
     helps = {k.split(".")[-1]: c for k, _, c in documented_settings(conf_dir() / "generation" / "vllm.yaml")}
-    p = argparse.ArgumentParser(prog="rcgrpo serve", allow_abbrev=False, description="serve a policy export with vLLM for RL rollouts; "
-                                "options it does not know go to vLLM's server (e.g. --enable-prefix-caching)")
+    p = argparse.ArgumentParser(
+        prog="rcgrpo serve",
+        allow_abbrev=False,
+        description="serve a policy export with vLLM for RL rollouts; "
+        "options it does not know go to vLLM's server (e.g. --enable-prefix-caching)",
+    )
     p.add_argument("model", help="local HF folder (a stage-1 run's hf/ export) or a model name (smollm2, tiny-llama)")
     for name in SERVER_FIELDS:
         if name == "extra_args":
@@ -294,11 +350,19 @@ def serve_parser() -> argparse.ArgumentParser:
         else:
             kind = type(default) if default is not None else (int if name == "max_model_len" else str)
             p.add_argument(flag, type=kind, default=default, help=text)
-    p.add_argument("--weight-transfer", choices=("collective", "nccl", "none"), default="collective",
-                   help="collective (nccl: the same): load the worker extension that receives weights from the trainer "
-                        "(weight_sync=auto|collective|nccl); none: folder reloads only (weight_sync=folder)")
-    p.add_argument("--reward-tokens", nargs="*", default=["<|high_reward|>", "<|low_reward|>"],
-                   help="tokens the served tokenizer must have (empty: no check)")
+    p.add_argument(
+        "--weight-transfer",
+        choices=("collective", "nccl", "none"),
+        default="collective",
+        help="collective (nccl: the same): load the worker extension that receives weights from the trainer "
+        "(weight_sync=auto|collective|nccl); none: folder reloads only (weight_sync=folder)",
+    )
+    p.add_argument(
+        "--reward-tokens",
+        nargs="*",
+        default=["<|high_reward|>", "<|low_reward|>"],
+        help="tokens the served tokenizer must have (empty: no check)",
+    )
     p.add_argument("--log", default=None, help="server log file (default: stderr of this command)")
     return p
 
@@ -320,10 +384,16 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
     tokenizer = load_tokenizer(str(folder))
     missing = [t for t in args.reward_tokens if t not in tokenizer.get_vocab()]
     if missing:
-        raise CommandError(f"{folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or "
-                           f"pass --reward-tokens with no value to serve it anyway")
-    spec = ServerSpec(model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra),
-                      **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"})
+        raise CommandError(
+            f"{folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or "
+            f"pass --reward-tokens with no value to serve it anyway"
+        )
+    spec = ServerSpec(
+        model=str(folder),
+        worker_extension=args.weight_transfer != "none",
+        extra_args=tuple(extra),
+        **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"},
+    )
     log = Path(args.log) if args.log else Path("/dev/stderr")
     server = VLLMServer(spec, log)
     server.command()  # extra arguments that clash with the server's own are refused before anything starts
@@ -331,8 +401,10 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
         server.start(timeout=1800)
-        print(f"serving {folder} at {server.url} (generation.vllm.url={server.url.replace('0.0.0.0', socket.getfqdn())})",
-              flush=True)
+        print(
+            f"serving {folder} at {server.url} (generation.vllm.url={server.url.replace('0.0.0.0', socket.getfqdn())})",
+            flush=True,
+        )
         while not stop and server.exit_reason() is None:
             time.sleep(1.0)
     except GeneratorUnavailable as e:  # the server ended on its own: exit 1, as below

@@ -78,20 +78,30 @@ class FolderSync:
         shapes = {m[0]: tuple(m[1]) for m in meta}
         unknown = sorted(set(shapes) - set(self.manifest))
         missing = sorted(set(self.manifest) - set(shapes))
-        wrong = [f"{n} {s} (served {self.manifest[n][0]})" for n, s in shapes.items()
-                 if n in self.manifest and s != self.manifest[n][0]]
+        wrong = [
+            f"{n} {s} (served {self.manifest[n][0]})"
+            for n, s in shapes.items()
+            if n in self.manifest and s != self.manifest[n][0]
+        ]
         if unknown or missing or wrong:
-            raise WeightSyncError("weights do not fit the served model: " + "; ".join(
-                f"{what} {items[:3]}{' ...' if len(items) > 3 else ''}" for what, items in
-                (("unknown", unknown), ("missing", missing), ("wrong shape", wrong)) if items) +
-                "; nothing was sent, the previous weights are still serving")
+            raise WeightSyncError(
+                "weights do not fit the served model: "
+                + "; ".join(
+                    f"{what} {items[:3]}{' ...' if len(items) > 3 else ''}"
+                    for what, items in (("unknown", unknown), ("missing", missing), ("wrong shape", wrong))
+                    if items
+                )
+                + "; nothing was sent, the previous weights are still serving"
+            )
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:
         if isinstance(weights, (str, Path)):
             folder = Path(weights)
             if self.manifest is not None and _manifest(folder) != self.manifest:
-                raise WeightSyncError(f"{folder}: tensors differ from the served model's names/shapes/dtypes; "
-                                      f"nothing was sent, the previous weights are still serving")
+                raise WeightSyncError(
+                    f"{folder}: tensors differ from the served model's names/shapes/dtypes; "
+                    f"nothing was sent, the previous weights are still serving"
+                )
         else:
             tensors = self.check(weights)
             dtypes = {n: d for n, (_, d) in (self.manifest or {}).items()}
@@ -130,10 +140,14 @@ class FolderSync:
         try:
             self.client.collective_rpc("reload_weights", {"weights_path": str(previous.resolve())}, self.rpc_timeout)
         except GeneratorError as again:
-            raise GeneratorUnavailable(f"weight update to version {version} failed ({error}) and reloading the "
-                                       f"previous weights {previous} failed too ({again}): restart the server") from None
-        raise WeightSyncError(f"weight update to version {version} failed on the server ({error}); "
-                              f"the previous weights ({previous.name}) are still serving") from None
+            raise GeneratorUnavailable(
+                f"weight update to version {version} failed ({error}) and reloading the "
+                f"previous weights {previous} failed too ({again}): restart the server"
+            ) from None
+        raise WeightSyncError(
+            f"weight update to version {version} failed on the server ({error}); "
+            f"the previous weights ({previous.name}) are still serving"
+        ) from None
 
 
 def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> dict[str, torch.Tensor]:

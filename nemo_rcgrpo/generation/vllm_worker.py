@@ -29,8 +29,15 @@ from typing import Iterator
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64,
-          "int32": torch.int32, "uint8": torch.uint8, "bool": torch.bool}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
 
 
 def make_group(host: str, port: int, rank: int, world_size: int, backend: str, group: str, timeout_s: float):
@@ -65,7 +72,7 @@ def unpack(flat: torch.Tensor, meta: list) -> Iterator[tuple[str, torch.Tensor]]
     offset = 0
     for name, shape, _ in meta:
         n = numel(shape)
-        yield name, flat[offset:offset + n].view(*[int(d) for d in shape])
+        yield name, flat[offset : offset + n].view(*[int(d) for d in shape])
         offset += n
     if offset != flat.numel():
         raise ValueError(f"bucket of {flat.numel()} elements does not match its {len(meta)} tensors ({offset})")
@@ -86,8 +93,9 @@ class WeightReceiver:
     def rcgrpo_versions(self) -> dict:
         return versions()
 
-    def rcgrpo_join(self, host: str, port: int, world_size: int, backend: str, group: str,
-                    timeout_s: float = 600.0) -> int:
+    def rcgrpo_join(
+        self, host: str, port: int, world_size: int, backend: str, group: str, timeout_s: float = 600.0
+    ) -> int:
         rank = 1 + int(self.rank)  # the trainer is rank 0
         if backend == "nccl":
             torch.cuda.set_device(self.device)

@@ -39,7 +39,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_buckets(meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, int]]:
+def plan_buckets(
+    meta: list[tuple[str, tuple[int, ...], str]], bucket_bytes: int = BUCKET_BYTES
+) -> list[tuple[int, int]]:
     """[start, end) ranges over ``meta`` ([name, shape, dtype name] in send order): consecutive tensors of one
     dtype, up to ``bucket_bytes`` each (a larger tensor is a bucket of its own)."""
     return buckets_of([(nbytes(shape, getattr(torch, dtype)), dtype) for _, shape, dtype in meta], bucket_bytes)
@@ -58,8 +60,17 @@ def nccl_mismatch(ours: str | None, theirs: list) -> str | None:
 class CollectiveSync:
     """Trainer side of the collective weight transfer (the module docstring; a `generation.base.WeightSync`)."""
 
-    def __init__(self, client: VLLMClient, master: str | None, timeout: float, fallback, backend: str | None = None,
-                 default_dtype: torch.dtype = torch.float32, bucket_bytes: int = BUCKET_BYTES, verify: bool = False):
+    def __init__(
+        self,
+        client: VLLMClient,
+        master: str | None,
+        timeout: float,
+        fallback,
+        backend: str | None = None,
+        default_dtype: torch.dtype = torch.float32,
+        bucket_bytes: int = BUCKET_BYTES,
+        verify: bool = False,
+    ):
         """``fallback``: the ``FolderSync`` of the same server (its manifest, when known, gives the served names,
         shapes and dtypes the tensors are checked against and sent in; else floating tensors go as
         ``default_dtype``). ``verify``: every worker returns each received tensor's float64 sum, compared with the
@@ -68,8 +79,15 @@ class CollectiveSync:
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if self.backend == "nccl" and not torch.cuda.is_available():
             raise WeightSyncError("generation.vllm.weight_sync=nccl needs CUDA here; use auto (gloo on CPU) or folder")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-        self.fallback, self.default_dtype, self.bucket_bytes, self.verify = fallback, default_dtype, bucket_bytes, verify
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        )
+        self.fallback, self.default_dtype, self.bucket_bytes, self.verify = (
+            fallback,
+            default_dtype,
+            bucket_bytes,
+            verify,
+        )
         self.dtypes: dict[str, torch.dtype] = {}
         self.disabled: str | None = None  # why every sync goes through folders instead (said once)
         self.group = self.store = None
@@ -80,11 +98,12 @@ class CollectiveSync:
     def _rpc(self, method: str, kwargs: dict[str, Any], box: dict) -> None:
         try:
             box["result"] = self.client.collective_rpc(method, kwargs, self.timeout)
-        except BaseException as e:  # reported by the caller's thread
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
             box["error"] = e
 
     def _join(self) -> None:
         from nemo_rcgrpo.utils.dist import free_port
+
         if self.backend == "nccl":
             theirs = (self.client.collective_rpc("rcgrpo_versions", {}, self.timeout) or {}).get("results", [])
             why = nccl_mismatch(versions()["nccl"], theirs)
@@ -93,14 +112,30 @@ class CollectiveSync:
                 raise WeightSyncError(self.disabled)
         world = int(self.client._call("GET", "/get_world_size", params={"include_dp": "false"})["world_size"])
         host, _, port = (self.master or "").partition(":")
-        host = host or ("127.0.0.1" if self.backend == "gloo" and self.client.url.startswith("http://127.")
-                        else socket.gethostbyname(socket.gethostname()))
+        host = host or (
+            "127.0.0.1"
+            if self.backend == "gloo" and self.client.url.startswith("http://127.")
+            else socket.gethostbyname(socket.gethostname())
+        )
         port = int(port) if port else free_port("")
         group = f"rcgrpo-{uuid.uuid4().hex[:8]}"
         box: dict = {}
-        rpc = threading.Thread(target=self._rpc, args=("rcgrpo_join", {
-            "host": host, "port": port, "world_size": world + 1, "backend": self.backend, "group": group,
-            "timeout_s": self.timeout}, box), daemon=True)
+        rpc = threading.Thread(
+            target=self._rpc,
+            args=(
+                "rcgrpo_join",
+                {
+                    "host": host,
+                    "port": port,
+                    "world_size": world + 1,
+                    "backend": self.backend,
+                    "group": group,
+                    "timeout_s": self.timeout,
+                },
+                box,
+            ),
+            daemon=True,
+        )
         rpc.start()
         try:
             self.store, self.group = make_group(host, port, 0, world + 1, self.backend, group, self.timeout)
@@ -109,8 +144,10 @@ class CollectiveSync:
         if "error" in box or rpc.is_alive():
             self.group = self.store = None
             error = box.get("error", "no answer")
-            raise WeightSyncError(f"the server's workers did not join the weight transfer ({error}); serve with "
-                                  f"--worker-extension-cls {EXTENSION} (`rcgrpo serve` and managed servers do)")
+            raise WeightSyncError(
+                f"the server's workers did not join the weight transfer ({error}); serve with "
+                f"--worker-extension-cls {EXTENSION} (`rcgrpo serve` and managed servers do)"
+            )
 
     # ------------------------------------------------------------------ sync
     def push(self, weights: Iterable[tuple[str, torch.Tensor]] | WeightStream | Path, version: int) -> None:
@@ -129,8 +166,10 @@ class CollectiveSync:
             self.fallback.push(stream, version)
             return
         manifest = self.fallback.manifest or {}
-        self.dtypes = {n: manifest[n][1] if n in manifest else (self.default_dtype if d.is_floating_point else d)
-                       for n, _, d in stream.meta}
+        self.dtypes = {
+            n: manifest[n][1] if n in manifest else (self.default_dtype if d.is_floating_point else d)
+            for n, _, d in stream.meta
+        }
         failed = None
         self.client.pause()
         try:
@@ -144,14 +183,20 @@ class CollectiveSync:
         if failed is not None:  # the workers may hold part of the new weights: load all of them from a folder
             self.group = self.store = None  # rebuilt at the next sync
             self.stats["fallbacks"] += 1
-            print(f"warning: the collective weight transfer of version {version} failed ({failed}); "
-                  f"sending it through a folder", file=sys.stderr, flush=True)
+            print(
+                f"warning: the collective weight transfer of version {version} failed ({failed}); "
+                f"sending it through a folder",
+                file=sys.stderr,
+                flush=True,
+            )
             try:
                 self.fallback.push(stream, version)  # a second pass over the export
             except GeneratorError as again:
-                raise GeneratorUnavailable(f"weight update to version {version} failed through the process group "
-                                           f"({failed}) and through a folder ({again}); what the server holds is "
-                                           f"unknown: restart it") from None
+                raise GeneratorUnavailable(
+                    f"weight update to version {version} failed through the process group "
+                    f"({failed}) and through a folder ({again}); what the server holds is "
+                    f"unknown: restart it"
+                ) from None
             return
         if self.fallback.manifest is None:  # an attached server: what was sent is what it serves now
             self.fallback.manifest = {n: (tuple(shape), self.dtypes[n]) for n, shape, _ in stream.meta}
@@ -163,9 +208,20 @@ class CollectiveSync:
         meta = [(name, tuple(int(d) for d in shape), dtype_name(self.dtypes[name])) for name, shape, _ in stream.meta]
         buckets = plan_buckets(meta, self.bucket_bytes)
         box: dict = {}
-        rpc = threading.Thread(target=self._rpc, args=("rcgrpo_receive", {
-            "meta": [[n, list(s), d] for n, s, d in meta], "buckets": [list(b) for b in buckets],
-            "timeout_s": self.timeout, "verify": self.verify}, box), daemon=True)
+        rpc = threading.Thread(
+            target=self._rpc,
+            args=(
+                "rcgrpo_receive",
+                {
+                    "meta": [[n, list(s), d] for n, s, d in meta],
+                    "buckets": [list(b) for b in buckets],
+                    "timeout_s": self.timeout,
+                    "verify": self.verify,
+                },
+                box,
+            ),
+            daemon=True,
+        )
         rpc.start()
         sums = []
         tensors = iter(stream)
@@ -193,8 +249,11 @@ class CollectiveSync:
         counts = [r.get("tensors") if isinstance(r, dict) else r for r in results or []]
         if not counts or any(c != len(meta) for c in counts):
             raise GeneratorError(f"workers received {counts} tensors of {len(meta)}")
-        if self.verify and any(len(r["sums"]) != len(sums) or not all(
-                math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(r["sums"], sums)) for r in results):
+        if self.verify and any(
+            len(r["sums"]) != len(sums)
+            or not all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(r["sums"], sums))
+            for r in results
+        ):
             raise GeneratorError("the tensors a worker received differ from the tensors sent")
         self.stats["syncs"] += 1
 

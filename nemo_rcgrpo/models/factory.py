@@ -44,17 +44,23 @@ def _check_megatron(cfg) -> None:
     m = cfg.policy.megatron  # its section's own bounds: TrainConfig._validate_megatron_section, for any backend
     has_te = importlib.util.find_spec("transformer_engine") is not None
     if m.fp8 is not None and not has_te:
-        raise ConfigError(f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
-                          "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null")
+        raise ConfigError(
+            f"policy.megatron.fp8={m.fp8} needs Transformer Engine, which is not installed here: "
+            "run in the GPU container (containers/Dockerfile) or set policy.megatron.fp8=null"
+        )
     if (m.spec == "te" or m.sequence_parallel) and not has_te:
         setting = "spec=te" if m.spec == "te" else "sequence_parallel=true"
-        raise ConfigError(f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
-                          "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)")
+        raise ConfigError(
+            f"policy.megatron.{setting} needs Transformer Engine, which is not installed here: "
+            "run in the GPU container (containers/Dockerfile) or leave it at its default (null/auto)"
+        )
     budget = cfg.trainer.micro_batch_tokens
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 and m.pp > 1:
-        raise ConfigError(f"trainer.micro_batch_tokens={budget} with policy.megatron.pp={m.pp}: pipeline stages "
-                          "exchange one activation shape, so every micro-batch would be padded to the largest rows x "
-                          "the longest row, past the budget; use trainer.micro_batch_size")
+        raise ConfigError(
+            f"trainer.micro_batch_tokens={budget} with policy.megatron.pp={m.pp}: pipeline stages "
+            "exchange one activation shape, so every micro-batch would be padded to the largest rows x "
+            "the longest row, past the budget; use trainer.micro_batch_size"
+        )
 
 
 megatron_backend.check = _check_megatron  # a backend's own settings, validated with the config
@@ -69,9 +75,15 @@ def make_policy(build: PolicyBuild, model: torch.nn.Module, dist: DistInfo, tota
     if not isinstance(build, PolicyBuild):  # a whole TrainConfig is not a factory's input (cfg.policy_build())
         raise TypeError(f"make_policy takes a PolicyBuild, not {type(build).__name__}")
     factory = lookup("policy_backend", build.policy.backend)
-    return check_part("policy_backend", build.policy.backend, factory, factory(build, model, dist, total_steps),
-                      Policy, "a policy declares the capabilities the loops ask of it and has the methods they call "
-                      "(the Policy Protocol, nemo_rcgrpo/models/interfaces.py)")
+    return check_part(
+        "policy_backend",
+        build.policy.backend,
+        factory,
+        factory(build, model, dist, total_steps),
+        Policy,
+        "a policy declares the capabilities the loops ask of it and has the methods they call "
+        "(the Policy Protocol, nemo_rcgrpo/models/interfaces.py)",
+    )
 
 
 def sync_generator(policy: Policy, generator, shares_weights: bool, version: int) -> None:
@@ -104,8 +116,9 @@ def sync_generator(policy: Policy, generator, shares_weights: bool, version: int
             if not _next_pass(policy, None):
                 return
         return
-    stream = WeightStream(meta, policy.export_weights,
-                          on_pass=(lambda k: _next_pass(policy, k > 0)) if collective else None)
+    stream = WeightStream(
+        meta, policy.export_weights, on_pass=(lambda k: _next_pass(policy, k > 0)) if collective else None
+    )
     try:
         generator.update_weights(stream, version)
     finally:
@@ -134,6 +147,13 @@ def save_policy_checkpoint(policy, dist: DistInfo, run_dir, step: int, **kwargs)
         policy.save_sharded(checkpoint_tmp_dir(run_dir, step) / sd["optimizer"]["dir"])
         barrier(dist)
     if dist.is_main:
-        save_checkpoint(run_dir, step, model_state=sd["model"], optimizer_state=sd["optimizer"],
-                        scheduler_state=sd["scheduler"], prepared=sharded, **kwargs)
+        save_checkpoint(
+            run_dir,
+            step,
+            model_state=sd["model"],
+            optimizer_state=sd["optimizer"],
+            scheduler_state=sd["scheduler"],
+            prepared=sharded,
+            **kwargs,
+        )
     barrier(dist)

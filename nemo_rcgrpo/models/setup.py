@@ -43,9 +43,14 @@ def load_tokenizer_and_model(cfg: PolicySetup):
 
 
 def make_renderer(cfg: PolicySetup, tokenizer) -> ChatRenderer:
-    return ChatRenderer(tokenizer, cfg.chat.format, tool_description=cfg.chat.tool_description,
-                        renderer=cfg.chat.renderer, reward_tokens=(cfg.reward_tokens.high, cfg.reward_tokens.low),
-                        literal_reward_tokens=cfg.model.reward_tokens != "special")
+    return ChatRenderer(
+        tokenizer,
+        cfg.chat.format,
+        tool_description=cfg.chat.tool_description,
+        renderer=cfg.chat.renderer,
+        reward_tokens=(cfg.reward_tokens.high, cfg.reward_tokens.low),
+        literal_reward_tokens=cfg.model.reward_tokens != "special",
+    )
 
 
 def model_fingerprint(model: torch.nn.Module, path: str) -> str:

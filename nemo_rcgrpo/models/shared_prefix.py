@@ -143,8 +143,12 @@ def _root(model, ids: torch.Tensor, recompute: bool) -> tuple[torch.Tensor, list
     cache = _PassCache(model.config, keep=True)
     R = ids.shape[1]
     with _recomputed(_layers(model) if recompute else []):
-        out = model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  position_ids=torch.arange(R, device=ids.device)[None], past_key_values=cache)
+        out = model.get_decoder()(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(R, device=ids.device)[None],
+            past_key_values=cache,
+        )
     return out.last_hidden_state.reshape(R, -1), cache.take()
 
 
@@ -152,8 +156,14 @@ def _layers(model) -> list:
     return list(getattr(model.get_decoder(), "layers", []))
 
 
-def _segment(decoder, ids: torch.Tensor, past_mask: torch.Tensor | None, mask: torch.Tensor,
-             positions: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def _segment(
+    decoder,
+    ids: torch.Tensor,
+    past_mask: torch.Tensor | None,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    cache: DynamicCache,
+) -> torch.Tensor:
     """[N, L, H] hidden states of ``ids`` [N, L] after the cached context (``past_mask`` [N, C], None without one),
     ``mask`` [N, L] marking the keys that may be seen, at ``positions`` [N, L], through ``cache`` (a `_PassCache`,
     called whatever ``use_cache`` says)."""
@@ -175,8 +185,8 @@ def _rows_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
         ids = torch.zeros(nb, Q, dtype=input_ids.dtype, device=device)
         mask = torch.zeros(nb, Q, dtype=torch.bool, device=device)  # the suffixes must not see a branch's padding
         for i, b in enumerate(layout.branches):
-            ids[i, :b.length] = input_ids[b.rows[0], R:R + b.length]
-            mask[i, :b.length] = True
+            ids[i, : b.length] = input_ids[b.rows[0], R : R + b.length]
+            mask[i, : b.length] = True
         if past is not None:  # every branch continues from the root's keys and values
             root, kv = kv, [(k.expand(nb, -1, -1, -1), v.expand(nb, -1, -1, -1)) for k, v in kv]
             root.clear()
@@ -188,7 +198,7 @@ def _rows_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
         past = mask if past is None else torch.cat([past, mask], dim=1)
     ids = torch.zeros(B, S, dtype=input_ids.dtype, device=device)
     for r, (n, s) in enumerate(zip(layout.lengths, starts)):
-        ids[r, :n - s] = input_ids[r, s:n]
+        ids[r, : n - s] = input_ids[r, s:n]
     # a suffix's padding comes after its every token, which causal attention never shows them: no mask needed
     mask = torch.ones(B, S, dtype=torch.bool, device=device)
     rows = None  # nothing before the suffixes (no root, no branch parts)
@@ -218,15 +228,24 @@ def _flat_rest(model, input_ids: torch.Tensor, layout: GroupLayout, kv: list | N
     dtype = next(model.parameters()).dtype
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min).to(device)
     cache = _PassCache(model.config, kv) if kv is not None else None
-    out = model.get_decoder()(input_ids=flat.ids[rest].to(device)[None], attention_mask=mask[None, None],
-                              position_ids=flat.positions[rest].to(device)[None], past_key_values=cache,
-                              use_cache=False)  # without a root, no cache to make
+    out = model.get_decoder()(
+        input_ids=flat.ids[rest].to(device)[None],
+        attention_mask=mask[None, None],
+        position_ids=flat.positions[rest].to(device)[None],
+        past_key_values=cache,
+        use_cache=False,
+    )  # without a root, no cache to make
     hidden = out.last_hidden_state[0]  # [M, H]
     return hidden.new_zeros((flat.length - R,) + hidden.shape[1:]).index_copy(0, (rest - R).to(device), hidden)
 
 
-def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout, how: str | None = None,
-                  recompute: bool | None = None) -> torch.Tensor:
+def shared_hidden(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    layout: GroupLayout,
+    how: str | None = None,
+    recompute: bool | None = None,
+) -> torch.Tensor:
     """The flat hidden states [R + n_branches * Q + B * S, H] of the tree (`hidden_index` says which row of it
     holds each (row, position)); ``input_ids`` [B, T] right-padded, rows as ``layout`` says. ``how``: FLAT or ROWS
     (None: `tree_pass` for the model's device and attention and the tree); ``recompute`` (None: where autograd
@@ -245,7 +264,7 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
     parts, kv = [], None
     with _own_checkpointing(on):
         if layout.root:
-            hidden, kv = _root(model, input_ids[:1, :layout.root], recompute)
+            hidden, kv = _root(model, input_ids[:1, : layout.root], recompute)
             parts.append(hidden)
         with _recomputed(on if recompute else []):
             if how == FLAT:
@@ -255,8 +274,9 @@ def shared_hidden(model: torch.nn.Module, input_ids: torch.Tensor, layout: Group
     return torch.cat(parts, dim=0)
 
 
-def shared_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout,
-                           rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+def shared_position_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, layout: GroupLayout, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
     """[N, V] logits (the model's dtype) at the positions (rows[i], cols[i]) of the right-padded [B, T] micro-batch,
     through the prefix-once passes: what `torch_policy.position_logits` gives unshared. A position the tree shares
     is computed once and read by each of its rows."""
@@ -265,13 +285,19 @@ def shared_position_logits(model: torch.nn.Module, input_ids: torch.Tensor, layo
     return model.get_output_embeddings()(flat[index[rows, cols]])
 
 
-def share_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True,
-                 pack: str | None = None) -> Layout:
+def share_layout(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool = True, pack: str | None = None
+) -> Layout:
     """How a right-padded micro-batch ([B, T] ids and attention mask) runs: `data/packing.py: choose_layout` over
     its rows (the prefix tree with ``share``, packed rows with ``pack``, whichever runs the fewest positions), or
     None where its rows are not right-padded or neither runs fewer positions than the B x T of the padded forward."""
     lengths = attention_mask.sum(1)
-    if not (share or pack) or not torch.equal(attention_mask.bool(), torch.arange(
-            input_ids.shape[1], device=lengths.device)[None] < lengths[:, None]) or bool((lengths == 0).any()):
+    if (
+        not (share or pack)
+        or not torch.equal(
+            attention_mask.bool(), torch.arange(input_ids.shape[1], device=lengths.device)[None] < lengths[:, None]
+        )
+        or bool((lengths == 0).any())
+    ):
         return None
     return choose_layout([row[:n].tolist() for row, n in zip(input_ids, lengths.tolist())], share, pack)

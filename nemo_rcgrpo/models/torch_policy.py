@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nemo_rcgrpo.data.packing import Layout, Packed
 from nemo_rcgrpo.config_schema import TrainerConfig
 from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.data.packing import Layout, Packed
 from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
 from nemo_rcgrpo.models.packed import packed_position_logits, packs
 from nemo_rcgrpo.models.shared_prefix import share_layout, shared_position_logits, supports
@@ -57,12 +57,21 @@ GATHERED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 def gathers(model: torch.nn.Module) -> bool:
     """Whether ``model``'s output layer may be applied to chosen positions only (`position_logits`)."""
     config = getattr(model, "config", None)
-    return (getattr(config, "model_type", None) in GATHERED_MODEL_TYPES and hasattr(model, "get_decoder")
-            and hasattr(model, "get_output_embeddings"))
+    return (
+        getattr(config, "model_type", None) in GATHERED_MODEL_TYPES
+        and hasattr(model, "get_decoder")
+        and hasattr(model, "get_output_embeddings")
+    )
 
 
-def position_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    rows: torch.Tensor, cols: torch.Tensor, layout: Layout = None) -> torch.Tensor:
+def position_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    layout: Layout = None,
+) -> torch.Tensor:
     """[N, V] logits at the N positions (rows[i], cols[i]) of a [B, T] batch: the decoder runs on every token (or,
     with ``layout``, the prefix tree's passes or the packed rows), the output layer (over a 50k-150k vocabulary,
     most of a small model's cost) only on the positions asked for."""
@@ -81,14 +90,24 @@ class PositionHead(torch.nn.Module):
         super().__init__()
         self.lm = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
-                cols: torch.Tensor, layout: Layout = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        layout: Layout = None,
+    ) -> torch.Tensor:
         return position_logits(self.lm, input_ids, attention_mask, rows, cols, layout)
 
 
-def _trained_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    loss_mask: torch.Tensor, layout: Layout = None
-                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
+def _trained_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    layout: Layout = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None:
     """[N, V] fp32 logits at the positions t whose token t+1 is trained (through ``layout``'s passes where given),
     and those (rows, cols) in the shifted [B, T-1] grid; None where the model cannot gather (a DDP model gathers
     only as a `PositionHead`, which runs the layout inside DDP's forward, so the gradients synchronise)."""
@@ -114,14 +133,19 @@ def _entropies(logits: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out = torch.empty(logits.shape[:-1], dtype=logits.dtype, device=logits.device)
         for c in range(0, logits.shape[0], ENTROPY_CHUNK):
-            logp_all = logits[c:c + ENTROPY_CHUNK].detach().log_softmax(-1)
-            out[c:c + ENTROPY_CHUNK] = -(logp_all.exp() * logp_all).sum(-1)
+            logp_all = logits[c : c + ENTROPY_CHUNK].detach().log_softmax(-1)
+            out[c : c + ENTROPY_CHUNK] = -(logp_all.exp() * logp_all).sum(-1)
         return out
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   loss_mask: torch.Tensor | None = None, entropy_out: list | None = None,
-                   layout: Layout = None) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    entropy_out: list | None = None,
+    layout: Layout = None,
+) -> torch.Tensor:
     """[B, T] log p(ids[:, t] | ids[:, <t]); position 0 is 0 (nothing predicts the first token).
 
     With ``loss_mask`` [B, T], logits are computed only where they are needed (the output layer over a
@@ -154,8 +178,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
             entropy_out.append(torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1))  # [B, T]
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # [B, T]
     keep = loss_mask[:, 1:].any(dim=0).nonzero().squeeze(-1)  # [K] positions t whose t+1 is trained
-    logits = fp32_at_least(model(input_ids=input_ids, attention_mask=attention_mask,
-                                 logits_to_keep=keep).logits)  # [B, K, V]
+    logits = fp32_at_least(
+        model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    )  # [B, K, V]
     picked = targets[:, keep]  # [B, K]
     kept = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]), picked.reshape(-1), reduction="none")
     lp = torch.zeros(targets.shape, dtype=kept.dtype, device=kept.device)
@@ -168,8 +193,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 
 @torch.no_grad()
-def logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         loss_mask: torch.Tensor, layout: Layout = None) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    layout: Layout = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] token logprobs and [B, T] entropies of the predictive distribution, at masked positions."""
     out: list[torch.Tensor] = []
     lp = token_logprobs(model, input_ids, attention_mask, loss_mask, out, layout)
@@ -186,8 +216,14 @@ class TorchPolicy:
     fuses_old_logprobs = True  # `train_step(with_entropy=True)` returns the training pass's entropies
     distributed_rl = False  # the stage-2 loop runs it in one process (several: the megatron backend)
 
-    def __init__(self, model: torch.nn.Module, trainer: TrainerConfig, dist: DistInfo, total_steps: int,
-                 gradient_checkpointing: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        trainer: TrainerConfig,
+        dist: DistInfo,
+        total_steps: int,
+        gradient_checkpointing: bool = False,
+    ):
         self.dist, self.device = dist, dist.device
         self.model = model.to(dist.device)
         if gradient_checkpointing:
@@ -200,11 +236,15 @@ class TorchPolicy:
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.mixed = any(p.dtype in LOW_PRECISION for p in self.params)
         # fp32 master weights for a low-precision model (the module docstring); the optimizer updates these
-        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params] if self.mixed else self.params
-        self.optimizer = torch.optim.AdamW(self.master, lr=trainer.lr, betas=tuple(trainer.betas),
-                                           weight_decay=trainer.weight_decay)
+        self.master = (
+            [torch.nn.Parameter(p.detach().float().clone()) for p in self.params] if self.mixed else self.params
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.master, lr=trainer.lr, betas=tuple(trainer.betas), weight_decay=trainer.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio))
+            self.optimizer, lr_lambda(trainer.schedule, trainer.warmup_steps, total_steps, trainer.min_lr_ratio)
+        )
         self.grad_clip = trainer.grad_clip
         self.base_lr = trainer.lr
         # prefix-once passes (trainer.share_prefix): a model whose decoder and output layer are called apart (under
@@ -214,8 +254,11 @@ class TorchPolicy:
         # packed rows (trainer.pack_sequences): a model that gathers, and an attention that takes packed rows on this
         # device (`models/packed.py: packs`: a varlen kernel, or a dense block mask on CPU)
         attention = getattr(getattr(self.module, "config", None), "_attn_implementation", None)
-        self.packs = (packs(dist.device.type, attention) if trainer.pack_sequences and gathers(self.module)
-                      and supports(self.module) else None)
+        self.packs = (
+            packs(dist.device.type, attention)
+            if trainer.pack_sequences and gathers(self.module) and supports(self.module)
+            else None
+        )
 
     def layout(self, batch: MicroBatch) -> Layout:
         """How the micro-batch's forward runs: its prefix tree, its rows packed, or None (every row padded), the
@@ -237,8 +280,9 @@ class TorchPolicy:
         finally:
             self.module.train(was_training)
 
-    def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn,
-                   num_valid_tokens: float, with_entropy: bool = False) -> TrainStepResult:
+    def train_step(
+        self, micro_batches: list[MicroBatch], loss_fn: LossFn, num_valid_tokens: float, with_entropy: bool = False
+    ) -> TrainStepResult:
         """One optimizer step over this rank's micro-batches (gradients synchronised once, at the last).
 
         ``with_entropy``: also return "entropy_sums", per micro-batch the [B] sums of the token entropies over

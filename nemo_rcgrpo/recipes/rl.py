@@ -36,31 +36,37 @@ import torch
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
+from nemo_rcgrpo.algorithms.rl_ahead import AheadCollector, staleness_metrics
+from nemo_rcgrpo.algorithms.rl_batch import (
+    RolloutGroup,
+    UpdateTotals,
+    rl_micro_batch,
+    step_metrics,
+    token_batches,
+    write_rollouts,
+)
+from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
+from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
+from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.packing import budget_batches, forward_cost, positions_saved
 from nemo_rcgrpo.data.prefix_tree import step_savings
-from nemo_rcgrpo.algorithms.rl_batch import (RolloutGroup, UpdateTotals, rl_micro_batch, step_metrics, token_batches,
-                                             write_rollouts)
-from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
-from nemo_rcgrpo.algorithms.rl_ahead import AheadCollector, staleness_metrics
-from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
-from nemo_rcgrpo.prepare_data import ensure_data
-from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
-from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
 from nemo_rcgrpo.envs.sources import category_key, make_opener
-from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation import make_generator
+from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import make_policy, sync_generator
+from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
+from nemo_rcgrpo.prepare_data import ensure_data
 from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
-from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
 from nemo_rcgrpo.utils.provenance import reward_token_value, training_record
+from nemo_rcgrpo.utils.run_lock import writing
 
 
 def step_rng(seed: int, steps_done: int) -> random.Random:
@@ -96,47 +102,79 @@ class RLTrainer:
         self.fingerprint = model_fingerprint(model, cfg.model.path)
         self.parameters = sum(p.numel() for p in model.parameters())
         # the shape the step's forward FLOPs are counted at (forward_flops_saved)
-        self.flop_shape = (self.parameters, getattr(model.config, "num_hidden_layers", 0),
-                           getattr(model.config, "hidden_size", 0))
+        self.flop_shape = (
+            self.parameters,
+            getattr(model.config, "num_hidden_layers", 0),
+            getattr(model.config, "hidden_size", 0),
+        )
         # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
-        self.record = training_record(cfg.stage, cfg.model.path, cfg.reward_tokens.high, cfg.reward_tokens.low,
-                                      conditioned=cfg.stage_spec.conditioned)
+        self.record = training_record(
+            cfg.stage,
+            cfg.model.path,
+            cfg.reward_tokens.high,
+            cfg.reward_tokens.low,
+            conditioned=cfg.stage_spec.conditioned,
+        )
         self.record["reward_goal"] = dataclasses.asdict(goal)
         # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
         self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
         self.policy = make_policy(build, model, dist, cfg.trainer.max_steps * self.updates)
         if dist.world_size > 1 and not self.policy.distributed_rl:
-            raise ValueError(f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
-                             "processes use policy.backend=megatron")
+            raise ValueError(
+                f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
+                "processes use policy.backend=megatron"
+            )
         self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
         self.data_dist, self.dp_sum = self.policy.data_parallel()
         rl = cfg.rl
         # generating ahead (rl.max_staleness >= 1): a weight update waits for the call in flight (generation/gated.py)
-        self.generator = make_generator(setup, self.policy.module, self.tokenizer,
-                                        gated=rl.max_staleness > 0) if dist.is_main else None
+        self.generator = (
+            make_generator(setup, self.policy.module, self.tokenizer, gated=rl.max_staleness > 0)
+            if dist.is_main
+            else None
+        )
         # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
         shares = self.generator is not None and self.generator.shares_policy_weights
         if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
             self.policy.module.to(self.policy.device)
         self.shares_weights = bool(all_reduce_sum(float(shares), dist))
         if rl.max_staleness and self.shares_weights:
-            raise ValueError(f"rl.max_staleness={rl.max_staleness} generates rollouts while the policy trains: the "
-                             f"generator must hold its own weights (generation=vllm, or scripted), not sample from "
-                             f"the policy's module; set rl.max_staleness=0 or generation=vllm")
-        sampling = SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature,
-                                  top_p=rl.sampling.top_p)
-        self.engine = RolloutEngine(self.generator, self.renderer, opener, sampling,
-                                    max_turns=rl.max_turns, max_total_tokens=rl.max_total_tokens, reward_goal=goal,
-                                    name=cfg.env.name, rejected_message=cfg.chat.rejected_message)
+            raise ValueError(
+                f"rl.max_staleness={rl.max_staleness} generates rollouts while the policy trains: the "
+                f"generator must hold its own weights (generation=vllm, or scripted), not sample from "
+                f"the policy's module; set rl.max_staleness=0 or generation=vllm"
+            )
+        sampling = SamplingParams(
+            max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature, top_p=rl.sampling.top_p
+        )
+        self.engine = RolloutEngine(
+            self.generator,
+            self.renderer,
+            opener,
+            sampling,
+            max_turns=rl.max_turns,
+            max_total_tokens=rl.max_total_tokens,
+            reward_goal=goal,
+            name=cfg.env.name,
+            rejected_message=cfg.chat.rejected_message,
+        )
         # held-out episodes: greedy, the rest as in training
-        self.eval_engine = self.engine.with_sampling(SamplingParams(max_new_tokens=rl.sampling.max_new_tokens,
-                                                                    temperature=0.0))
+        self.eval_engine = self.engine.with_sampling(
+            SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0)
+        )
         self.step, self.task_cursor = 0, 0
         # the env opens a training task with checked messages and tools, or the run stops here in one line
         self.engine.opening(self.suite[self.task_ids[0]], None)
         # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
-        check_prompt_prefix(self.engine, self.renderer, self.suite, cfg.data.dir, self.task_ids, cfg.env,
-                            conditioned=cfg.stage_spec.conditioned)
+        check_prompt_prefix(
+            self.engine,
+            self.renderer,
+            self.suite,
+            cfg.data.dir,
+            self.task_ids,
+            cfg.env,
+            conditioned=cfg.stage_spec.conditioned,
+        )
 
     # ------------------------------------------------------------------ one step
     def collect(self, step: int, cursor: int) -> StepRollouts:
@@ -144,14 +182,29 @@ class RLTrainer:
         cursor after them (`algorithms/rl_collect.py`), with the step's seeded rng."""
         cfg = self.cfg
         try:
-            return collect_groups(cfg.rl, cfg.stage_spec, self.engine, self.suite, self.task_ids, cursor,
-                                  step - 1, step_rng(cfg.seed, step - 1), cfg.seed, stage=cfg.stage)
+            return collect_groups(
+                cfg.rl,
+                cfg.stage_spec,
+                self.engine,
+                self.suite,
+                self.task_ids,
+                cursor,
+                step - 1,
+                step_rng(cfg.seed, step - 1),
+                cfg.seed,
+                stage=cfg.stage,
+            )
         except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
             g = self.cfg.rl.group_size
             trajs = e.trajectories
-            groups = [trajs[i:i + g] for i in range(0, len(trajs), g)]
-            write_rollouts(self.run_dir / "rollouts" / f"step_{step}.jsonl", step, groups,
-                           torch.zeros(len(groups), g), self.tokenizer.decode)
+            groups = [trajs[i : i + g] for i in range(0, len(trajs), g)]
+            write_rollouts(
+                self.run_dir / "rollouts" / f"step_{step}.jsonl",
+                step,
+                groups,
+                torch.zeros(len(groups), g),
+                self.tokenizer.decode,
+            )
             raise
 
     def advantages(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,15 +213,17 @@ class RLTrainer:
         rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
         return rewards, group_advantages(rewards, baseline=adv_cfg.baseline, scale=adv_cfg.scale, eps=adv_cfg.eps)
 
-    def train_step(self, groups: list[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor,
-                   stats: dict[str, float]) -> dict[str, float]:
+    def train_step(
+        self, groups: list[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor, stats: dict[str, float]
+    ) -> dict[str, float]:
         """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default) on
         ``groups`` with their rewards and advantages [N, G]; returns the step's metrics."""
         rl = self.cfg.rl
         trajs = [t for g in groups for t in g]
         t0 = time.perf_counter()
-        tokens = token_batches(trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size,
-                               self._budget_ranges(trajs))
+        tokens = token_batches(
+            trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size, self._budget_ranges(trajs)
+        )
         # how the policy runs each micro-batch: a group's prompt shared by its rows computed once, rows packed
         layouts = [(self.policy.layout(b), b.attention_mask.sum(1).tolist()) for b in tokens]
         savings = step_savings(layouts, *self.flop_shape)
@@ -190,8 +245,13 @@ class RLTrainer:
         sync_seconds = time.perf_counter() - t0
         num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens))
         metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
-        metrics.update(stats, logprob_seconds=logprob_seconds, train_seconds=train_seconds,
-                       weight_sync_seconds=sync_seconds, **savings)
+        metrics.update(
+            stats,
+            logprob_seconds=logprob_seconds,
+            train_seconds=train_seconds,
+            weight_sync_seconds=sync_seconds,
+            **savings,
+        )
         return metrics
 
     def _budget_ranges(self, trajs: list) -> list[tuple[int, int]] | None:
@@ -202,16 +262,18 @@ class RLTrainer:
             return None
         seqs = [t.token_ids for t in trajs]
         share, pack = self.policy.share_prefix, self.policy.packs
-        return budget_batches(len(trajs), self.cfg.rl.group_size, budget,
-                              lambda lo, hi: forward_cost(seqs[lo:hi], share, pack))
+        return budget_batches(
+            len(trajs), self.cfg.rl.group_size, budget, lambda lo, hi: forward_cost(seqs[lo:hi], share, pack)
+        )
 
     def _mine(self, indices) -> list[int]:
         """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the
         rest)."""
         return [i for i in indices if i % self.data_dist.world_size == self.data_dist.rank]
 
-    def _score(self, tokens: list[MicroBatch], trajs: list, flat_adv: torch.Tensor,
-               recompute_old: bool) -> tuple[dict[int, RLMicroBatch], torch.Tensor]:
+    def _score(
+        self, tokens: list[MicroBatch], trajs: list, flat_adv: torch.Tensor, recompute_old: bool
+    ) -> tuple[dict[int, RLMicroBatch], torch.Tensor]:
         """This replica's complete micro-batches (by index among ``tokens``), scored before any update: reference
         logprobs and, where the loss takes its ratio against them, old logprobs and entropies; with the [N * G]
         entropy sums (zeros where not computed here)."""
@@ -222,12 +284,13 @@ class RLTrainer:
             b, first, old = tokens[i], firsts[i], None
             if recompute_old:
                 old, ent = self.policy.logprobs(b, with_entropy=True)
-                entropy[first:first + b.rows] = (ent * b.loss_mask.float()).sum(1)
+                entropy[first : first + b.rows] = (ent * b.loss_mask.float()).sum(1)
             batches[i] = rl_micro_batch(b, trajs, first, flat_adv, self.reference(b), old)
         return batches, entropy
 
-    def _update(self, tokens: list[MicroBatch], batches: dict[int, RLMicroBatch], loss: GRPOLoss,
-                with_entropy: bool) -> tuple[UpdateTotals, torch.Tensor]:
+    def _update(
+        self, tokens: list[MicroBatch], batches: dict[int, RLMicroBatch], loss: GRPOLoss, with_entropy: bool
+    ) -> tuple[UpdateTotals, torch.Tensor]:
         """``rl.ppo_epochs`` passes over ``rl.mini_batches`` consecutive slices of the micro-batches, one optimizer step
         each (normalised by the slice's global token and sequence counts, from every replica's ``tokens``; this
         replica trains on its ``batches``). Returns the updates' totals and the fused pass's entropy sums."""
@@ -243,10 +306,11 @@ class RLTrainer:
                 sequences = float(sum(b.rows for b in tokens[lo:hi]))
                 mine = [batches[i] for i in self._mine(range(lo, hi))]
                 kwargs = {"with_entropy": True} if with_entropy else {}
-                result = self.policy.train_step(mine, dataclasses.replace(loss, num_sequences=sequences), num_valid,
-                                                **kwargs)
+                result = self.policy.train_step(
+                    mine, dataclasses.replace(loss, num_sequences=sequences), num_valid, **kwargs
+                )
                 for b, sums in zip(mine, result.entropy_sums or []):
-                    entropy[b.first:b.first + len(sums)] = sums
+                    entropy[b.first : b.first + len(sums)] = sums
                 # one collective per update, on every replica alike (one without micro-batches adds zeros)
                 stats = stats + PolicyLossStats.total(result.stats, self.dp_sum)
                 grad_norm, lr, skipped = grad_norm + result.grad_norm, lr + result.lr, skipped + result.skipped
@@ -270,7 +334,11 @@ class RLTrainer:
         dump = folder / f"step_{self.step}.jsonl"
         with writing("the evaluation dump", dump), dump.open("w") as f:
             for t in trajs:
-                record = {"step": self.step, **t.record(), "prompt": self.tokenizer.decode(t.token_ids[: t.prompt_length])}
+                record = {
+                    "step": self.step,
+                    **t.record(),
+                    "prompt": self.tokenizer.decode(t.token_ids[: t.prompt_length]),
+                }
                 f.write(bounded_line(record) + "\n")  # tool results clipped past the dump cap (utils/bounded.py)
         return out
 
@@ -290,16 +358,24 @@ class RLTrainer:
     def _banner(self, ckpt: Path | None) -> None:
         cfg, rl = self.cfg, self.cfg.rl
         start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
-        tokens = (f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})"
-                  if cfg.stage_spec.conditioned else "")
-        say(start_banner(
-            cfg, recipe=self.recipe, parameters=self.parameters, checkpoint=ckpt, start_step=start,
-            data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
-                 f"{len(self.eval_ids)} held-out for evaluation"
-                 + (f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"),
-            steps=f"{cfg.trainer.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
-                  f"lr {cfg.trainer.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
-                  f"{rl.sampling.max_new_tokens} new tokens at most"))
+        tokens = (
+            f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})" if cfg.stage_spec.conditioned else ""
+        )
+        say(
+            start_banner(
+                cfg,
+                recipe=self.recipe,
+                parameters=self.parameters,
+                checkpoint=ckpt,
+                start_step=start,
+                data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
+                f"{len(self.eval_ids)} held-out for evaluation"
+                + (f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"),
+                steps=f"{cfg.trainer.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
+                f"lr {cfg.trainer.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
+                f"{rl.sampling.max_new_tokens} new tokens at most",
+            )
+        )
 
     def run(self) -> dict[str, Any]:
         """The loop. The generator (a vLLM server) is closed however the run ends; a generator that fails is a
@@ -329,8 +405,9 @@ class RLTrainer:
         main = self.dist.is_main
         total = cfg.trainer.max_steps
         metrics: dict[str, float] = {}
-        with RunLoop(cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total,
-                     self.fingerprint) as loop:
+        with RunLoop(
+            cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total, self.fingerprint
+        ) as loop:
             k = cfg.rl.max_staleness
             # k >= 1: rank 0's thread collects the next steps while this one trains (algorithms/rl_ahead.py)
             ahead = AheadCollector(self.collect, self.step + 1, loop.end, self.task_cursor, k) if k and main else None
@@ -349,8 +426,9 @@ class RLTrainer:
                     self.step = step
                     if ahead is not None:
                         ahead.trained(step)  # the generator holds step's weights: the next collections may start
-                        metrics.update(staleness_metrics(groups, step), rollout_wait_seconds=waited,
-                                       **self.generator.take_waits())
+                        metrics.update(
+                            staleness_metrics(groups, step), rollout_wait_seconds=waited, **self.generator.take_waits()
+                        )
                     self._after_step(loop, step, groups, adv, metrics, started)
             finally:
                 if ahead is not None:
@@ -358,8 +436,15 @@ class RLTrainer:
         loop.finish()
         return {"steps": self.step, **metrics}
 
-    def _after_step(self, loop: RunLoop, step: int, groups: list[RolloutGroup], adv: torch.Tensor,
-                    metrics: dict[str, float], started: float) -> None:
+    def _after_step(
+        self,
+        loop: RunLoop,
+        step: int,
+        groups: list[RolloutGroup],
+        adv: torch.Tensor,
+        metrics: dict[str, float],
+        started: float,
+    ) -> None:
         """The step's rollout dump, evaluation where due, timing, metrics line and checkpoint."""
         cfg, main = self.cfg, self.dist.is_main
         total = cfg.trainer.max_steps
@@ -375,9 +460,15 @@ class RLTrainer:
         loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})
         loop.bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
         if main and not cfg.logging.progress:
-            say(step_line(cfg.stage, step, total, metrics,
-                          ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy",
-                           "step_seconds")))
+            say(
+                step_line(
+                    cfg.stage,
+                    step,
+                    total,
+                    metrics,
+                    ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy", "step_seconds"),
+                )
+            )
 
     def _share(self, rollouts: StepRollouts | None) -> StepRollouts:
         """Rank 0's rollouts (groups, stats, task cursor) on every rank; a no-op in one process."""

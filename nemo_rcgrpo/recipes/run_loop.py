@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -21,12 +20,17 @@ from tqdm import tqdm
 from nemo_rcgrpo.models.factory import save_policy_checkpoint
 from nemo_rcgrpo.models.setup import export_hf
 from nemo_rcgrpo.utils.banner import say
-from nemo_rcgrpo.utils.checkpoint import CheckpointError, choose_checkpoint, latest_checkpoint, load_checkpoint
-from nemo_rcgrpo.utils.checkpoint import set_rng_state
+from nemo_rcgrpo.utils.checkpoint import (
+    CheckpointError,
+    choose_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    set_rng_state,
+)
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, barrier, broadcast_object
 from nemo_rcgrpo.utils.logging import MetricsLogger
-from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.run_dir import check_run_dir, save_run_config
+from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
 
@@ -47,8 +51,10 @@ def open_run(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None
     state = load_checkpoint(ckpt)
     ts = state["trainer_state"]
     if ts.get("fingerprint") != fingerprint:
-        raise CheckpointError(f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
-                              f"use a new run_dir, or start over with trainer.resume=false overwrite=true")
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written for another model ({ts.get('model_path')}); "
+            f"use a new run_dir, or start over with trainer.resume=false overwrite=true"
+        )
     policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
     set_rng_state(state["rng"])
     return ckpt, ts
@@ -64,8 +70,11 @@ class NonFiniteTraining(RuntimeError):
 
 def nonfinite(metrics: dict[str, float]) -> dict[str, float]:
     """The step's loss and gradient norm where they are NaN or infinite."""
-    return {k: float(metrics[k]) for k in NONFINITE_KEYS
-            if metrics.get(k) is not None and not math.isfinite(float(metrics[k]))}
+    return {
+        k: float(metrics[k])
+        for k in NONFINITE_KEYS
+        if metrics.get(k) is not None and not math.isfinite(float(metrics[k]))
+    }
 
 
 def resume_checkpoint(run_dir: Path, dist: DistInfo) -> Path | None:
@@ -110,18 +119,32 @@ class RunLoop:
         if t.on_nonfinite == "skip" and not policy.skips_nonfinite_updates:
             from nemo_rcgrpo.utils.config import ConfigError
 
-            raise ConfigError(f"trainer.on_nonfinite=skip needs a policy backend that skips non-finite updates; "
-                              f"policy.backend={cfg.policy.backend} applies them (use trainer.on_nonfinite=stop)")
+            raise ConfigError(
+                f"trainer.on_nonfinite=skip needs a policy backend that skips non-finite updates; "
+                f"policy.backend={cfg.policy.backend} applies them (use trainer.on_nonfinite=stop)"
+            )
         self._last_state: dict[str, Any] | None = None  # the trainer state of the last finished step
         self._saved_step: int | None = None  # the last step this invocation saved
 
     def __enter__(self) -> "RunLoop":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.cfg
-        self.logger = MetricsLogger(self.run_dir, rank=self.dist.rank, tensorboard=cfg.logging.tensorboard,
-                                    wandb_cfg=cfg.logging.wandb, config=cfg.to_dict(), resume_step=self.start)
-        self.bar = tqdm(total=self.total, initial=self.start, desc=cfg.stage, unit="step",
-                        disable=not (cfg.logging.progress and self.dist.is_main), file=sys.stderr)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            rank=self.dist.rank,
+            tensorboard=cfg.logging.tensorboard,
+            wandb_cfg=cfg.logging.wandb,
+            config=cfg.to_dict(),
+            resume_step=self.start,
+        )
+        self.bar = tqdm(
+            total=self.total,
+            initial=self.start,
+            desc=cfg.stage,
+            unit="step",
+            disable=not (cfg.logging.progress and self.dist.is_main),
+            file=sys.stderr,
+        )
         self._stop.install()
         return self
 
@@ -161,10 +184,21 @@ class RunLoop:
     def _save(self, step: int, trainer_state: dict[str, Any]) -> None:
         self._saved_step = step
         with writing(f"checkpoint step_{step}", self.run_dir / "checkpoints"):
-            save_policy_checkpoint(self.policy, self.dist, self.run_dir, step, keep_last=self.cfg.trainer.keep_last,
-                                   tokenizer=self.tokenizer, record=self.record,
-                                   trainer_state={**trainer_state, "fingerprint": self.fingerprint,
-                                                  "model_path": self.cfg.model.path, "stage": self.cfg.stage})
+            save_policy_checkpoint(
+                self.policy,
+                self.dist,
+                self.run_dir,
+                step,
+                keep_last=self.cfg.trainer.keep_last,
+                tokenizer=self.tokenizer,
+                record=self.record,
+                trainer_state={
+                    **trainer_state,
+                    "fingerprint": self.fingerprint,
+                    "model_path": self.cfg.model.path,
+                    "stage": self.cfg.stage,
+                },
+            )
 
     def end_step(self, step: int, metrics: dict[str, float], log: bool, trainer_state: dict[str, Any]) -> int | None:
         """After step ``step`` finished: whether a signal arrived (asked of every rank alike), the metrics logged
@@ -187,9 +221,14 @@ class RunLoop:
         if step % self.cfg.trainer.save_every == 0 or step == self.end or signum:
             self._save(step, trainer_state)
         if signum:  # the last step too: the export is left to the resume
-            self.stopped = StopRequested(signum, step, latest_checkpoint(self.run_dir),
-                                         command_hint="run the same command again" if step < self.end else
-                                         "run the same command again (it writes what is left)")
+            self.stopped = StopRequested(
+                signum,
+                step,
+                latest_checkpoint(self.run_dir),
+                command_hint="run the same command again"
+                if step < self.end
+                else "run the same command again (it writes what is left)",
+            )
         return signum
 
     def _nonfinite(self, step: int, bad: dict[str, float], metrics: dict[str, float]) -> str | None:
@@ -207,8 +246,12 @@ class RunLoop:
             return None
         if skipped:
             return f"{self.skips} steps in a row had non-finite values (step {step}: {what}); the run stopped, {where}"
-        advice = ("the update was applied all the same (its gradient norm was finite), so it cannot be skipped; "
-                  "lower trainer.lr" if skip else "lower trainer.lr, or skip such steps with trainer.on_nonfinite=skip")
+        advice = (
+            "the update was applied all the same (its gradient norm was finite), so it cannot be skipped; "
+            "lower trainer.lr"
+            if skip
+            else "lower trainer.lr, or skip such steps with trainer.on_nonfinite=skip"
+        )
         return f"non-finite {what} at step {step}; the run stopped and nothing was saved from this step ({where}); {advice}"
 
     def finish(self) -> None:
@@ -221,8 +264,12 @@ class RunLoop:
                 raise self.stopped
             signum = self._stop.requested(self.dist)
             if signum:  # it arrived during the last checkpoint: no export begins (the resume writes it)
-                raise StopRequested(signum, self.step, latest_checkpoint(self.run_dir),
-                                    command_hint="run the same command again (it writes what is left)")
+                raise StopRequested(
+                    signum,
+                    self.step,
+                    latest_checkpoint(self.run_dir),
+                    command_hint="run the same command again (it writes what is left)",
+                )
             exported = False
             if self.cfg.trainer.export_hf and self.step == self.total:
                 hf = self.policy.sync_hf_model()  # a collective with the megatron backend

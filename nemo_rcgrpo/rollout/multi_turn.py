@@ -40,11 +40,11 @@ from typing import Any, Sequence
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
+from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
 from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check_reward, check_step, check_tools, where
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.registry import error_line
-from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
 log = logging.getLogger(__name__)
@@ -95,22 +95,37 @@ class Trajectory:
         """A JSON-serialisable summary for the per-step rollout dump: ``turns`` the calls read from each assistant
         message (what the reward replays), ``messages`` the conversation after the prompt (texts, calls, tool
         results and later user turns)."""
-        return {"task_id": self.task_id, "category": self.category, "group": self.group,
-                "reward_token": self.reward_token, "turns": self.calls, "reward": self.reward, "state_ok": self.state_ok, "actions_ok": self.actions_ok,
-                "official_valid": self.official_valid, "truncated": self.truncated, "num_turns": self.num_turns,
-                "tool_errors": self.tool_errors, "rejected_messages": self.rejected_messages,
-                "generated_tokens": self.generated_tokens, "weight_version": self.weight_version,
-                "turn_versions": self.turn_versions,
-                "error": self.error, "reward_details": self.reward_details, "messages": self.messages()}
+        return {
+            "task_id": self.task_id,
+            "category": self.category,
+            "group": self.group,
+            "reward_token": self.reward_token,
+            "turns": self.calls,
+            "reward": self.reward,
+            "state_ok": self.state_ok,
+            "actions_ok": self.actions_ok,
+            "official_valid": self.official_valid,
+            "truncated": self.truncated,
+            "num_turns": self.num_turns,
+            "tool_errors": self.tool_errors,
+            "rejected_messages": self.rejected_messages,
+            "generated_tokens": self.generated_tokens,
+            "weight_version": self.weight_version,
+            "turn_versions": self.turn_versions,
+            "error": self.error,
+            "reward_details": self.reward_details,
+            "messages": self.messages(),
+        }
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation after the prompt as a person reads it: each assistant message (decoded text and the calls
         read from it), the tool results it got, and the user turns that came next (per-turn episodes)."""
         out: list[dict[str, Any]] = []
         for i, text in enumerate(self.texts):
-            out.append({"role": "assistant", "content": text,
-                        "tool_calls": self.calls[i] if i < len(self.calls) else []})
-            for result in (self.observations[i] if i < len(self.observations) else []):
+            out.append(
+                {"role": "assistant", "content": text, "tool_calls": self.calls[i] if i < len(self.calls) else []}
+            )
+            for result in self.observations[i] if i < len(self.observations) else []:
                 out.append({"role": "tool", "content": result})
             out += self.followups[i] if i < len(self.followups) else []
         return out
@@ -150,9 +165,20 @@ def _call_record(call: ToolCall | ToolCallError) -> dict[str, Any]:
 
 
 class RolloutEngine:
-    def __init__(self, generator: Generator, renderer: ChatRenderer, envs: EnvOpener, sampling: SamplingParams, *,
-                 max_turns: int = 20, max_total_tokens: int = 4096, reward_goal: RewardGoal | None = None,
-                 tokenizer=None, name: str | None = None, rejected_message: str = "content"):
+    def __init__(
+        self,
+        generator: Generator,
+        renderer: ChatRenderer,
+        envs: EnvOpener,
+        sampling: SamplingParams,
+        *,
+        max_turns: int = 20,
+        max_total_tokens: int = 4096,
+        reward_goal: RewardGoal | None = None,
+        tokenizer=None,
+        name: str | None = None,
+        rejected_message: str = "content",
+    ):
         if rejected_message not in REJECTED_MESSAGE:
             raise ValueError(f"rejected_message={rejected_message!r}: choose one of {list(REJECTED_MESSAGE)}")
         self.rejected_message = rejected_message
@@ -196,16 +222,26 @@ class RolloutEngine:
         env, messages, tools = self.opening(spec.task, spec.reward_token)
         seq = self.renderer.render(messages, tools, add_generation_prompt=True)
         token = None if spec.reward_token is None else ("high" if spec.reward_token else "low")
-        traj = Trajectory(spec.task.id, spec.task.category, spec.group, token, [], [], [], len(seq.ids),
-                          weight_version=self.generator.version)
+        traj = Trajectory(
+            spec.task.id,
+            spec.task.category,
+            spec.group,
+            token,
+            [],
+            [],
+            [],
+            len(seq.ids),
+            weight_version=self.generator.version,
+        )
         return _Live(order, spec, env, list(messages), tools, seq, [0.0] * len(seq.ids), traj)
 
     def rollout(self, specs: Sequence[RolloutSpec], seed: int | None = None) -> list[Trajectory]:
         """Run every rollout to its end; all live rollouts advance together, one generator call per round."""
         return self.rollout_timed(specs, seed)[0]
 
-    def rollout_timed(self, specs: Sequence[RolloutSpec],
-                      seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+    def rollout_timed(
+        self, specs: Sequence[RolloutSpec], seed: int | None = None
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """``rollout``, and the seconds it spent in the generator, the environments and the rewards."""
         timings = {"generation": 0.0, "env": 0.0, "reward": 0.0}
         live = [self._start(i, s) for i, s in enumerate(specs)]
@@ -222,9 +258,13 @@ class RolloutEngine:
             if not live:
                 break
             max_new = min(self.sampling.max_new_tokens, max(self.max_total_tokens - len(s.seq.ids) for s in live))
-            params = SamplingParams(max_new_tokens=max_new, temperature=self.sampling.temperature,
-                                    top_p=self.sampling.top_p, stop_token_ids=self.sampling.stop_token_ids,
-                                    seed=None if seed is None else seed + 7919 * round_index)
+            params = SamplingParams(
+                max_new_tokens=max_new,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                stop_token_ids=self.sampling.stop_token_ids,
+                seed=None if seed is None else seed + 7919 * round_index,
+            )
             t0 = time.perf_counter()
             version = self.generator.version
             completions = self.generator.generate([s.seq.ids for s in live], params)
@@ -237,7 +277,7 @@ class RolloutEngine:
                 s.traj.turn_versions.append(turn)
                 try:
                     self._advance(s, c)
-                except Exception as e:  # this rollout's failure, not the batch's
+                except Exception as e:  # noqa: BLE001 - this rollout's failure, not the batch's
                     self._fail(s, e)
             timings["env"] += time.perf_counter() - t0
             round_index += 1
@@ -264,9 +304,16 @@ class RolloutEngine:
         if self.renderer.spec.one_call_per_message and sum(isinstance(c, ToolCall) for c in parsed.calls) > 1:
             # vLLM's llama3_json parser hands a client several calls, but the Llama 3.1 template cannot render
             # that message back: a served conversation could not continue, so it is not rewarded
-            parsed = type(parsed)(parsed.content, [ToolCallError(
-                raw=text[:200], message="llama3_json: one tool call per assistant message (the Llama 3.1 chat "
-                "template renders no more); call one tool, read its result, then call the next")])
+            parsed = type(parsed)(
+                parsed.content,
+                [
+                    ToolCallError(
+                        raw=text[:200],
+                        message="llama3_json: one tool call per assistant message (the Llama 3.1 chat "
+                        "template renders no more); call one tool, read its result, then call the next",
+                    )
+                ],
+            )
         if parsed.rejected is not None:
             s.traj.rejected_messages += 1
             if self.rejected_message == "content":  # as served: the whole text is content, no call runs
@@ -277,10 +324,21 @@ class RolloutEngine:
         s.finished = finished
         s.traj.observations.append([o.content for o in result.observations])
         s.traj.tool_errors += sum(not o.ok for o in result.observations)
-        s.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": [
-            {"id": f"call_{len(s.messages)}_{i}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
-            for i, c in enumerate(parsed.calls) if isinstance(c, ToolCall)]})
+        s.messages.append(
+            {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": [
+                    {
+                        "id": f"call_{len(s.messages)}_{i}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.kwargs)},
+                    }
+                    for i, c in enumerate(parsed.calls)
+                    if isinstance(c, ToolCall)
+                ],
+            }
+        )
         if s.over:
             return
         if s.traj.num_turns >= self.max_turns:
@@ -289,8 +347,13 @@ class RolloutEngine:
         start = len(s.messages)
         s.messages += result.messages
         s.traj.followups += [[] for _ in range(len(s.traj.texts) - len(s.traj.followups) - 1)]  # align with texts
-        s.traj.followups.append([{"role": m["role"], "content": m.get("content") or ""}
-                                 for m in result.messages if m.get("role") not in ("tool", "assistant")])
+        s.traj.followups.append(
+            [
+                {"role": m["role"], "content": m.get("content") or ""}
+                for m in result.messages
+                if m.get("role") not in ("tool", "assistant")
+            ]
+        )
         if result.tools_changed:
             s.tools = check_tools(f"env {self.name}: task {s.spec.task.id} after tools_changed", s.env.tools)
         after = Tokenized(self.renderer.after_stop_ids(), [])
@@ -329,7 +392,7 @@ class RolloutEngine:
         try:
             reward = check_reward(self._owner(s, "reward"), s.env.reward())
             verdict = s.env.official_verdict()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - an env's verdict that raises fails its rollout, not the batch
             self._fail(s, e)
             reward, verdict = RewardInfo(0.0, False, False, {"error": t.error}), None
         t.token_ids, t.loss_mask, t.sampler_logprobs = s.seq.ids, s.seq.mask, s.logprobs

@@ -17,20 +17,31 @@ def loggers(cfg: Any) -> str:
     return ", ".join(out)
 
 
-def start_banner(cfg: Any, *, recipe: str | None, parameters: int, data: str, steps: str,
-                 checkpoint: Path | None, start_step: int, extra: list[str] = ()) -> str:
+def start_banner(
+    cfg: Any,
+    *,
+    recipe: str | None,
+    parameters: int,
+    data: str,
+    steps: str,
+    checkpoint: Path | None,
+    start_step: int,
+    extra: list[str] = (),
+) -> str:
     """Lines naming the recipe, model, data, run folder, fresh start or resume, and where the metrics go."""
     name = recipe or "(a config given in code)"
     start = f"resumes from {checkpoint} (step {start_step})" if checkpoint is not None else "fresh start"
-    lines = [f"recipe  {name}: stage {cfg.stage}, policy backend {cfg.policy.backend}"
-             + (f", generation {cfg.generation.backend}" if cfg.is_rl else ""),
-             f"model   {cfg.model.path}: {parameters / 1e6:.1f}M parameters, {cfg.model.dtype}, "
-             f"chat format {cfg.chat.format}, reward tokens {cfg.model.reward_tokens}",
-             f"data    {data}",
-             f"steps   {steps}",
-             *extra,
-             f"run     {cfg.run_dir}: {start}",
-             f"logs    {loggers(cfg)}"]
+    lines = [
+        f"recipe  {name}: stage {cfg.stage}, policy backend {cfg.policy.backend}"
+        + (f", generation {cfg.generation.backend}" if cfg.is_rl else ""),
+        f"model   {cfg.model.path}: {parameters / 1e6:.1f}M parameters, {cfg.model.dtype}, "
+        f"chat format {cfg.chat.format}, reward tokens {cfg.model.reward_tokens}",
+        f"data    {data}",
+        f"steps   {steps}",
+        *extra,
+        f"run     {cfg.run_dir}: {start}",
+        f"logs    {loggers(cfg)}",
+    ]
     return "\n".join(lines)
 
 

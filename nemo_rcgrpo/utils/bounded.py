@@ -40,10 +40,14 @@ def clip(text: str, keep: int) -> str:
 
 
 def _tool_results(record: dict[str, Any]) -> list[str]:
-    texts = [o for turn in record.get("observations") or () if isinstance(turn, list) for o in turn
-             if isinstance(o, str)]
-    texts += [m["content"] for m in record.get("messages") or ()
-              if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)]
+    texts = [
+        o for turn in record.get("observations") or () if isinstance(turn, list) for o in turn if isinstance(o, str)
+    ]
+    texts += [
+        m["content"]
+        for m in record.get("messages") or ()
+        if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
+    ]
     return texts
 
 
@@ -62,12 +66,16 @@ def _clipped(record: dict[str, Any], keep: int) -> dict[str, Any]:
 
     out = dict(record)
     if isinstance(record.get("observations"), list):
-        out["observations"] = [[one(o) for o in turn] if isinstance(turn, list) else turn
-                               for turn in record["observations"]]
+        out["observations"] = [
+            [one(o) for o in turn] if isinstance(turn, list) else turn for turn in record["observations"]
+        ]
     if isinstance(record.get("messages"), list):
-        out["messages"] = [{**m, "content": one(m.get("content"))}
-                           if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
-                           else m for m in record["messages"]]
+        out["messages"] = [
+            {**m, "content": one(m.get("content"))}
+            if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str)
+            else m
+            for m in record["messages"]
+        ]
     if cut:
         out[CLIPPED_FLAG] = True
     return out

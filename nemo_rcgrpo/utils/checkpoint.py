@@ -51,10 +51,17 @@ def rng_state() -> dict[str, Any]:
     """The RNG states as tensors and plain numbers, so checkpoints load with ``weights_only=True`` (no pickled code)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached": float(cached)},
-            "torch": torch.get_rng_state()}
+    return {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -65,8 +72,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         return
     py, npy = state["python"], state["numpy"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["cached"]))
+    np.random.set_state(
+        (npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"])
+    )
     torch.set_rng_state(state["torch"])
 
 
@@ -105,9 +113,19 @@ def prepare_checkpoint(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, model_state: dict, optimizer_state: dict,
-                    scheduler_state: dict, trainer_state: dict[str, Any], keep_last: int,
-                    tokenizer=None, prepared: bool = False, record: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model_state: dict,
+    optimizer_state: dict,
+    scheduler_state: dict,
+    trainer_state: dict[str, Any],
+    keep_last: int,
+    tokenizer=None,
+    prepared: bool = False,
+    record: dict[str, Any] | None = None,
+) -> Path:
     """Write checkpoint ``step`` and move it into place. ``prepared``: the temporary folder from
     ``prepare_checkpoint`` already holds shards written by every rank; keep them. ``record``: the training record,
     written beside the tokenizer."""
@@ -251,22 +269,27 @@ def choose_checkpoint(run_dir: str | Path, note: Callable[[str], None] = print) 
         reason = verify_checkpoint(path)
         if reason is None:
             if not has_manifest(path):
-                note(f"note: checkpoint {path} has no {MANIFEST} (written before checkpoints were verified); "
-                     "resuming from it unverified")
+                note(
+                    f"note: checkpoint {path} has no {MANIFEST} (written before checkpoints were verified); "
+                    "resuming from it unverified"
+                )
             for bad, why in failed:
                 aside, n = bad.parent / f"{CORRUPT_PREFIX}{bad.name}", 1
                 while aside.exists():  # an earlier one set aside under that name is kept too
                     aside, n = bad.parent / f"{CORRUPT_PREFIX}{bad.name}.{n}", n + 1
                 os.replace(bad, aside)
-                note(f"note: checkpoint {bad} fails verification ({why}); set aside as {aside.name}, "
-                     f"resuming from {path}")
+                note(
+                    f"note: checkpoint {bad} fails verification ({why}); set aside as {aside.name}, "
+                    f"resuming from {path}"
+                )
             return path
         failed.append((path, reason))
     if failed:
         listed = "; ".join(f"{p.name}: {why}" for p, why in failed)
         raise CheckpointError(
             f"no checkpoint in {checkpoint_dir(run_dir)} verifies ({listed}); remove "
-            f"{' '.join(str(p) for p, _ in failed)} to start over, or use a new run_dir")
+            f"{' '.join(str(p) for p, _ in failed)} to start over, or use a new run_dir"
+        )
     return None
 
 

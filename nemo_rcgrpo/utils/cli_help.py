@@ -38,20 +38,45 @@ class Command:
 
 
 COMMANDS = {
-    "train": Command("rcgrpo train --config-name RECIPE [key=value ...]   (also: torchrun nemo_rcgrpo/train.py ...)",
-                     "stage1_defaults", None, "nemo_rcgrpo.config:TrainConfig",
-                     (("every recipe (conf/stage1_defaults.yaml)", "stage1_defaults", ""),
-                      ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", ""),
-                      ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation."),
-                      ("generation=scripted (conf/generation/scripted.yaml)", "generation/scripted", "generation."))),
-    "layout": Command("rcgrpo layout --config-name RECIPE [key=value ...] [--json]", "stage1_defaults", None,
-                      "nemo_rcgrpo.config:TrainConfig", (),
-                      ("layout.", "policy.", "generation.backend", "generation.vllm.tp", "generation.vllm.devices",
-                       "generation.vllm.url")),
-    "eval": Command("rcgrpo eval [--config-name RECIPE] policy=oracle|null|checkpoint|endpoint out_dir=PATH "
-                    "[key=value ...]", "eval", "eval", "nemo_rcgrpo.evaluation.config:EvalConfig"),
-    "prepare-data": Command("rcgrpo prepare-data [key=value ...]", "prepare_data", "prepare_data",
-                            "nemo_rcgrpo.prepare_data:PrepareDataConfig"),
+    "train": Command(
+        "rcgrpo train --config-name RECIPE [key=value ...]   (also: torchrun nemo_rcgrpo/train.py ...)",
+        "stage1_defaults",
+        None,
+        "nemo_rcgrpo.config:TrainConfig",
+        (
+            ("every recipe (conf/stage1_defaults.yaml)", "stage1_defaults", ""),
+            ("stage 2: GRPO / RC-GRPO (conf/rl_defaults.yaml, over the above)", "rl_defaults", ""),
+            ("generation=vllm (conf/generation/vllm.yaml)", "generation/vllm", "generation."),
+            ("generation=scripted (conf/generation/scripted.yaml)", "generation/scripted", "generation."),
+        ),
+    ),
+    "layout": Command(
+        "rcgrpo layout --config-name RECIPE [key=value ...] [--json]",
+        "stage1_defaults",
+        None,
+        "nemo_rcgrpo.config:TrainConfig",
+        (),
+        (
+            "layout.",
+            "policy.",
+            "generation.backend",
+            "generation.vllm.tp",
+            "generation.vllm.devices",
+            "generation.vllm.url",
+        ),
+    ),
+    "eval": Command(
+        "rcgrpo eval [--config-name RECIPE] policy=oracle|null|checkpoint|endpoint out_dir=PATH [key=value ...]",
+        "eval",
+        "eval",
+        "nemo_rcgrpo.evaluation.config:EvalConfig",
+    ),
+    "prepare-data": Command(
+        "rcgrpo prepare-data [key=value ...]",
+        "prepare_data",
+        "prepare_data",
+        "nemo_rcgrpo.prepare_data:PrepareDataConfig",
+    ),
 }
 
 
@@ -96,8 +121,11 @@ def recipes(root: str, directory: Path | None = None) -> list[tuple[str, str]]:
             return True
         return name in texts and name not in seen and any(reaches(p, seen | {name}) for p in _parents(texts[name]))
 
-    return [(name, _description(text)) for name, text in texts.items()
-            if not name.endswith("_defaults") and reaches(name) and not (name == root and root.endswith("_defaults"))]
+    return [
+        (name, _description(text))
+        for name, text in texts.items()
+        if not name.endswith("_defaults") and reaches(name) and not (name == root and root.endswith("_defaults"))
+    ]
 
 
 def _split_comment(rest: str) -> tuple[str, str]:
@@ -115,7 +143,7 @@ def _split_comment(rest: str) -> tuple[str, str]:
                 i += 2
                 continue
             if text[i] == quote:
-                if quote == "'" and text[i + 1:i + 2] == "'":
+                if quote == "'" and text[i + 1 : i + 2] == "'":
                     i += 2
                     continue
                 break
@@ -123,7 +151,7 @@ def _split_comment(rest: str) -> tuple[str, str]:
     m = re.search(r"\s#", text[i:])
     if m is None:
         return text, ""
-    return text[: i + m.start()].strip(), text[i + m.end():].strip()
+    return text[: i + m.start()].strip(), text[i + m.end() :].strip()
 
 
 def _written(value: Any) -> str:
@@ -194,8 +222,9 @@ def field_comments(cls: type) -> dict[str, str]:
         while line in comments and comments[line][1] and not comments[line][0].startswith("--"):
             above.insert(0, comments[line][0])
             line -= 1
-        trailing = [comments[n][0] for n in range(node.lineno, node.end_lineno + 1)
-                    if n in comments and not comments[n][1]][:1]
+        trailing = [
+            comments[n][0] for n in range(node.lineno, node.end_lineno + 1) if n in comments and not comments[n][1]
+        ][:1]
         out[node.target.id] = " ".join(p for p in above + trailing if p)
     return out
 
@@ -222,27 +251,37 @@ def help_text(command: str, directory: Path | None = None) -> str:
     spec = COMMANDS[command]
     where = str(directory) if directory is not None else ", ".join(str(d) for d in config_dirs())
     directory = directory or conf_dir()
-    lines = [f"usage: {spec.usage}", "       add --cfg job to print the resolved config and exit; --config-dir DIR "
-             "adds a folder of your recipes (they can build on these)", ""]
+    lines = [
+        f"usage: {spec.usage}",
+        "       add --cfg job to print the resolved config and exit; --config-dir DIR "
+        "adds a folder of your recipes (they can build on these)",
+        "",
+    ]
     if command in ("train", "layout", "eval"):
         found = recipes(spec.root, None if where != str(directory) else directory)
         lines.append(f"recipes ({where}):")
         width = max((len(n) for n, _ in found), default=0)
         lines += [f"  {n.ljust(width)}  {d}" for n, d in found]
         lines.append("")
-    rows = [(k, _written(v), c) for k, v, c in schema_settings(_schema_class(spec.schema))
-            if not spec.only or k.startswith(spec.only)]
+    rows = [
+        (k, _written(v), c)
+        for k, v, c in schema_settings(_schema_class(spec.schema))
+        if not spec.only or k.startswith(spec.only)
+    ]
     sections = [(f"settings, the defaults (schema {spec.schema.replace(':', '.')}): key=default  meaning", rows)]
     for title, file, prefix in spec.changes:
-        sections.append((f"what {title} changes: key=value  meaning", documented_settings(directory / f"{file}.yaml",
-                                                                                          prefix)))
+        sections.append(
+            (f"what {title} changes: key=value  meaning", documented_settings(directory / f"{file}.yaml", prefix))
+        )
     for title, section in sections:
         lines.append(title)
         width = min(max((len(k) + len(v) for k, v, _ in section), default=0) + 1, 52)
         lines += [f"  {f'{k}={v}'.ljust(width)}  {c}".rstrip() for k, v, c in section]
         lines.append("")
-    lines.append("Overrides are Hydra's: key=value for a known key, +key=value to add one; a wrong key gets a one-line "
-                 "error with the nearest known keys.")
+    lines.append(
+        "Overrides are Hydra's: key=value for a known key, +key=value to add one; a wrong key gets a one-line "
+        "error with the nearest known keys."
+    )
     return "\n".join(lines)
 
 
@@ -265,8 +304,10 @@ def parse_invocation(command: str, argv: Sequence[str]) -> Invocation | None:
             if value != "job":
                 raise ConfigError("--cfg takes one value: job (print the resolved config and exit)")
             show = True
-        elif arg.startswith("-") and not (arg in ("--config-name", "-cn", "--config-dir", "-cd")
-                                          or arg.startswith(("--config-name=", "--config-dir="))):
+        elif arg.startswith("-") and not (
+            arg in ("--config-name", "-cn", "--config-dir", "-cd")
+            or arg.startswith(("--config-name=", "--config-dir="))
+        ):
             raise ConfigError(f"unknown option {arg!r}; give settings as key=value overrides (rcgrpo {command} --help)")
         else:
             rest.append(arg)
@@ -274,8 +315,9 @@ def parse_invocation(command: str, argv: Sequence[str]) -> Invocation | None:
     if not name:
         if spec.default_name is None:
             names = ", ".join(n for n, _ in recipes(spec.root))
-            raise ConfigError(f"give a recipe: rcgrpo {command} --config-name NAME (--help describes them); "
-                              f"recipes: {names}")
+            raise ConfigError(
+                f"give a recipe: rcgrpo {command} --config-name NAME (--help describes them); recipes: {names}"
+            )
         name = spec.default_name
     return Invocation(name, overrides, show)
 

@@ -76,15 +76,19 @@ def config_dirs() -> list[Path]:
 # The schemas whose defaults the recipes build on, as config nodes (``defaults: [train_schema, ...]`` in
 # conf/stage1_defaults.yaml, conf/eval.yaml, conf/prepare_data.yaml): the dataclasses state every default once, and a
 # YAML file states only what it changes. "module:Class" of a dataclass whose every field has a default.
-SCHEMAS = {"train_schema": "nemo_rcgrpo.config:TrainConfig",
-           "eval_schema": "nemo_rcgrpo.evaluation.config:EvalConfig",
-           "prepare_data_schema": "nemo_rcgrpo.prepare_data:PrepareDataConfig"}
+SCHEMAS = {
+    "train_schema": "nemo_rcgrpo.config:TrainConfig",
+    "eval_schema": "nemo_rcgrpo.evaluation.config:EvalConfig",
+    "prepare_data_schema": "nemo_rcgrpo.prepare_data:PrepareDataConfig",
+}
 # sections whose keys are another registered part's (env.settings: the env's own dataclass, chosen by env.name): the
 # schema node leaves them empty, the recipe's keys are merged in, and ``section.key=value`` adds or replaces a key
 OPEN_SECTIONS = ("env.settings",)
 
 # settings that became others, named in the error of a command line or a recipe that still gives them
-MOVED = {"rl.loss.tis_cap": "rl.loss.correction=token_tis rl.loss.correction_cap=<the cap> (null: rl.loss.correction=none)"}
+MOVED = {
+    "rl.loss.tis_cap": "rl.loss.correction=token_tis rl.loss.correction_cap=<the cap> (null: rl.loss.correction=none)"
+}
 
 
 def moved_line(key: str) -> str | None:
@@ -95,8 +99,10 @@ def moved_line(key: str) -> str | None:
     if key in MOVED:
         return f"unknown setting {key}: it is now {MOVED[key]}"
     if key in RENAMED:
-        return (f"unknown setting {key}: it moved to {RENAMED[key]} (each env has a settings section of its own; "
-                f"in a recipe: env: {{settings: {{{key.rsplit('.', 1)[-1]}: ...}}}})")
+        return (
+            f"unknown setting {key}: it moved to {RENAMED[key]} (each env has a settings section of its own; "
+            f"in a recipe: env: {{settings: {{{key.rsplit('.', 1)[-1]}: ...}}}})"
+        )
     return None
 
 
@@ -202,11 +208,14 @@ def _suggest(message: str, config_name: str, overrides: Sequence[str]) -> str | 
         return None
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
     section = key.rsplit(".", 1)[0] if "." in key else ""
-    siblings = sorted(k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == section
-                      and k != section)
+    siblings = sorted(
+        k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == section and k != section
+    )
     leaf = key.rsplit(".", 1)[-1]
     moved = f"{section}.settings.{leaf}"  # env.mode: the default env's settings are env.settings.*
-    if f"{section}.settings" in OPEN_SECTIONS and any(moved in _flat_keys(schema_defaults(s)) for s in SCHEMAS.values()):
+    if f"{section}.settings" in OPEN_SECTIONS and any(
+        moved in _flat_keys(schema_defaults(s)) for s in SCHEMAS.values()
+    ):
         close = [moved]
     hint = f"did you mean {close[0]}? " if close else ""
     return f"unknown setting {key}; {hint}known in {section or 'the top level'}: {siblings}"
@@ -226,12 +235,17 @@ def reject_unknown(section: str, given: dict[str, Any], known: set[str]) -> None
         renamed = [where + k for k in unknown if moved_line(where + k)]
         if renamed:  # a recipe written before the setting moved: where it went
             others = [where + k for k in unknown if where + k not in renamed]
-            raise ConfigError(moved_line(renamed[0]) + (f" (moved too: {renamed[1:]})" if renamed[1:] else "")
-                              + (f" (also unknown: {others})" if others else ""))
+            raise ConfigError(
+                moved_line(renamed[0])
+                + (f" (moved too: {renamed[1:]})" if renamed[1:] else "")
+                + (f" (also unknown: {others})" if others else "")
+            )
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.5)
         hint = f"did you mean {where}{close[0]}? " if close else ""
-        raise ConfigError(f"unknown setting {where}{unknown[0]}; {hint}known: {sorted(known)}"
-                          + (f" (also unknown: {[where + k for k in unknown[1:]]})" if unknown[1:] else ""))
+        raise ConfigError(
+            f"unknown setting {where}{unknown[0]}; {hint}known: {sorted(known)}"
+            + (f" (also unknown: {[where + k for k in unknown[1:]]})" if unknown[1:] else "")
+        )
 
 
 _SCALARS = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string"}
@@ -268,9 +282,15 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
     if hint in _SCALARS:
         if hint is float and isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1e300:
             raise ConfigError(f"{key}={value!r} is too large for a number")
-        ok = (isinstance(value, bool) if hint is bool else
-              isinstance(value, (int, float)) and not isinstance(value, bool) if hint is float else
-              isinstance(value, hint) and not isinstance(value, bool) if hint is int else isinstance(value, str))
+        ok = (
+            isinstance(value, bool)
+            if hint is bool
+            else isinstance(value, (int, float)) and not isinstance(value, bool)
+            if hint is float
+            else isinstance(value, hint) and not isinstance(value, bool)
+            if hint is int
+            else isinstance(value, str)
+        )
         if not ok:
             raise ConfigError(f"{key}={value!r} must be {_SCALARS[hint]}")
         return float(value) if hint is float else value
@@ -300,8 +320,11 @@ def check_fields(cls: type, values: dict[str, Any], prefix: str = "") -> dict[st
     hints = typing.get_type_hints(cls)
     out = dict(values)
     for f in dataclasses.fields(cls):
-        if f.name in out and not dataclasses.is_dataclass(out[f.name]) and not (
-                isinstance(out[f.name], dict) and dataclasses.is_dataclass(f.default)):
+        if (
+            f.name in out
+            and not dataclasses.is_dataclass(out[f.name])
+            and not (isinstance(out[f.name], dict) and dataclasses.is_dataclass(f.default))
+        ):
             out[f.name] = check_type(prefix + f.name, out[f.name], hints[f.name])
     return out
 

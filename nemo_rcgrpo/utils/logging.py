@@ -20,12 +20,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 # rollout statistics (what the sampled trajectories were), by name or prefix; everything else not timing / eval
 # is an optimisation quantity (train/)
-_ROLLOUT = ("reward", "zero_variance_fraction", "success_", "entropy_reward_corr", "advantage_", "nonzero_advantage",
-            "response_tokens", "turns", "tool_error_rate", "rejected_message_rate", "truncated_share", "groups", "rollouts", "sampler_",
-            "token_mult_prob_error", "dropped_zero_variance", "sampled_groups")
+_ROLLOUT = (
+    "reward",
+    "zero_variance_fraction",
+    "success_",
+    "entropy_reward_corr",
+    "advantage_",
+    "nonzero_advantage",
+    "response_tokens",
+    "turns",
+    "tool_error_rate",
+    "rejected_message_rate",
+    "truncated_share",
+    "groups",
+    "rollouts",
+    "sampler_",
+    "token_mult_prob_error",
+    "dropped_zero_variance",
+    "sampled_groups",
+)
 
 
 def namespaced(key: str) -> str:
@@ -40,8 +55,16 @@ def namespaced(key: str) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, *, rank: int = 0, tensorboard: bool = True,
-                 wandb_cfg: Any = None, config: dict[str, Any] | None = None, resume_step: int = 0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        rank: int = 0,
+        tensorboard: bool = True,
+        wandb_cfg: Any = None,
+        config: dict[str, Any] | None = None,
+        resume_step: int = 0,
+    ):
         """``resume_step``: records after this step (written by a run killed before its next
         checkpoint) are dropped, so a resumed run's metrics have each step once."""
         self.enabled = rank == 0
@@ -117,10 +140,19 @@ def wandb_run_id(run_dir: Path) -> str:
 
 def wandb_init_args(wandb_cfg: Any, run_dir: Path, config: dict[str, Any] | None, resume_step: int) -> dict[str, Any]:
     """Keyword arguments of ``wandb.init`` for this run (testable without wandb installed)."""
-    return {"project": wandb_cfg.project, "entity": wandb_cfg.entity, "group": wandb_cfg.group,
-            "tags": list(wandb_cfg.tags) or None, "mode": wandb_cfg.mode, "dir": str(run_dir),
-            "config": config or {}, "name": wandb_cfg.name or Path(run_dir).name, "id": wandb_run_id(run_dir),
-            "resume": "allow", "reinit": "finish_previous"}
+    return {
+        "project": wandb_cfg.project,
+        "entity": wandb_cfg.entity,
+        "group": wandb_cfg.group,
+        "tags": list(wandb_cfg.tags) or None,
+        "mode": wandb_cfg.mode,
+        "dir": str(run_dir),
+        "config": config or {},
+        "name": wandb_cfg.name or Path(run_dir).name,
+        "id": wandb_run_id(run_dir),
+        "resume": "allow",
+        "reinit": "finish_previous",
+    }
 
 
 def _records(path: Path) -> tuple[list[str], list[dict[str, Any]], str | None]:
@@ -139,7 +171,7 @@ def _records(path: Path) -> tuple[list[str], list[dict[str, Any]], str | None]:
                 break
             raise ValueError(f"{path}: line {number} is not a metrics record ({e}); remove it to go on") from None
         records.append(record)
-    return lines[:len(records)], records, torn
+    return lines[: len(records)], records, torn
 
 
 def keep_history(path: Path, resume_step: int) -> None:
@@ -154,8 +186,10 @@ def keep_history(path: Path, resume_step: int) -> None:
             f.seek(-1, os.SEEK_END)
             unterminated = f.read(1) != b"\n"
     if torn is not None:
-        print(f"note: {path}: its last line was cut off (a run stopped while writing it) and is dropped: "
-              f"{torn[:80]!r}", file=sys.stderr)
+        print(
+            f"note: {path}: its last line was cut off (a run stopped while writing it) and is dropped: {torn[:80]!r}",
+            file=sys.stderr,
+        )
     kept = [line for line, record in zip(lines, records) if record["step"] <= resume_step]
     if torn is None and len(kept) == len(lines) and not unterminated:
         return
@@ -191,8 +225,10 @@ class _RunLogHandler(logging.FileHandler):
             super().emit(record)
         except OSError as e:
             self.setLevel(logging.CRITICAL + 1)
-            print(f"warning: the run log {self.baseFilename} cannot be written ({e}); it is not written further",
-                  file=sys.stderr)
+            print(
+                f"warning: the run log {self.baseFilename} cannot be written ({e}); it is not written further",
+                file=sys.stderr,
+            )
 
     def flush(self):
         try:
@@ -221,8 +257,9 @@ def run_log(run_dir: str | Path):
     traceback among them) are appended to the run's log file, each with its time; the console keeps the one-line
     warnings it showed before (WARNING and up, as Python prints them when nothing is configured)."""
     rank = int(os.environ.get("RANK", "0"))
-    handler = _RunLogHandler(Path(run_dir) / ("run.log" if rank == 0 else f"run.rank{rank}.log"), delay=True,
-                             encoding="utf-8")
+    handler = _RunLogHandler(
+        Path(run_dir) / ("run.log" if rank == 0 else f"run.rank{rank}.log"), delay=True, encoding="utf-8"
+    )
     handler.setLevel(logging.DEBUG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     package = logging.getLogger("nemo_rcgrpo")

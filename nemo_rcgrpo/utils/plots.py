@@ -20,21 +20,40 @@ from typing import Sequence
 from nemo_rcgrpo.utils.logging import read_metrics
 from nemo_rcgrpo.utils.run_command import run_command
 
-DEFAULT_METRICS = ("reward_mean", "zero_variance_fraction", "entropy", "kl", "entropy_reward_corr",
-                   "entropy_reward_corr_high", "entropy_reward_corr_low", "reward_mean_high", "reward_mean_low",
-                   "eval_accuracy")
+DEFAULT_METRICS = (
+    "reward_mean",
+    "zero_variance_fraction",
+    "entropy",
+    "kl",
+    "entropy_reward_corr",
+    "entropy_reward_corr_high",
+    "entropy_reward_corr_low",
+    "reward_mean_high",
+    "reward_mean_low",
+    "eval_accuracy",
+)
 STAGE1_METRICS = ("loss", "grad_norm", "lr", "tokens_per_s")
-TITLES = {"reward_mean": "reward", "zero_variance_fraction": "zero-variance groups", "entropy": "entropy (token mean)",
-          "kl": "KL to reference", "entropy_reward_corr": "entropy-reward correlation",
-          "entropy_reward_corr_high": "entropy-reward corr. | high token",
-          "entropy_reward_corr_low": "entropy-reward corr. | low token",
-          "reward_mean_high": "reward | high token", "reward_mean_low": "reward | low token",
-          "eval_accuracy": "held-out accuracy (%)", "loss": "loss", "grad_norm": "gradient norm", "lr": "learning rate",
-          "tokens_per_s": "tokens / s"}
+TITLES = {
+    "reward_mean": "reward",
+    "zero_variance_fraction": "zero-variance groups",
+    "entropy": "entropy (token mean)",
+    "kl": "KL to reference",
+    "entropy_reward_corr": "entropy-reward correlation",
+    "entropy_reward_corr_high": "entropy-reward corr. | high token",
+    "entropy_reward_corr_low": "entropy-reward corr. | low token",
+    "reward_mean_high": "reward | high token",
+    "reward_mean_low": "reward | low token",
+    "eval_accuracy": "held-out accuracy (%)",
+    "loss": "loss",
+    "grad_norm": "gradient norm",
+    "lr": "learning rate",
+    "tokens_per_s": "tokens / s",
+}
 
 
-def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] | None = None,
-              title: str | None = None) -> Path:
+def plot_runs(
+    run_dirs: Sequence[str | Path], out: str | Path, metrics: Sequence[str] | None = None, title: str | None = None
+) -> Path:
     """One image at exactly ``out`` (PNG when its suffix names no image format); ``metrics`` None: the defaults of
     the runs' stage."""
     import matplotlib.pyplot as plt
@@ -86,7 +105,7 @@ def dynamics_figure(run_dirs: Sequence[str | Path], metrics: Sequence[str] | Non
         ax.set_xlim(lo - pad, hi + pad)  # every panel on the runs' whole step range: integer ticks even for a point
         ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))  # 10.781, not 0.001 + 1.078e1
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(shown):]:
+    for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title or "training dynamics: " + ", ".join(runs), fontsize=11)
@@ -97,10 +116,17 @@ def dynamics_figure(run_dirs: Sequence[str | Path], metrics: Sequence[str] | Non
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rcgrpo plot", description="plot training dynamics of one or more runs")
     p.add_argument("runs", nargs="+")
-    p.add_argument("--out", default="dynamics.png", help="the image, written at exactly this path (PNG unless its "
-                   "suffix names another format)")
-    p.add_argument("--metrics", nargs="+", default=None, help="panels (default: the stage-2 set, or loss, grad_norm, "
-                   "lr and tokens_per_s for a stage-1 run)")
+    p.add_argument(
+        "--out",
+        default="dynamics.png",
+        help="the image, written at exactly this path (PNG unless its suffix names another format)",
+    )
+    p.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        help="panels (default: the stage-2 set, or loss, grad_norm, lr and tokens_per_s for a stage-1 run)",
+    )
     p.add_argument("--title", default=None, help="figure title (default: the runs' folder names)")
     args = p.parse_args(argv)
 

@@ -38,9 +38,13 @@ def training_record(stage: str, init: str, high: str, low: str, *, conditioned: 
     reward tokens (its registered ``Stage.conditioned``)."""
     parent = read_record(init)
     derived = bool(parent and parent.get("reward_conditioned"))
-    return {"stage": stage, "reward_conditioned": conditioned or derived,
-            "reward_tokens": {"high": high, "low": low}, "init": init,
-            "init_stage": parent.get("stage") if parent else None}
+    return {
+        "stage": stage,
+        "reward_conditioned": conditioned or derived,
+        "reward_tokens": {"high": high, "low": low},
+        "init": init,
+        "init_stage": parent.get("stage") if parent else None,
+    }
 
 
 def write_record(folder: str | Path, record: dict[str, Any]) -> None:

@@ -16,23 +16,41 @@ import textwrap
 
 # (section title, its lead, [(module, class name)]): what a plugin implements or receives, in reading order
 SECTIONS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("Task sources and tasks",
-     "A task source (kind `task_source`, setting `env.task_source`) is `fn(categories) -> Suite`.",
-     [("nemo_rcgrpo.envs.interfaces", "Suite"), ("nemo_rcgrpo.envs.interfaces", "Task")]),
-    ("Environments",
-     "An environment (kind `env`, setting `env.name`) is `factory(env settings, suite) -> EnvOpener`.",
-     [("nemo_rcgrpo.envs.interfaces", "EnvOpener"), ("nemo_rcgrpo.envs.interfaces", "Env"),
-      ("nemo_rcgrpo.envs.interfaces", "StepResult")]),
-    ("Values an environment receives and returns",
-     "Frozen dataclasses (`from nemo_rcgrpo.types import ...`); messages are plain OpenAI chat dicts.",
-     [("nemo_rcgrpo.types", "ToolCall"), ("nemo_rcgrpo.types", "ToolCallError"),
-      ("nemo_rcgrpo.types", "Observation"), ("nemo_rcgrpo.types", "RewardInfo"),
-      ("nemo_rcgrpo.types", "OfficialVerdict")]),
-    ("Generators",
-     "A generator (kind `generator`, setting `generation.backend`) is `factory(setup, policy model, tokenizer) -> "
-     "Generator`.",
-     [("nemo_rcgrpo.generation.base", "Generator"), ("nemo_rcgrpo.generation.base", "SamplingParams"),
-      ("nemo_rcgrpo.generation.base", "Completion")]),
+    (
+        "Task sources and tasks",
+        "A task source (kind `task_source`, setting `env.task_source`) is `fn(categories) -> Suite`.",
+        [("nemo_rcgrpo.envs.interfaces", "Suite"), ("nemo_rcgrpo.envs.interfaces", "Task")],
+    ),
+    (
+        "Environments",
+        "An environment (kind `env`, setting `env.name`) is `factory(env settings, suite) -> EnvOpener`.",
+        [
+            ("nemo_rcgrpo.envs.interfaces", "EnvOpener"),
+            ("nemo_rcgrpo.envs.interfaces", "Env"),
+            ("nemo_rcgrpo.envs.interfaces", "StepResult"),
+        ],
+    ),
+    (
+        "Values an environment receives and returns",
+        "Frozen dataclasses (`from nemo_rcgrpo.types import ...`); messages are plain OpenAI chat dicts.",
+        [
+            ("nemo_rcgrpo.types", "ToolCall"),
+            ("nemo_rcgrpo.types", "ToolCallError"),
+            ("nemo_rcgrpo.types", "Observation"),
+            ("nemo_rcgrpo.types", "RewardInfo"),
+            ("nemo_rcgrpo.types", "OfficialVerdict"),
+        ],
+    ),
+    (
+        "Generators",
+        "A generator (kind `generator`, setting `generation.backend`) is `factory(setup, policy model, tokenizer) -> "
+        "Generator`.",
+        [
+            ("nemo_rcgrpo.generation.base", "Generator"),
+            ("nemo_rcgrpo.generation.base", "SamplingParams"),
+            ("nemo_rcgrpo.generation.base", "Completion"),
+        ],
+    ),
 ]
 
 
@@ -43,17 +61,28 @@ def _declaration(cls: type) -> str:
     node = ast.parse(source).body[0]
     drop: set[int] = set()  # 0-based line numbers
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         drop.update(range(body[0].lineno - 1, body[0].end_lineno))
     for item in body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
             first = item.body[0]
-            keeps_docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            keeps_docstring = (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
                 and isinstance(first.value.value, str)
+            )
             rest = item.body[1:] if keeps_docstring else item.body
-            if rest and not (len(rest) == 1 and isinstance(rest[0], ast.Expr)
-                             and isinstance(rest[0].value, ast.Constant) and rest[0].value.value is Ellipsis):
+            if rest and not (
+                len(rest) == 1
+                and isinstance(rest[0], ast.Expr)
+                and isinstance(rest[0].value, ast.Constant)
+                and rest[0].value.value is Ellipsis
+            ):
                 indent = " " * (rest[0].col_offset)
                 drop.update(range(rest[0].lineno - 1, rest[-1].end_lineno))
                 lines[rest[0].lineno - 1] = f"{indent}..."
@@ -70,11 +99,15 @@ def render() -> str:
     """The whole page (markdown)."""
     from nemo_rcgrpo.registry import KINDS
 
-    parts = ["# Plugin reference", "",
-             "Generated from the code by `python -m nemo_rcgrpo.utils.reference > docs/reference.md` (a test keeps "
-             "it in step): the Protocols and value types a plugin implements or receives, as declared, and the "
-             "signature of every registered kind. The guide, with the rules the engine checks at the seam and a "
-             "minimal environment: [extending.md](extending.md).", ""]
+    parts = [
+        "# Plugin reference",
+        "",
+        "Generated from the code by `python -m nemo_rcgrpo.utils.reference > docs/reference.md` (a test keeps "
+        "it in step): the Protocols and value types a plugin implements or receives, as declared, and the "
+        "signature of every registered kind. The guide, with the rules the engine checks at the seam and a "
+        "minimal environment: [extending.md](extending.md).",
+        "",
+    ]
     for title, lead, classes in SECTIONS:
         parts += [f"## {title}", "", lead, ""]
         for module, name in classes:
@@ -85,12 +118,18 @@ def render() -> str:
             if doc:
                 parts += [doc, ""]
             parts += ["```python", _declaration(cls), "```", ""]
-    parts += ["## Registered kinds", "",
-              "`@register(kind, name)` (`from nemo_rcgrpo import register`) on a module named in `plugins=[...]`; "
-              "`rcgrpo plugins` lists every kind and its names.", "",
-              "| kind | chosen by | a registered object is |", "|---|---|---|"]
-    parts += [f"| `{kind}` | `{setting}` | {what.replace('|', chr(92) + '|')} |"
-              for kind, (setting, what) in KINDS.items()]
+    parts += [
+        "## Registered kinds",
+        "",
+        "`@register(kind, name)` (`from nemo_rcgrpo import register`) on a module named in `plugins=[...]`; "
+        "`rcgrpo plugins` lists every kind and its names.",
+        "",
+        "| kind | chosen by | a registered object is |",
+        "|---|---|---|",
+    ]
+    parts += [
+        f"| `{kind}` | `{setting}` | {what.replace('|', chr(92) + '|')} |" for kind, (setting, what) in KINDS.items()
+    ]
     return "\n".join(parts) + "\n"
 
 

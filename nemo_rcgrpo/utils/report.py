@@ -45,7 +45,9 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _numbered(folder: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in folder.glob("step_*.jsonl") if (m := re.fullmatch(r"step_(\d+)\.jsonl", p.name))]
+    found = [
+        (int(m.group(1)), p) for p in folder.glob("step_*.jsonl") if (m := re.fullmatch(r"step_(\d+)\.jsonl", p.name))
+    ]
     return sorted(found)
 
 
@@ -61,16 +63,27 @@ def _episode(record: dict[str, Any], source: str, step: int | None) -> dict[str,
             messages.append({"role": "assistant", "content": text, "tool_calls": calls[i] if i < len(calls) else []})
             messages += [{"role": "tool", "content": o} for o in (observations[i] if i < len(observations) else [])]
     reward = record.get("reward")
-    return {"source": source, "step": record.get("step", step), "task": record.get("task_id"),
-            "category": record.get("category"), "group": record.get("group"), "token": record.get("reward_token"),
-            "reward": reward, "advantage": record.get("advantage"), "state_ok": record.get("state_ok"),
-            "actions_ok": record.get("actions_ok"), "truncated": record.get("truncated"),
-            "error": record.get("error") or record.get("failure_reason"), "prompt": record.get("prompt"),
-            "prompt_line": record.get("prompt_line"), "messages": messages,
-            "details": record.get("reward_details"),
-            # the weight version of each turn (a rollout generated ahead may span an update); older dumps: none
-            "versions": record.get("turn_versions") or ([record["weight_version"]]
-                                                        if record.get("weight_version") is not None else [])}
+    return {
+        "source": source,
+        "step": record.get("step", step),
+        "task": record.get("task_id"),
+        "category": record.get("category"),
+        "group": record.get("group"),
+        "token": record.get("reward_token"),
+        "reward": reward,
+        "advantage": record.get("advantage"),
+        "state_ok": record.get("state_ok"),
+        "actions_ok": record.get("actions_ok"),
+        "truncated": record.get("truncated"),
+        "error": record.get("error") or record.get("failure_reason"),
+        "prompt": record.get("prompt"),
+        "prompt_line": record.get("prompt_line"),
+        "messages": messages,
+        "details": record.get("reward_details"),
+        # the weight version of each turn (a rollout generated ahead may span an update); older dumps: none
+        "versions": record.get("turn_versions")
+        or ([record["weight_version"]] if record.get("weight_version") is not None else []),
+    }
 
 
 def _fitting(steps: list[tuple[int, Path]], budget: int) -> list[tuple[int, Path]]:
@@ -100,16 +113,25 @@ def collect(run_dir: Path, last_steps: int | None = None, everything: bool = Fal
         kept = train_steps[-last_steps:]
     else:
         kept = train_steps if everything else _fitting(train_steps, MAX_ROLLOUTS)
-    note = "" if len(kept) == len(train_steps) else (
-        f"rollouts of the last {len(kept)} of {len(train_steps)} steps (from step {kept[0][0]}); "
-        "rcgrpo report --all (or --last-steps N) for more")
+    note = (
+        ""
+        if len(kept) == len(train_steps)
+        else (
+            f"rollouts of the last {len(kept)} of {len(train_steps)} steps (from step {kept[0][0]}); "
+            "rcgrpo report --all (or --last-steps N) for more"
+        )
+    )
     first = kept[0][0] if kept else 0
     for kind in ("rollouts", "eval"):
         steps = kept if kind == "rollouts" else [(n, p) for n, p in _numbered(run_dir / kind) if n >= first]
         for step, path in steps:
             records = _jsonl(path)
             for r in records:  # resolve the prompt pointers of a training dump (prompt once per group and token)
-                if r.get("prompt") is None and isinstance(r.get("prompt_line"), int) and 0 < r["prompt_line"] <= len(records):
+                if (
+                    r.get("prompt") is None
+                    and isinstance(r.get("prompt_line"), int)
+                    and 0 < r["prompt_line"] <= len(records)
+                ):
                     r["prompt"] = records[r["prompt_line"] - 1].get("prompt")
             episodes += [_episode(r, "train" if kind == "rollouts" else "eval", step) for r in records]
     results = None
@@ -124,14 +146,30 @@ def collect(run_dir: Path, last_steps: int | None = None, everything: bool = Fal
         config_name, config_text = configs[-1].name, configs[-1].read_text()
     elif results is not None:
         config_name, config_text = "results.json: config", json.dumps(results.get("config", {}), indent=1)
-    evals = [{k: v for k, v in m.items() if k == "step" or k.startswith("eval_")} for m in metrics
-             if any(k.startswith("eval_accuracy") for k in m)]
+    evals = [
+        {k: v for k, v in m.items() if k == "step" or k.startswith("eval_")}
+        for m in metrics
+        if any(k.startswith("eval_accuracy") for k in m)
+    ]
     if results is not None:
-        evals.append({"step": "final", "eval_accuracy": results.get("overall"),
-                      **{f"eval_accuracy_{c}": v.get("accuracy") for c, v in (results.get("categories") or {}).items()}})
-    return {"name": run_dir.resolve().name, "path": str(run_dir), "config": config_text, "config_name": config_name,
-            "evals": evals, "episodes": episodes, "steps": len(metrics), "last": metrics[-1] if metrics else {},
-            "note": note}
+        evals.append(
+            {
+                "step": "final",
+                "eval_accuracy": results.get("overall"),
+                **{f"eval_accuracy_{c}": v.get("accuracy") for c, v in (results.get("categories") or {}).items()},
+            }
+        )
+    return {
+        "name": run_dir.resolve().name,
+        "path": str(run_dir),
+        "config": config_text,
+        "config_name": config_name,
+        "evals": evals,
+        "episodes": episodes,
+        "steps": len(metrics),
+        "last": metrics[-1] if metrics else {},
+        "note": note,
+    }
 
 
 def _finite(value: Any) -> Any:
@@ -169,8 +207,10 @@ def _eval_table(evals: list[dict[str, Any]]) -> str:
     head = "".join(f"<th>{html.escape(c.removeprefix('eval_'))}</th>" for c in cols)
     rows = []
     for e in evals:
-        cells = "".join(f"<td>{'' if e.get(c) is None else html.escape(f'{e[c]:.4g}' if isinstance(e[c], float) else str(e[c]))}</td>"
-                        for c in cols)
+        cells = "".join(
+            f"<td>{'' if e.get(c) is None else html.escape(f'{e[c]:.4g}' if isinstance(e[c], float) else str(e[c]))}</td>"
+            for c in cols
+        )
         rows.append(f"<tr><td>{html.escape(str(e['step']))}</td>{cells}</tr>")
     return f"<table id='evals'><tr><th>step</th>{head}</tr>{''.join(rows)}</table>"
 
@@ -244,21 +284,29 @@ render();
 
 def render_html(report: dict[str, Any], plot_png: str | None) -> str:
     # JSON inside <script>: "</" and "<!--" are escaped so no text can end the element; the script reads it as data
-    payload = json.dumps(_finite({"episodes": report["episodes"]}), default=str, allow_nan=False).replace("<", "\\u003c")
+    payload = json.dumps(_finite({"episodes": report["episodes"]}), default=str, allow_nan=False).replace(
+        "<", "\\u003c"
+    )
     script_hash = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()  # CSP: this script only
-    last = ", ".join(f"{k} {v:.4g}" for k, v in report["last"].items()
-                     if k in ("loss", "reward_mean", "zero_variance_fraction", "eval_accuracy"))
-    plot = (f"<img alt='training dynamics' src='data:image/png;base64,{plot_png}'>" if plot_png
-            else "<p>No metrics to plot.</p>")
+    last = ", ".join(
+        f"{k} {v:.4g}"
+        for k, v in report["last"].items()
+        if k in ("loss", "reward_mean", "zero_variance_fraction", "eval_accuracy")
+    )
+    plot = (
+        f"<img alt='training dynamics' src='data:image/png;base64,{plot_png}'>"
+        if plot_png
+        else "<p>No metrics to plot.</p>"
+    )
     name = html.escape(report["name"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{name} · nemo_rcgrpo report</title>
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'">
 <style>{_STYLE}</style></head><body>
 <h1>{name}</h1>
-<p>{html.escape(report['path'])} · {report['steps']} logged steps{' · last: ' + html.escape(last) if last else ''}</p>
+<p>{html.escape(report["path"])} · {report["steps"]} logged steps{" · last: " + html.escape(last) if last else ""}</p>
 <h2>Training dynamics</h2>{plot}
-<h2>Evaluation</h2>{_eval_table(report['evals'])}
+<h2>Evaluation</h2>{_eval_table(report["evals"])}
 <h2>Rollouts</h2>
 <div class="filters">
 <label>step <select id="f-step"><option value="all">all</option></select></label>
@@ -267,9 +315,9 @@ def render_html(report: dict[str, Any], plot_png: str | None) -> str:
 <label>reward <select id="f-reward"><option value="all">all</option><option value="1">1 (success)</option>
 <option value="&lt;1">below 1</option></select></label>
 <span id="count"></span></div>
-{f"<p id='note'>{html.escape(report['note'])}</p>" if report['note'] else ""}
+{f"<p id='note'>{html.escape(report['note'])}</p>" if report["note"] else ""}
 <div id="episodes"></div><button id="more" hidden></button>
-<h2>Config ({html.escape(report['config_name'] or 'none')})</h2><pre id="config">{html.escape(report['config'])}</pre>
+<h2>Config ({html.escape(report["config_name"] or "none")})</h2><pre id="config">{html.escape(report["config"])}</pre>
 <script type="application/json" id="report-data">{payload}</script>
 <script>{_SCRIPT}</script>
 </body></html>
@@ -290,12 +338,19 @@ def write_report(run_dir: str | Path, out: str | Path, last_steps: int | None = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rcgrpo report", description="one self-contained HTML page of a run: config, "
-                                "dynamics plot, eval table, every rollout with filters (stage 2 and eval runs)")
+    p = argparse.ArgumentParser(
+        prog="rcgrpo report",
+        description="one self-contained HTML page of a run: config, "
+        "dynamics plot, eval table, every rollout with filters (stage 2 and eval runs)",
+    )
     p.add_argument("run_dir", help="a training run folder (run_dir) or an evaluation's out_dir")
     p.add_argument("-o", "--out", default=None, help="the HTML file (default: RUN_DIR/report.html)")
-    p.add_argument("--last-steps", type=int, default=None, help="the rollouts of the last N steps (default: the "
-                   f"last steps whose rollouts fit in {MAX_ROLLOUTS})")
+    p.add_argument(
+        "--last-steps",
+        type=int,
+        default=None,
+        help=f"the rollouts of the last N steps (default: the last steps whose rollouts fit in {MAX_ROLLOUTS})",
+    )
     p.add_argument("--all", action="store_true", help="every step's rollouts, however many")
     args = p.parse_args(argv)
 

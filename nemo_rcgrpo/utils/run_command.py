@@ -44,17 +44,21 @@ FAILURES: tuple[Failure, ...] = (
     Failure(("nemo_rcgrpo.utils.signals.StopRequested",), "{e}", None),  # the step was saved; exit 128 + signal
     Failure(("nemo_rcgrpo.utils.run_command.CommandError",), "error: {e}", None),
     Failure(("nemo_rcgrpo.evaluation.run.EvaluationIncomplete",), "error: evaluation stopped: {e}", 3),
-    Failure((
-        "builtins.ValueError",  # ConfigError, PluginContractError, the data's and the chat format's errors, ...
-        "builtins.OSError",  # a file not found or already there, a full disk (DiskFull), a folder not writable
-        "nemo_rcgrpo.envs.interfaces.DataError",  # a task source's data missing (BFCL's: BFCLDataError)
-        "nemo_rcgrpo.models.hf.ModelFilesError",
-        "nemo_rcgrpo.utils.checkpoint.CheckpointError",
-        "nemo_rcgrpo.generation.vllm_client.GeneratorError",  # a generation server that died or cannot be reached
-        "nemo_rcgrpo.recipes.run_loop.NonFiniteTraining",
-        "nemo_rcgrpo.utils.run_lock.RunLocked",
-        "nemo_rcgrpo.utils.run_lock.FolderNotWritable",
-    ), "error: {e}", 2),
+    Failure(
+        (
+            "builtins.ValueError",  # ConfigError, PluginContractError, the data's and the chat format's errors, ...
+            "builtins.OSError",  # a file not found or already there, a full disk (DiskFull), a folder not writable
+            "nemo_rcgrpo.envs.interfaces.DataError",  # a task source's data missing (BFCL's: BFCLDataError)
+            "nemo_rcgrpo.models.hf.ModelFilesError",
+            "nemo_rcgrpo.utils.checkpoint.CheckpointError",
+            "nemo_rcgrpo.generation.vllm_client.GeneratorError",  # a generation server that died or cannot be reached
+            "nemo_rcgrpo.recipes.run_loop.NonFiniteTraining",
+            "nemo_rcgrpo.utils.run_lock.RunLocked",
+            "nemo_rcgrpo.utils.run_lock.FolderNotWritable",
+        ),
+        "error: {e}",
+        2,
+    ),
 )
 
 
@@ -82,8 +86,12 @@ def explain(error: BaseException, disk_full: Callable[[OSError], str] | None = N
     return None
 
 
-def run_command(command: Callable[[], int], *, disk_full: Callable[[OSError], str] | None = None,
-                interrupted: Callable[[KeyboardInterrupt], str] | None = None) -> int:
+def run_command(
+    command: Callable[[], int],
+    *,
+    disk_full: Callable[[OSError], str] | None = None,
+    interrupted: Callable[[KeyboardInterrupt], str] | None = None,
+) -> int:
     """``command()``'s exit code; or, where it raised a failure of `FAILURES`, that failure's line on stderr and its
     exit code. Another exception propagates, with its traceback.
 

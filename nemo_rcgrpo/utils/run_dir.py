@@ -26,44 +26,98 @@ import yaml
 from nemo_rcgrpo.utils.config import ConfigError
 
 RESUME_FREE = (
-    "run_dir", "trainer.resume", "trainer.stop_after", "trainer.resume_may_change", "overwrite",
+    "run_dir",
+    "trainer.resume",
+    "trainer.stop_after",
+    "trainer.resume_may_change",
+    "overwrite",
     # bookkeeping: what is logged, saved and shown, not what is computed
-    "logging", "trainer.save_every", "trainer.keep_last", "trainer.log_every", "trainer.export_hf",
+    "logging",
+    "trainer.save_every",
+    "trainer.keep_last",
+    "trainer.log_every",
+    "trainer.export_hf",
     "trainer.on_nonfinite",  # what happens if a step goes non-finite, not what a finite step computes
-    "rl.eval_every", "rl.eval_tasks", "rl.max_failed_share", "data.prepare_if_missing",
+    "rl.eval_every",
+    "rl.eval_tasks",
+    "rl.max_failed_share",
+    "data.prepare_if_missing",
     # where and how the generation server is reached
-    "generation.vllm.url", "generation.vllm.host", "generation.vllm.port", "generation.vllm.devices",
-    "generation.vllm.python", "generation.vllm.weight_dir", "generation.vllm.nccl_master",
-    "generation.vllm.startup_timeout", "generation.vllm.request_timeout", "generation.vllm.max_retries",
+    "generation.vllm.url",
+    "generation.vllm.host",
+    "generation.vllm.port",
+    "generation.vllm.devices",
+    "generation.vllm.python",
+    "generation.vllm.weight_dir",
+    "generation.vllm.nccl_master",
+    "generation.vllm.startup_timeout",
+    "generation.vllm.request_timeout",
+    "generation.vllm.max_retries",
     "generation.vllm.max_concurrency",
     # how the same tokens are generated and scored (prefixes shared or not: the same up to rounding)
-    "generation.share_prefixes", "trainer.share_prefix", "trainer.pack_sequences",
+    "generation.share_prefixes",
+    "trainer.share_prefix",
+    "trainer.pack_sequences",
     # how the same computation is laid out (checkpoints reshard to another TP x PP x DP)
-    "policy.megatron.tp", "policy.megatron.pp", "policy.megatron.recompute", "layout", "trainer.micro_batch_size",
+    "policy.megatron.tp",
+    "policy.megatron.pp",
+    "policy.megatron.recompute",
+    "layout",
+    "trainer.micro_batch_size",
     "trainer.micro_batch_tokens",
 )
-RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "eval", "generator", "data_stats.json",
-               "wandb", "wandb_id", "hf", "nemo_rcgrpo_training.json", "run.log")
+RUN_OUTPUTS = (
+    "checkpoints",
+    "metrics.jsonl",
+    "tensorboard",
+    "rollouts",
+    "eval",
+    "generator",
+    "data_stats.json",
+    "wandb",
+    "wandb_id",
+    "hf",
+    "nemo_rcgrpo_training.json",
+    "run.log",
+)
 
 
 # settings added after runs were saved: a run saved without one resumes while it keeps the value that means what
 # the run did before the setting existed
-NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {"plugins": ([], ()), "env.task_source": ("bfcl",),
-                                              # a label (the model group's); the paths it makes are compared
-                                              "model.name": (None, "llama8b", "qwen7b"),
-                                              # registered parts chosen by name: the values that mean what ran before
-                                              "env.settings.reward": ("state_x_action",), "rl.group_filter": (None,),
-                                              "rl.loss.policy_loss": ("clipped",), "data.dataset": (None,),
-                                              "rl.loss.correction": ("none",), "rl.loss.correction_cap": (2.0,),
-                                              "rl.max_staleness": (0,),  # generated, then trained
-                                              # runs before it answered a rejected message with error observations
-                                              "chat.rejected_message": ("error",)}
+NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "plugins": ([], ()),
+    "env.task_source": ("bfcl",),
+    # a label (the model group's); the paths it makes are compared
+    "model.name": (None, "llama8b", "qwen7b"),
+    # registered parts chosen by name: the values that mean what ran before
+    "env.settings.reward": ("state_x_action",),
+    "rl.group_filter": (None,),
+    "rl.loss.policy_loss": ("clipped",),
+    "data.dataset": (None,),
+    "rl.loss.correction": ("none",),
+    "rl.loss.correction_cap": (2.0,),
+    "rl.max_staleness": (0,),  # generated, then trained
+    # runs before it answered a rejected message with error observations
+    "chat.rejected_message": ("error",),
+}
 
 # settings that moved: a run saved under the old key resumes when the new key holds the same value (BFCL's env
 # settings went from env.* to env.settings.* when each env got a settings section of its own)
-RENAMED = {f"env.{key}": f"env.settings.{key}" for key in (
-    "mode", "max_steps", "max_calls_per_step", "arg_types", "on_parse_failure", "tool_response", "system_prompt",
-    "holdout_tools_in_message", "max_observation_chars", "reward")}
+RENAMED = {
+    f"env.{key}": f"env.settings.{key}"
+    for key in (
+        "mode",
+        "max_steps",
+        "max_calls_per_step",
+        "arg_types",
+        "on_parse_failure",
+        "tool_response",
+        "system_prompt",
+        "holdout_tools_in_message",
+        "max_observation_chars",
+        "reward",
+    )
+}
 
 
 def _upgraded(flat: dict[str, Any]) -> dict[str, Any]:
@@ -108,8 +162,11 @@ def _free(key: str, allowed: tuple[str, ...]) -> bool:
 
 def config_files(run_dir: Path) -> list[Path]:
     """The saved configs in invocation order: config.yaml, config.1.yaml, config.2.yaml, ..."""
-    numbered = sorted((int(m.group(1)), p) for p in run_dir.glob("config.*.yaml")
-                      if (m := re.fullmatch(r"config\.(\d+)\.yaml", p.name)))
+    numbered = sorted(
+        (int(m.group(1)), p)
+        for p in run_dir.glob("config.*.yaml")
+        if (m := re.fullmatch(r"config\.(\d+)\.yaml", p.name))
+    )
     first = [run_dir / "config.yaml"] if (run_dir / "config.yaml").is_file() else []
     return first + [p for _, p in numbered]
 
@@ -132,14 +189,18 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
         if key in RL_ONLY and key not in a and not _rl_stage(a.get("stage")):  # a setting stage 1 never reads
             continue
         if a.get(key, "<unset>") != b.get(key, "<unset>"):
-            ran = f" (that run ran as {key}={NEWER_DEFAULTS[key][0]})" if key in NEWER_DEFAULTS and key not in a and \
-                key in RL_ONLY else ""
+            ran = (
+                f" (that run ran as {key}={NEWER_DEFAULTS[key][0]})"
+                if key in NEWER_DEFAULTS and key not in a and key in RL_ONLY
+                else ""
+            )
             out.append(f"{key} is {a.get(key, '<unset>')!r} there{ran} and {b.get(key, '<unset>')!r} now")
     return out
 
 
-def check_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool,
-                  may_change: tuple[str, ...] = ()) -> None:
+def check_run_dir(
+    run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool, may_change: tuple[str, ...] = ()
+) -> None:
     """Refuse (ConfigError, one line) a ``run_dir`` that holds another run; every rank calls it, nothing is written.
 
     The configs are compared only when there is a checkpoint to resume: a run stopped before its first
@@ -149,24 +210,32 @@ def check_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, 
         return
     if not resume:
         if not overwrite:
-            raise ConfigError(f"run_dir {run_dir} holds a run; resume it (trainer.resume=true), start it over "
-                              f"(overwrite=true: its checkpoints and metrics are removed) or choose a new run_dir")
+            raise ConfigError(
+                f"run_dir {run_dir} holds a run; resume it (trainer.resume=true), start it over "
+                f"(overwrite=true: its checkpoints and metrics are removed) or choose a new run_dir"
+            )
         return
     if overwrite:
-        raise ConfigError("overwrite=true starts the run over and needs trainer.resume=false; "
-                          "with trainer.resume=true the run in run_dir is continued")
+        raise ConfigError(
+            "overwrite=true starts the run over and needs trainer.resume=false; "
+            "with trainer.resume=true the run in run_dir is continued"
+        )
     saved_files = config_files(run_dir)
     if not saved_files or not any((run_dir / "checkpoints").glob("step_*")):
         return
     saved = yaml.safe_load(saved_files[-1].read_text()) or {}
     diff = differences(saved, config, may_change)
     if diff:
-        more = f" (and {len(diff) - 1} more: {'; '.join(diff[1:3])}{'; ...' if len(diff) > 3 else ''})" \
-            if len(diff) > 1 else ""
+        more = (
+            f" (and {len(diff) - 1} more: {'; '.join(diff[1:3])}{'; ...' if len(diff) > 3 else ''})"
+            if len(diff) > 1
+            else ""
+        )
         keys = [d.split(" is ", 1)[0] for d in diff]
         raise ConfigError(
             f"cannot resume run_dir {run_dir} ({saved_files[-1].name}): {diff[0]}{more}; use a new run_dir, "
-            f"or allow the change: trainer.resume_may_change=[{','.join(keys)}]")
+            f"or allow the change: trainer.resume_may_change=[{','.join(keys)}]"
+        )
 
 
 def save_run_config(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool) -> Path:
@@ -197,8 +266,9 @@ def save_run_config(run_dir: str | Path, config: dict[str, Any], *, resume: bool
     return path
 
 
-def prepare_run_dir(run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool,
-                    may_change: tuple[str, ...] = ()) -> Path:
+def prepare_run_dir(
+    run_dir: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool, may_change: tuple[str, ...] = ()
+) -> Path:
     """check_run_dir then save_run_config (one process)."""
     check_run_dir(run_dir, config, resume=resume, overwrite=overwrite, may_change=may_change)
     return save_run_config(run_dir, config, resume=resume, overwrite=overwrite)

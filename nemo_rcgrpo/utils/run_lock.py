@@ -64,8 +64,12 @@ def disk_full(error: BaseException, where: str | Path | None = None) -> bool:
         return True
     # a writer's error without an errno (torch's zip writer: "iostream error", "unexpected pos"), where the disk
     # has nothing left
-    return (where is not None and not isinstance(error, OSError) and bool(_WRITER.search(text))
-            and free_bytes(where) < (1 << 20))
+    return (
+        where is not None
+        and not isinstance(error, OSError)
+        and bool(_WRITER.search(text))
+        and free_bytes(where) < (1 << 20)
+    )
 
 
 def free_bytes(where: str | Path) -> int:
@@ -133,17 +137,23 @@ def run_lock(run_dir: str | Path, rank: int = 0) -> Iterator[Path]:
             holder = owner.read_text().strip() or "unknown"
         except OSError:
             holder = "unknown"
-        raise RunLocked(f"run_dir {run_dir} is in use by another run ({holder}); wait for it to end, stop it, "
-                        "or choose another run_dir") from None
+        raise RunLocked(
+            f"run_dir {run_dir} is in use by another run ({holder}); wait for it to end, stop it, "
+            "or choose another run_dir"
+        ) from None
     except (NotImplementedError, OSError) as e:  # a file system without OS locks (some Lustre / NFS mounts)
         if rank == 0:
-            print(f"note: run_dir {run_dir} is on a file system without file locks ({e}); one run per folder is "
-                  "not enforced there", file=sys.stderr)
+            print(
+                f"note: run_dir {run_dir} is on a file system without file locks ({e}); one run per folder is "
+                "not enforced there",
+                file=sys.stderr,
+            )
         yield lock_dir
         return
     try:
-        owner.write_text(f"host {socket.gethostname()}, pid {os.getpid()}, since "
-                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        owner.write_text(
+            f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         yield lock_dir
     finally:
         with contextlib.suppress(OSError):

@@ -26,8 +26,14 @@ SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTER
 class StopRequested(Exception):
     """Raised by a training loop after it stopped cleanly on a signal (caught by the entry point)."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Any, command_hint: str = "run the same command again",
-                 done: str | None = None):
+    def __init__(
+        self,
+        signum: int,
+        step: int,
+        checkpoint: Any,
+        command_hint: str = "run the same command again",
+        done: str | None = None,
+    ):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
         where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint"

@@ -44,8 +44,12 @@ class WeightStream:
     """The module docstring. ``export``: a new pass over the tensors each call. ``on_pass(k)``: called before
     pass k (k >= 1) starts and with ``k = -1`` by ``close``, to tell the ranks that take part in the export."""
 
-    def __init__(self, meta: Meta, export: Callable[[], Iterable[tuple[str, torch.Tensor]]],
-                 on_pass: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        meta: Meta,
+        export: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+        on_pass: Callable[[int], None] | None = None,
+    ):
         self.meta, self.export, self.on_pass = list(meta), export, on_pass
         self.passes = 0
         self._source: Iterator | None = None  # the current pass's export (drained by _finish)

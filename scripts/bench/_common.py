@@ -47,9 +47,14 @@ def cpu_name() -> str:
 
 def write_section(path: Path, section: str, start: str, end: str) -> None:
     """Put ``section`` (delimited by start/end markers) into the Markdown file, replacing an older one."""
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nEvery section below is written by the script it names, with the command line it ran "
-        "with; a section measured by hand says so.\n")
+    text = (
+        path.read_text()
+        if path.exists()
+        else (
+            "# Benchmarks\n\nEvery section below is written by the script it names, with the command line it ran "
+            "with; a section measured by hand says so.\n"
+        )
+    )
     if start in text and end in text:
         head, rest = text.split(start, 1)
         text = head + section + rest.split(end, 1)[1]
@@ -76,8 +81,9 @@ def command_line(argv: list[str] | None = None) -> str:
         launcher = ["torchrun", f"--nproc-per-node={os.environ.get('LOCAL_WORLD_SIZE', '?')}"]
         if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
             launcher.append(f"--nnodes={os.environ['GROUP_WORLD_SIZE']}")
-    env = [f"{k}={os.environ[k]}" for k in sorted(os.environ)
-           if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)]
+    env = [
+        f"{k}={os.environ[k]}" for k in sorted(os.environ) if k in RECORDED_ENV or k.startswith(RECORDED_ENV_PREFIXES)
+    ]
     return shlex.join([*env, *launcher, *target, *argv[1:]])
 
 

@@ -55,15 +55,27 @@ def _metric_values(record: dict) -> dict:
 
 def prepare(data: Path) -> Path:
     if not data.exists():
-        subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "prepare-data", "task_source=bfcl_micro",
-                        "tokenizer=null", "progress=false", f"out_dir={data}"], check=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nemo_rcgrpo.cli",
+                "prepare-data",
+                "task_source=bfcl_micro",
+                "tokenizer=null",
+                "progress=false",
+                f"out_dir={data}",
+            ],
+            check=True,
+            cwd=REPO,
+        )
     return data
 
 
 def pinned_python(folder: Path, core: int) -> Path:
     """An interpreter path for ``generation.vllm.python`` that runs this interpreter on one core."""
     wrapper = folder / f"python_on_core{core}"
-    wrapper.write_text(f"#!/bin/sh\nexec taskset -c {core} {sys.executable} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
@@ -71,36 +83,71 @@ def pinned_python(folder: Path, core: int) -> Path:
 def run(side: str, k: int, args, data: Path, work: Path, rep: int) -> list[dict]:
     run_dir = work / f"{side}_{rep}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=str(args.server_core),
-               TOKENIZERS_PARALLELISM="false")
-    cmd = ["taskset", "-c", str(args.trainer_core), sys.executable, "-m", "nemo_rcgrpo.cli", "train",
-           "--config-name=rcgrpo_smollm_cpu", f"model.path={args.model}", "rl.stage1_recipe=null",
-           "env.task_source=bfcl_micro",
-           f"data.dir={data}", f"run_dir={run_dir}", f"rl.tasks_per_step={args.tasks}",
-           f"rl.group_size={args.group_size}", f"rl.max_turns={args.max_turns}",
-           f"rl.sampling.max_new_tokens={args.max_new_tokens}", f"rl.ppo_epochs={args.ppo_epochs}",
-           "rl.old_logprobs=recompute" if args.ppo_epochs > 1 else "rl.old_logprobs=auto",
-           f"trainer.max_steps={args.steps}", "trainer.save_every=1000", "trainer.export_hf=false",
-           "trainer.lr=1e-4", "logging.progress=false", "logging.tensorboard=false", "generation=vllm",
-           "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
-           f"generation.vllm.python={pinned_python(work, args.server_core)}", f"rl.max_staleness={k}",
-           "rl.eval_every=0"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        VLLM_CPU_OMP_THREADS_BIND=str(args.server_core),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    cmd = [
+        "taskset",
+        "-c",
+        str(args.trainer_core),
+        sys.executable,
+        "-m",
+        "nemo_rcgrpo.cli",
+        "train",
+        "--config-name=rcgrpo_smollm_cpu",
+        f"model.path={args.model}",
+        "rl.stage1_recipe=null",
+        "env.task_source=bfcl_micro",
+        f"data.dir={data}",
+        f"run_dir={run_dir}",
+        f"rl.tasks_per_step={args.tasks}",
+        f"rl.group_size={args.group_size}",
+        f"rl.max_turns={args.max_turns}",
+        f"rl.sampling.max_new_tokens={args.max_new_tokens}",
+        f"rl.ppo_epochs={args.ppo_epochs}",
+        "rl.old_logprobs=recompute" if args.ppo_epochs > 1 else "rl.old_logprobs=auto",
+        f"trainer.max_steps={args.steps}",
+        "trainer.save_every=1000",
+        "trainer.export_hf=false",
+        "trainer.lr=1e-4",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=vllm",
+        "generation.vllm.enforce_eager=true",
+        "generation.vllm.kv_cache_gib=1",
+        f"generation.vllm.python={pinned_python(work, args.server_core)}",
+        f"rl.max_staleness={k}",
+        "rl.eval_every=0",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{side} run {rep} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     print(f"{side} run {rep}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return [_metric_values(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        _metric_values(json.loads(line))
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def per_step(m: dict) -> dict[str, float]:
     waited = m.get("update_waited_seconds", 0.0)  # inside the sync's time: the update waiting for a call in flight
     sync = m["weight_sync_seconds"] - waited
-    return {"step": m["step_seconds"], "train": m["logprob_seconds"] + m["train_seconds"] + sync, "sync": sync,
-            "generation": m["generation_seconds"] - m.get("generation_blocked_seconds", 0.0),
-            "wait": m.get("rollout_wait_seconds", m["generation_seconds"] + m["env_seconds"] + m["reward_seconds"]),
-            "staleness": m.get("staleness_mean", 0.0), "reward": m["reward_mean"],
-            "spanning": m.get("spanning_rollouts", 0.0)}
+    return {
+        "step": m["step_seconds"],
+        "train": m["logprob_seconds"] + m["train_seconds"] + sync,
+        "sync": sync,
+        "generation": m["generation_seconds"] - m.get("generation_blocked_seconds", 0.0),
+        "wait": m.get("rollout_wait_seconds", m["generation_seconds"] + m["env_seconds"] + m["reward_seconds"]),
+        "staleness": m.get("staleness_mean", 0.0),
+        "reward": m["reward_mean"],
+        "spanning": m.get("spanning_rollouts", 0.0),
+    }
 
 
 def busy(rows: list[dict[str, float]], key: str) -> float:
@@ -138,32 +185,47 @@ def main() -> int:
     for side, rows in steps.items():
         med[side]["trainer_busy"], med[side]["server_busy"] = busy(rows, "train"), busy(rows, "generation")
     ratio = med["async"]["step"] / med["sync"]["step"]
-    rows = [START, "## Rollouts generated ahead: asynchronous vs synchronous RC-GRPO step (`scripts/bench/async_rl.py`)",
-            "", f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; Python "
-            f"{platform.python_version()}, vllm-cpu {dist_version('vllm-cpu') if dist_version('vllm-cpu') != 'not installed' else dist_version('vllm')}.",
-            f"- {args.model} on bfcl_micro, {args.tasks} tasks x G={args.group_size}, up to {args.max_turns} turns x "
-            f"{args.max_new_tokens} new tokens, {args.ppo_epochs} update epoch(s) per step; generation=vllm (started by "
-            f"the run, collective weight transfer after every step); the server on core {args.server_core}, the "
-            f"trainer (and its rollout thread) on core {args.trainer_core} with one torch thread. {args.repeats} runs "
-            f"per side of {args.steps} steps, alternating; medians over steps 2..{args.steps} of every run.", "",
-            "| side | step (s) | trainer work (s) | of which weight sync (s) | generation (s) | rollout wait (s) | "
-            "trainer busy | server busy | staleness (mean) | ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for side, label in (("sync", "synchronous (`rl.max_staleness=0`)"),
-                        ("async", "generated ahead (`rl.max_staleness=1`)")):
+    rows = [
+        START,
+        "## Rollouts generated ahead: asynchronous vs synchronous RC-GRPO step (`scripts/bench/async_rl.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; Python "
+        f"{platform.python_version()}, vllm-cpu {dist_version('vllm-cpu') if dist_version('vllm-cpu') != 'not installed' else dist_version('vllm')}.",
+        f"- {args.model} on bfcl_micro, {args.tasks} tasks x G={args.group_size}, up to {args.max_turns} turns x "
+        f"{args.max_new_tokens} new tokens, {args.ppo_epochs} update epoch(s) per step; generation=vllm (started by "
+        f"the run, collective weight transfer after every step); the server on core {args.server_core}, the "
+        f"trainer (and its rollout thread) on core {args.trainer_core} with one torch thread. {args.repeats} runs "
+        f"per side of {args.steps} steps, alternating; medians over steps 2..{args.steps} of every run.",
+        "",
+        "| side | step (s) | trainer work (s) | of which weight sync (s) | generation (s) | rollout wait (s) | "
+        "trainer busy | server busy | staleness (mean) | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side, label in (
+        ("sync", "synchronous (`rl.max_staleness=0`)"),
+        ("async", "generated ahead (`rl.max_staleness=1`)"),
+    ):
         m = med[side]
-        rows.append(f"| {label} | {m['step']:.2f} | {m['train']:.2f} | {m['sync']:.2f} | {m['generation']:.2f} | "
-                    f"{m['wait']:.2f} | "
-                    f"{m['trainer_busy']:.0%} | {m['server_busy']:.0%} | {m['staleness']:.2f} | "
-                    f"{m['step'] / med['sync']['step']:.2f} |")
+        rows.append(
+            f"| {label} | {m['step']:.2f} | {m['train']:.2f} | {m['sync']:.2f} | {m['generation']:.2f} | "
+            f"{m['wait']:.2f} | "
+            f"{m['trainer_busy']:.0%} | {m['server_busy']:.0%} | {m['staleness']:.2f} | "
+            f"{m['step'] / med['sync']['step']:.2f} |"
+        )
     spanning = sum(s["spanning"] for s in steps["async"])
-    rows += ["", "Trainer work: logprob passes + update + weight sync (less its wait for a call in flight). "
-             "Generation: seconds in generation calls, less those held back by a weight update. Busy: a side's "
-             "seconds over the steps' wall time, summed over the measured steps. Rollout wait: on the synchronous side the whole collection "
-             "(generation, env, reward); on the other, the seconds the trainer waited for the step's rollouts. "
-             f"Rollouts whose turns spanned a weight update: "
-             f"{spanning:.0f} of {len(steps['async']) * args.tasks * args.group_size}.", "",
-             f"Target: the asynchronous step at most {TARGET}x the synchronous one: "
-             f"{'met' if ratio <= TARGET else 'NOT met'} ({ratio:.2f}x, medians).", END]
+    rows += [
+        "",
+        "Trainer work: logprob passes + update + weight sync (less its wait for a call in flight). "
+        "Generation: seconds in generation calls, less those held back by a weight update. Busy: a side's "
+        "seconds over the steps' wall time, summed over the measured steps. Rollout wait: on the synchronous side the whole collection "
+        "(generation, env, reward); on the other, the seconds the trainer waited for the step's rollouts. "
+        f"Rollouts whose turns spanned a weight update: "
+        f"{spanning:.0f} of {len(steps['async']) * args.tasks * args.group_size}.",
+        "",
+        f"Target: the asynchronous step at most {TARGET}x the synchronous one: "
+        f"{'met' if ratio <= TARGET else 'NOT met'} ({ratio:.2f}x, medians).",
+        END,
+    ]
     shutil.rmtree(work, ignore_errors=True)
     return emit(rows, args.out, START, END)
 

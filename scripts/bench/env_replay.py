@@ -34,10 +34,9 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_mult
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv, BFCLSuite
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.reward import replay_gold
-
+from nemo_rcgrpo.envs.calls import parse_call_string
 from scripts.bench._common import cpu_name, dist_version, emit, pct
 
 START, END = "<!-- bench:env_replay:start -->", "<!-- bench:env_replay:end -->"
@@ -48,7 +47,11 @@ def bfcl_execute(suite: BFCLSuite) -> None:
     for task in suite:
         for calls in task.ground_truth:
             execute_multi_turn_func_call(
-                list(calls), dict(task.initial_config), list(task.involved_classes), name, task.id,
+                list(calls),
+                dict(task.initial_config),
+                list(task.involved_classes),
+                name,
+                task.id,
                 long_context=task.long_context,
             )
 
@@ -64,8 +67,11 @@ def ours_execute(suite: BFCLSuite) -> None:
 def bfcl_score(suite: BFCLSuite) -> None:
     name = f"bench_{uuid.uuid4().hex[:8]}"
     for task in suite:
-        entry = {"id": task.id, "initial_config": dict(task.initial_config),
-                 "involved_classes": list(task.involved_classes)}
+        entry = {
+            "id": task.id,
+            "initial_config": dict(task.initial_config),
+            "involved_classes": list(task.involved_classes),
+        }
         model_turns = [[list(calls)] if calls else [] for calls in task.ground_truth]
         result = multi_turn_checker(model_turns, [list(c) for c in task.ground_truth], entry, task.category, name)
         assert result["valid"], (task.id, result)
@@ -126,8 +132,10 @@ def render(results: dict, repeats: int) -> str:
         "| what | BFCL (s) | nemo_rcgrpo (s) | ratio ours/BFCL |",
         "|---|---:|---:|---:|",
     ]
-    for key, label in (("execute", "execute all calls (instances included)"),
-                       ("score", "score all 800 (checker / episode + reward + verdict)")):
+    for key, label in (
+        ("execute", "execute all calls (instances included)"),
+        ("score", "score all 800 (checker / episode + reward + verdict)"),
+    ):
         b, o = results[f"bfcl_{key}"], results[f"ours_{key}"]
         rows.append(f"| {label} | {b:.3f} | {o:.3f} | {o / b:.2f} |")
     warm, cold = results["group_warm"], results["group_cold"]
@@ -137,8 +145,8 @@ def render(results: dict, repeats: int) -> str:
         "",
         "| | median | p95 | max |",
         "|---|---:|---:|---:|",
-        f"| gold replay memoised (per RL step) | {statistics.median(warm):.2f} | {pct(warm, .95):.2f} | {max(warm):.2f} |",
-        f"| including the task's gold replay | {statistics.median(cold):.2f} | {pct(cold, .95):.2f} | {max(cold):.2f} |",
+        f"| gold replay memoised (per RL step) | {statistics.median(warm):.2f} | {pct(warm, 0.95):.2f} | {max(warm):.2f} |",
+        f"| including the task's gold replay | {statistics.median(cold):.2f} | {pct(cold, 0.95):.2f} | {max(cold):.2f} |",
         "",
         "Targets: ratio <= 1.0; group reward under 10 ms. The score row does more on our side: the paper",
         "reward besides the verdict, and per-turn gold states kept so one gold replay serves G rollouts.",
@@ -155,8 +163,12 @@ def main() -> int:
     args = parser.parse_args()
     suite = BFCLSuite()
     results = {"n_calls": sum(len(c) for t in suite for c in t.ground_truth)}
-    for key, fn in (("bfcl_execute", bfcl_execute), ("ours_execute", ours_execute),
-                    ("bfcl_score", bfcl_score), ("ours_score", ours_score)):
+    for key, fn in (
+        ("bfcl_execute", bfcl_execute),
+        ("ours_execute", ours_execute),
+        ("bfcl_score", bfcl_score),
+        ("ours_score", ours_score),
+    ):
         results[key] = best_of(fn, suite, args.repeats)
         print(f"{key}: {results[key]:.3f} s", file=sys.stderr)
     results["group_warm"], results["group_cold"] = group_reward_ms(suite)

@@ -26,11 +26,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from scripts.bench._common import cpu_name, emit
-
 import nemo_rcgrpo.evaluation.run as eval_run
 from nemo_rcgrpo.evaluation.run import main as eval_main
 from nemo_rcgrpo.registry import names
+from scripts.bench._common import cpu_name, emit
 
 START, END = "<!-- bench:eval_throughput:start -->", "<!-- bench:eval_throughput:end -->"
 
@@ -78,10 +77,21 @@ def timed_policies():
 
 def run(backend: str, args, root: Path) -> dict:
     out = root / backend
-    argv = ["policy=checkpoint", f"checkpoint.path={args.model}", f"protocol={args.protocol}", f"limit={args.limit}",
-            f"max_new_tokens={args.max_new_tokens}", f"max_turns={args.max_turns}",
-            f"max_total_tokens={args.max_total_tokens}", "chat.tool_description=compact", "progress=false",
-            f"generation.backend={backend}", f"out_dir={out}", "reward_token=high", *args.override]
+    argv = [
+        "policy=checkpoint",
+        f"checkpoint.path={args.model}",
+        f"protocol={args.protocol}",
+        f"limit={args.limit}",
+        f"max_new_tokens={args.max_new_tokens}",
+        f"max_turns={args.max_turns}",
+        f"max_total_tokens={args.max_total_tokens}",
+        "chat.tool_description=compact",
+        "progress=false",
+        f"generation.backend={backend}",
+        f"out_dir={out}",
+        "reward_token=high",
+        *args.override,
+    ]
     with timed_policies() as made:
         rc = eval_main(argv)
     if rc != 0:
@@ -92,9 +102,15 @@ def run(backend: str, args, root: Path) -> dict:
     r = json.loads((out / "results.json").read_text())
     tokens = sum(json.loads(l)["generated_tokens"] for l in (out / "trajectories.jsonl").read_text().splitlines())
     seconds = policy.run_seconds
-    return {"seconds": seconds, "episodes": r["episodes"], "per_min": 60.0 * r["episodes"] / seconds,
-            "tokens": tokens, "accuracy": r["overall"], "close_seconds": policy.close_seconds,
-            "eval_seconds": r["seconds"]}
+    return {
+        "seconds": seconds,
+        "episodes": r["episodes"],
+        "per_min": 60.0 * r["episodes"] / seconds,
+        "tokens": tokens,
+        "accuracy": r["overall"],
+        "close_seconds": policy.close_seconds,
+        "eval_seconds": r["seconds"],
+    }
 
 
 def main() -> int:
@@ -117,18 +133,25 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = results.get("hf")
-    rows = [START, "## Evaluation throughput (`scripts/bench/eval_throughput.py`)", "",
-            f"{dt.date.today().isoformat()}, {cpu_name()}, Python {platform.python_version()}; model {args.model}, "
-            f"{args.protocol} protocol, {args.limit} tasks per category, greedy, max_new_tokens "
-            f"{args.max_new_tokens}, max_turns {args.max_turns}; wall time of the episodes inside `rcgrpo eval`, after "
-            f"model loading (vLLM: server already started) and before the generator is closed (the server's "
-            f"shutdown is not counted). Same tasks and budgets for every generator, one run.", "",
-            "| generator | episodes | seconds | episodes/min | generated tokens | tokens/s | vs hf |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        START,
+        "## Evaluation throughput (`scripts/bench/eval_throughput.py`)",
+        "",
+        f"{dt.date.today().isoformat()}, {cpu_name()}, Python {platform.python_version()}; model {args.model}, "
+        f"{args.protocol} protocol, {args.limit} tasks per category, greedy, max_new_tokens "
+        f"{args.max_new_tokens}, max_turns {args.max_turns}; wall time of the episodes inside `rcgrpo eval`, after "
+        f"model loading (vLLM: server already started) and before the generator is closed (the server's "
+        f"shutdown is not counted). Same tasks and budgets for every generator, one run.",
+        "",
+        "| generator | episodes | seconds | episodes/min | generated tokens | tokens/s | vs hf |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for b, r in results.items():
         ratio = f"{r['per_min'] / base['per_min']:.2f}x" if base else "-"
-        rows.append(f"| {b} | {r['episodes']} | {r['seconds']:.1f} | {r['per_min']:.2f} | {r['tokens']} | "
-                    f"{r['tokens'] / r['seconds']:.1f} | {ratio} |")
+        rows.append(
+            f"| {b} | {r['episodes']} | {r['seconds']:.1f} | {r['per_min']:.2f} | {r['tokens']} | "
+            f"{r['tokens'] / r['seconds']:.1f} | {ratio} |"
+        )
     closes = [f"{b} {r['close_seconds']:.1f} s" for b, r in results.items() if r["close_seconds"] >= 0.05]
     if closes:
         rows += ["", "Generator shutdown after the episodes (not counted above): " + ", ".join(closes) + "."]

@@ -53,17 +53,46 @@ import torch
 
 START, END = "<!-- bench:megatron_gpu:start -->", "<!-- bench:megatron_gpu:end -->"
 # dense bf16 TFLOP/s by device name, most specific first (NVIDIA data sheets; sparsity not counted)
-PEAKS = (("H200 NVL", 835.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H200", 989.0), ("H100", 989.0),
-         ("A100", 312.0))
+PEAKS = (
+    ("H200 NVL", 835.0),
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+)
 
-LLAMA31_8B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
-                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                "original_max_position_embeddings": 8192},
-                  tie_word_embeddings=False, rms_norm_eps=1e-5)
-TINY = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=1024, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False,
-            rms_norm_eps=1e-5)
+LLAMA31_8B = dict(
+    num_hidden_layers=32,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-5,
+)
+TINY = dict(
+    num_hidden_layers=2,
+    hidden_size=128,
+    intermediate_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-5,
+)
 
 
 def _weights_per_token(shape: dict) -> float:
@@ -108,7 +137,7 @@ def matmul_tflops(n: int = 8192, repeats: int = 20) -> float:
     for _ in range(repeats):
         a @ b
     torch.cuda.synchronize()
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+    return 2 * n**3 * repeats / (time.perf_counter() - t0) / 1e12
 
 
 def build(shape: dict, args):
@@ -120,17 +149,32 @@ def build(shape: dict, args):
     from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel, platform_flags
 
     par = init_parallel(args.tp, 1, 1, seed=1234)
-    mcfg = MegatronConfig(tp=args.tp, recompute=args.recompute, fp8=args.fp8, spec=args.spec,
-                          distributed_optimizer=True, grad_reduce_in_fp32=args.grad_fp32)
+    mcfg = MegatronConfig(
+        tp=args.tp,
+        recompute=args.recompute,
+        fp8=args.fp8,
+        spec=args.spec,
+        distributed_optimizer=True,
+        grad_reduce_in_fp32=args.grad_fp32,
+    )
     dtype = torch.float32 if args.tiny else torch.bfloat16
     flags = platform_flags(mcfg, dtype, par.dp)  # the training backend's own choices for this machine
     model, _, config = build_gpt(LlamaConfig(**shape), mcfg, params_dtype=dtype, flags=flags)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**flags.ddp), model)
     if flags.ddp["overlap_grad_reduce"]:
         config.no_sync_func = ddp.no_sync
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-5, bf16=dtype == torch.bfloat16,
-                                                 params_dtype=dtype, use_distributed_optimizer=True, clip_grad=1.0),
-                                 [ddp], **flags.optimizer)
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-5,
+            bf16=dtype == torch.bfloat16,
+            params_dtype=dtype,
+            use_distributed_optimizer=True,
+            clip_grad=1.0,
+        ),
+        [ddp],
+        **flags.optimizer,
+    )
     return par, ddp, opt, flags
 
 
@@ -192,22 +236,41 @@ def run(args) -> dict:
     te = "TE" if flags.spec == "te" else "no TE"
     setup = f"{flags.spec} spec, {te}, {optimizer}" + (f", fp8 {args.fp8}" if args.fp8 else "")
     f_megatron, f_palm = megatron_flops_per_token(shape, seq, args.tp), flops_per_token(shape, seq)
-    out = {"date": dt.date.today().isoformat(), "shape": "tiny" if args.tiny else "llama-3.1-8b",
-           "layers": shape["num_hidden_layers"], "seq": seq,
-           "micro_batch": args.micro_batch, "micro_batches": n_micro, "tp": args.tp, "setup": setup, "dp": par.dp, "spec": flags.spec,
-           "fp8": args.fp8, "recompute": args.recompute, "steps": len(times),
-           "step_seconds": sum(times) / len(times), "forward_backward_seconds": sum(fwd_bwd) / len(fwd_bwd),
-           "optimizer_seconds": sum(opt_times) / len(opt_times), "first_step_seconds": first,
-           "tokens_per_s_per_gpu": tps_gpu, "tokens_per_s_per_gpu_forward_backward": tps_fwd_bwd,
-           "flops_per_token_megatron": f_megatron, "flops_per_token_palm": f_palm, "peak_tflops": peak,
-           "matmul_tflops": ceiling,
-           "mfu_megatron": mfu(tps_gpu, f_megatron, peak) if peak else None,
-           "mfu_palm": mfu(tps_gpu, f_palm, peak) if peak else None,
-           "mfu_vs_matmul": mfu(tps_gpu, f_megatron, ceiling) if ceiling else None,
-           "mfu_megatron_forward_backward": mfu(tps_fwd_bwd, f_megatron, peak) if peak else None,
-           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None,
-           "first_loss": losses[0], "last_loss": losses[-1], "device": device,
-           "torch": torch.__version__, "python": platform.python_version()}
+    out = {
+        "date": dt.date.today().isoformat(),
+        "shape": "tiny" if args.tiny else "llama-3.1-8b",
+        "layers": shape["num_hidden_layers"],
+        "seq": seq,
+        "micro_batch": args.micro_batch,
+        "micro_batches": n_micro,
+        "tp": args.tp,
+        "setup": setup,
+        "dp": par.dp,
+        "spec": flags.spec,
+        "fp8": args.fp8,
+        "recompute": args.recompute,
+        "steps": len(times),
+        "step_seconds": sum(times) / len(times),
+        "forward_backward_seconds": sum(fwd_bwd) / len(fwd_bwd),
+        "optimizer_seconds": sum(opt_times) / len(opt_times),
+        "first_step_seconds": first,
+        "tokens_per_s_per_gpu": tps_gpu,
+        "tokens_per_s_per_gpu_forward_backward": tps_fwd_bwd,
+        "flops_per_token_megatron": f_megatron,
+        "flops_per_token_palm": f_palm,
+        "peak_tflops": peak,
+        "matmul_tflops": ceiling,
+        "mfu_megatron": mfu(tps_gpu, f_megatron, peak) if peak else None,
+        "mfu_palm": mfu(tps_gpu, f_palm, peak) if peak else None,
+        "mfu_vs_matmul": mfu(tps_gpu, f_megatron, ceiling) if ceiling else None,
+        "mfu_megatron_forward_backward": mfu(tps_fwd_bwd, f_megatron, peak) if peak else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "device": device,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     try:
         import megatron.core
 
@@ -222,15 +285,25 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
     p.add_argument("--micro-batches", type=int, default=1, help="micro-batches per optimizer step (accumulated)")
-    p.add_argument("--fallback-layers", type=int, default=None,
-                   help="layers to retry with when --layers runs out of GPU memory (reported as oom_at_layers)")
+    p.add_argument(
+        "--fallback-layers",
+        type=int,
+        default=None,
+        help="layers to retry with when --layers runs out of GPU memory (reported as oom_at_layers)",
+    )
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--layers", type=int, default=16, help="layers of the 8B shape (32 = Llama-3.1-8B, too big for one GPU)")
+    p.add_argument(
+        "--layers", type=int, default=16, help="layers of the 8B shape (32 = Llama-3.1-8B, too big for one GPU)"
+    )
     p.add_argument("--grad-fp32", action="store_true", help="reduce gradients in fp32 (more memory)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    p.add_argument("--spec", choices=("auto", "te", "local"), default="auto",
-                   help="layer spec (auto: te where transformer_engine imports on a GPU, else local)")
+    p.add_argument(
+        "--spec",
+        choices=("auto", "te", "local"),
+        default="auto",
+        help="layer spec (auto: te where transformer_engine imports on a GPU, else local)",
+    )
     p.add_argument("--fp8", choices=("hybrid", "e4m3"), default=None)
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: from the device name)")
@@ -263,32 +336,42 @@ def main() -> int:
         return 0
     print(json.dumps(r, indent=1), file=sys.stderr)
     if args.tiny:  # the script's logic ran; a tiny CPU shape says nothing about GPU speed
-        print(f"tiny check: {r['steps']} steps, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, "
-              f"{r['tokens_per_s_per_gpu']:.0f} tokens/s, {r['flops_per_token_megatron']:.3e} FLOPs/token (Megatron)")
+        print(
+            f"tiny check: {r['steps']} steps, loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}, "
+            f"{r['tokens_per_s_per_gpu']:.0f} tokens/s, {r['flops_per_token_megatron']:.3e} FLOPs/token (Megatron)"
+        )
         return 0
     from scripts.bench._common import emit
 
     def pct(value, fmt: str = ".1%") -> str:
         return "n/a" if value is None else format(value, fmt)
 
-    rows = [START, "## Megatron-Core on GPU: Llama-3.1-8B shape, bf16 (`scripts/bench/megatron_gpu.py`)", "",
-            f"- Date: {r['date']}; {r['device']}; torch {r['torch']}, megatron-core {r.get('megatron_core', '?')}; "
-            f"spec {r['spec']}, fp8 {r['fp8']}, recompute {r['recompute']}.",
-            f"- Random init, TP={r['tp']} DP={r['dp']}, sequence {r['seq']}, {r['micro_batches']} micro-batch(es) of "
-            f"{r['micro_batch']} per step (accumulated), distributed optimizer; {r['steps']} timed steps after "
-            f"{args.warmup} warm-up steps (the first, compiles included: {r['first_step_seconds']:.1f} s); "
-            f"{r['layers']} layers" + (f" ({r['oom_at_layers']} ran out of memory)" if r.get("oom_at_layers") else "")
-            + f". Setup: {r['setup']}.", "",
-            f"| setup | tokens/s/GPU | step s | forward+backward s | optimizer s | MFU, Megatron count (vs "
-            f"{pct(r['peak_tflops'], '.0f')} TFLOP/s) | MFU, PaLM count | vs measured matmul "
-            f"({pct(r['matmul_tflops'], '.0f')} TFLOP/s) | MFU of forward+backward alone | peak memory GiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-            f"| {r['setup']} | {r['tokens_per_s_per_gpu']:.0f} | {r['step_seconds']:.3f} "
-            f"| {r['forward_backward_seconds']:.3f} | {r['optimizer_seconds']:.3f} | {pct(r['mfu_megatron'])} "
-            f"| {pct(r['mfu_palm'])} | {pct(r['mfu_vs_matmul'])} | {pct(r['mfu_megatron_forward_backward'])} "
-            f"| {pct(r['peak_memory_gib'], '.1f')} |", "",
-            "FLOPs per token: Megatron's count 6N + 6 L h s (causal), PaLM's 6N + 12 L h s. Anchor: "
-            "Megatron-Core Llama-3-8B bf16 on H100, about 41-47% MFU.", END]
+    rows = [
+        START,
+        "## Megatron-Core on GPU: Llama-3.1-8B shape, bf16 (`scripts/bench/megatron_gpu.py`)",
+        "",
+        f"- Date: {r['date']}; {r['device']}; torch {r['torch']}, megatron-core {r.get('megatron_core', '?')}; "
+        f"spec {r['spec']}, fp8 {r['fp8']}, recompute {r['recompute']}.",
+        f"- Random init, TP={r['tp']} DP={r['dp']}, sequence {r['seq']}, {r['micro_batches']} micro-batch(es) of "
+        f"{r['micro_batch']} per step (accumulated), distributed optimizer; {r['steps']} timed steps after "
+        f"{args.warmup} warm-up steps (the first, compiles included: {r['first_step_seconds']:.1f} s); "
+        f"{r['layers']} layers"
+        + (f" ({r['oom_at_layers']} ran out of memory)" if r.get("oom_at_layers") else "")
+        + f". Setup: {r['setup']}.",
+        "",
+        f"| setup | tokens/s/GPU | step s | forward+backward s | optimizer s | MFU, Megatron count (vs "
+        f"{pct(r['peak_tflops'], '.0f')} TFLOP/s) | MFU, PaLM count | vs measured matmul "
+        f"({pct(r['matmul_tflops'], '.0f')} TFLOP/s) | MFU of forward+backward alone | peak memory GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {r['setup']} | {r['tokens_per_s_per_gpu']:.0f} | {r['step_seconds']:.3f} "
+        f"| {r['forward_backward_seconds']:.3f} | {r['optimizer_seconds']:.3f} | {pct(r['mfu_megatron'])} "
+        f"| {pct(r['mfu_palm'])} | {pct(r['mfu_vs_matmul'])} | {pct(r['mfu_megatron_forward_backward'])} "
+        f"| {pct(r['peak_memory_gib'], '.1f')} |",
+        "",
+        "FLOPs per token: Megatron's count 6N + 6 L h s (causal), PaLM's 6N + 12 L h s. Anchor: "
+        "Megatron-Core Llama-3-8B bf16 on H100, about 41-47% MFU.",
+        END,
+    ]
     return emit(rows, args.out, START, END)
 
 

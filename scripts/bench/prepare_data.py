@@ -67,9 +67,12 @@ def main() -> int:
         f"| without token statistics (`tokenizer=null`) | {no_tokens:.1f} | {no_tokens / 60:.2f} |",
         "",
         f"One-time SmolLM2 tokenizer conversion from the GGUF: {convert_s:.1f} s"
-        + (" (measured now)." if fresh else
-           " (already cached in this run, so not measured; about 12 s when fresh in an earlier run, a figure "
-           "written into this script)."),
+        + (
+            " (measured now)."
+            if fresh
+            else " (already cached in this run, so not measured; about 12 s when fresh in an earlier run, a figure "
+            "written into this script)."
+        ),
         END,
     ]
     return emit(rows, args.out, START, END)

@@ -42,13 +42,12 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench._common import cpu_name, emit
-from scripts.bench.baselines.legacy_hf_generator import LegacyHFGenerator
-
-from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.utils.config import compose
 from nemo_rcgrpo.utils.dist import init_distributed
+from scripts.bench._common import cpu_name, emit
+from scripts.bench.baselines.legacy_hf_generator import LegacyHFGenerator
 
 START, END = "<!-- bench:rl_step:start -->", "<!-- bench:rl_step:end -->"
 TARGET = 0.85  # the demo step's ratio asked for
@@ -63,10 +62,19 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     run_dir = tempfile.mkdtemp(prefix="rl_step_")
-    overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}", f"run_dir={run_dir}",
-                 "generation=scripted", "generation.scripted.success_high=0.8", "generation.scripted.success_low=0.2",
-                 # room for the scripted gold calls (the demo's 128 tokens cut them, every reward 0 and the loss 0)
-                 "rl.sampling.max_new_tokens=512", "logging.progress=false", "logging.tensorboard=false"]
+    overrides = [
+        f"model.path={args.model}",
+        "rl.stage1_recipe=null",
+        f"data.dir={args.data}",
+        f"run_dir={run_dir}",
+        "generation=scripted",
+        "generation.scripted.success_high=0.8",
+        "generation.scripted.success_low=0.2",
+        # room for the scripted gold calls (the demo's 128 tokens cut them, every reward 0 and the loss 0)
+        "rl.sampling.max_new_tokens=512",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
     rollouts = trainer.collect(1, 0)
@@ -83,35 +91,57 @@ def main() -> int:
             metrics = trainer.train_step(groups, rewards, adv, dict(stats))
             if rep:
                 results[mode].append(metrics)
-    med = {mode: {k: statistics.median(m[k] for m in runs) for k in ("logprob_seconds", "train_seconds", "loss",
-                                                                   "entropy")}
-           for mode, runs in results.items()}
+    med = {
+        mode: {
+            k: statistics.median(m[k] for m in runs) for k in ("logprob_seconds", "train_seconds", "loss", "entropy")
+        }
+        for mode, runs in results.items()
+    }
     for mode in med:
         med[mode]["total"] = med[mode]["logprob_seconds"] + med[mode]["train_seconds"]
-    spread = {mode: (min(m["logprob_seconds"] + m["train_seconds"] for m in runs),
-                     max(m["logprob_seconds"] + m["train_seconds"] for m in runs)) for mode, runs in results.items()}
-    same = abs(med["auto"]["loss"] - med["recompute"]["loss"]) <= 1e-5 and \
-        abs(med["auto"]["entropy"] - med["recompute"]["entropy"]) <= 1e-3
-    rows = [START, "## RL step without the separate old-logprob pass (`scripts/bench/rl_step.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
-            f"Python {platform.python_version()}, torch {torch.__version__}.",
-            f"- The CPU demo recipe's training work: {args.model}, fp32, {len(groups)} tasks x G={cfg.rl.group_size}, "
-            f"micro-batches of {cfg.trainer.micro_batch_size}, {tokens} generated tokens, rollouts played by the "
-            f"scripted generator (up to {cfg.rl.sampling.max_new_tokens} tokens a turn, mean reward "
-            f"{statistics.mean(t.reward for g in groups for t in g):.2f}); {args.repeats} measured steps per side after a warm-up each, alternating, each "
-            "from the same weights and optimizer state. Generation is not part of the measured time.", "",
-            "| side | logprob passes (s) | update (s) | logprob + update (s), median [min, max] | ratio |",
-            "|---|---:|---:|---:|---:|"]
-    for mode, label in (("recompute", "old-logprob pass, then the update (before)"),
-                        ("auto", "ratio and entropies from the update's pass (now)")):
+    spread = {
+        mode: (
+            min(m["logprob_seconds"] + m["train_seconds"] for m in runs),
+            max(m["logprob_seconds"] + m["train_seconds"] for m in runs),
+        )
+        for mode, runs in results.items()
+    }
+    same = (
+        abs(med["auto"]["loss"] - med["recompute"]["loss"]) <= 1e-5
+        and abs(med["auto"]["entropy"] - med["recompute"]["entropy"]) <= 1e-3
+    )
+    rows = [
+        START,
+        "## RL step without the separate old-logprob pass (`scripts/bench/rl_step.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
+        f"Python {platform.python_version()}, torch {torch.__version__}.",
+        f"- The CPU demo recipe's training work: {args.model}, fp32, {len(groups)} tasks x G={cfg.rl.group_size}, "
+        f"micro-batches of {cfg.trainer.micro_batch_size}, {tokens} generated tokens, rollouts played by the "
+        f"scripted generator (up to {cfg.rl.sampling.max_new_tokens} tokens a turn, mean reward "
+        f"{statistics.mean(t.reward for g in groups for t in g):.2f}); {args.repeats} measured steps per side after a warm-up each, alternating, each "
+        "from the same weights and optimizer state. Generation is not part of the measured time.",
+        "",
+        "| side | logprob passes (s) | update (s) | logprob + update (s), median [min, max] | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for mode, label in (
+        ("recompute", "old-logprob pass, then the update (before)"),
+        ("auto", "ratio and entropies from the update's pass (now)"),
+    ):
         m = med[mode]
-        rows.append(f"| {label} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | {m['total']:.1f} "
-                    f"[{spread[mode][0]:.1f}, {spread[mode][1]:.1f}] | "
-                    f"{m['total'] / med['recompute']['total']:.2f} |")
-    rows += ["", f"Same loss and entropy on both sides: {'yes' if same else 'NO'} (loss {med['auto']['loss']:.6f} vs "
-             f"{med['recompute']['loss']:.6f}; entropy {med['auto']['entropy']:.4f} vs "
-             f"{med['recompute']['entropy']:.4f}). The 'logprob passes' of the new side are the reference model's "
-             "alone."]
+        rows.append(
+            f"| {label} | {m['logprob_seconds']:.1f} | {m['train_seconds']:.1f} | {m['total']:.1f} "
+            f"[{spread[mode][0]:.1f}, {spread[mode][1]:.1f}] | "
+            f"{m['total'] / med['recompute']['total']:.2f} |"
+        )
+    rows += [
+        "",
+        f"Same loss and entropy on both sides: {'yes' if same else 'NO'} (loss {med['auto']['loss']:.6f} vs "
+        f"{med['recompute']['loss']:.6f}; entropy {med['auto']['entropy']:.4f} vs "
+        f"{med['recompute']['entropy']:.4f}). The 'logprob passes' of the new side are the reference model's "
+        "alone.",
+    ]
     if args.full_repeats:
         del trainer
         rows += full_steps(args, run_dir)
@@ -125,8 +155,14 @@ def full_steps(args, run_dir: str) -> list[str]:
     """The whole step with the HF generator: rollouts (generation, env, reward), logprob passes, update, sync."""
     import time
 
-    overrides = [f"model.path={args.model}", "rl.stage1_recipe=null", f"data.dir={args.data}",
-                 f"run_dir={run_dir}/full", "logging.progress=false", "logging.tensorboard=false"]
+    overrides = [
+        f"model.path={args.model}",
+        "rl.stage1_recipe=null",
+        f"data.dir={args.data}",
+        f"run_dir={run_dir}/full",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
     trainer = RLTrainer(cfg, init_distributed())
     initial = copy.deepcopy(trainer.policy.state_dict())
@@ -150,35 +186,58 @@ def full_steps(args, run_dir: str) -> list[str]:
             rewards, adv = trainer.advantages(groups)
             metrics = trainer.train_step(groups, rewards, adv, dict(rollouts.stats))
             total = time.perf_counter() - t0
-            runs[side].append({"total": total, "rollouts": rollout_s, "generation": metrics["generation_seconds"],
-                               "logprob": metrics["logprob_seconds"], "update": metrics["train_seconds"],
-                               "tokens": sum(t.generated_tokens for g in groups for t in g),
-                               "ids": [t.token_ids for g in groups for t in g],
-                               "shared": trainer.generator.prefilled["shared"] - shared,
-                               "loss": metrics["loss"], "reward": metrics.get("reward_mean", float("nan"))})
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("total", "rollouts", "generation", "logprob",
-                                                                    "update")} for side, rs in runs.items()}
+            runs[side].append(
+                {
+                    "total": total,
+                    "rollouts": rollout_s,
+                    "generation": metrics["generation_seconds"],
+                    "logprob": metrics["logprob_seconds"],
+                    "update": metrics["train_seconds"],
+                    "tokens": sum(t.generated_tokens for g in groups for t in g),
+                    "ids": [t.token_ids for g in groups for t in g],
+                    "shared": trainer.generator.prefilled["shared"] - shared,
+                    "loss": metrics["loss"],
+                    "reward": metrics.get("reward_mean", float("nan")),
+                }
+            )
+    med = {
+        side: {k: statistics.median(r[k] for r in rs) for k in ("total", "rollouts", "generation", "logprob", "update")}
+        for side, rs in runs.items()
+    }
     same = all(r["ids"] == runs["before"][0]["ids"] for rs in runs.values() for r in rs)
     ratio = med["now"]["total"] / med["before"]["total"]
-    rows = ["", f"The whole step (`--full-repeats {args.full_repeats}`): the same recipe with the HF generator, "
-            f"greedy on both sides ({runs['now'][0]['tokens']} generated tokens, {runs['now'][0]['shared']} of "
-            f"{cfg.rl.tasks_per_step * cfg.rl.group_size} first prompts prefilled by sharing on the new side), "
-            f"{args.full_repeats} steps per side, alternating, each from the same weights and optimizer state. "
-            "Before: the old HF generator (`model.generate`, concatenating KV cache, no prefix sharing) and the "
-            "old-logprob pass; now: the generator's own decoding loop and the fused ratio.", "",
-            "| side | rollouts (s) | of which generation (s) | logprob passes (s) | update (s) | step (s), median "
-            "[min, max] | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for side, label in (("before", "old generator, old-logprob pass (before)"),
-                        ("now", "own decoding loop, fused ratio (now)")):
+    rows = [
+        "",
+        f"The whole step (`--full-repeats {args.full_repeats}`): the same recipe with the HF generator, "
+        f"greedy on both sides ({runs['now'][0]['tokens']} generated tokens, {runs['now'][0]['shared']} of "
+        f"{cfg.rl.tasks_per_step * cfg.rl.group_size} first prompts prefilled by sharing on the new side), "
+        f"{args.full_repeats} steps per side, alternating, each from the same weights and optimizer state. "
+        "Before: the old HF generator (`model.generate`, concatenating KV cache, no prefix sharing) and the "
+        "old-logprob pass; now: the generator's own decoding loop and the fused ratio.",
+        "",
+        "| side | rollouts (s) | of which generation (s) | logprob passes (s) | update (s) | step (s), median "
+        "[min, max] | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side, label in (
+        ("before", "old generator, old-logprob pass (before)"),
+        ("now", "own decoding loop, fused ratio (now)"),
+    ):
         m, totals = med[side], [r["total"] for r in runs[side]]
-        rows.append(f"| {label} | {m['rollouts']:.1f} | {m['generation']:.1f} | {m['logprob']:.1f} | "
-                    f"{m['update']:.1f} | {m['total']:.1f} [{min(totals):.1f}, {max(totals):.1f}] | "
-                    f"{m['total'] / med['before']['total']:.2f} |")
-    rows += ["", f"Same generated tokens on both sides, every step: {'yes' if same else 'NO'}; loss "
-             f"{runs['now'][0]['loss']:.6f} (now) vs {runs['before'][0]['loss']:.6f} (before), mean reward "
-             f"{runs['now'][0]['reward']:.3f}.", "",
-             f"Target: the demo step at most {TARGET}x the old one: {'met' if ratio <= TARGET else 'NOT met'} "
-             f"({ratio:.2f}x, medians of the whole step)."]
+        rows.append(
+            f"| {label} | {m['rollouts']:.1f} | {m['generation']:.1f} | {m['logprob']:.1f} | "
+            f"{m['update']:.1f} | {m['total']:.1f} [{min(totals):.1f}, {max(totals):.1f}] | "
+            f"{m['total'] / med['before']['total']:.2f} |"
+        )
+    rows += [
+        "",
+        f"Same generated tokens on both sides, every step: {'yes' if same else 'NO'}; loss "
+        f"{runs['now'][0]['loss']:.6f} (now) vs {runs['before'][0]['loss']:.6f} (before), mean reward "
+        f"{runs['now'][0]['reward']:.3f}.",
+        "",
+        f"Target: the demo step at most {TARGET}x the old one: {'met' if ratio <= TARGET else 'NOT met'} "
+        f"({ratio:.2f}x, medians of the whole step).",
+    ]
     return rows
 
 

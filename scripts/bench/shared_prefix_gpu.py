@@ -34,10 +34,23 @@ from nemo_rcgrpo.models.torch_policy import token_logprobs
 from scripts.bench._common import emit
 
 START, END = "<!-- bench:shared_prefix_gpu:start -->", "<!-- bench:shared_prefix_gpu:end -->"
-LLAMA8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-               vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072)
-TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-            max_position_embeddings=4096)
+LLAMA8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=4096,
+)
 
 
 def build(layers: int, tiny: bool, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -90,13 +103,17 @@ def main() -> int:
     ids, attention, loss_mask = group(args.prompt, args.suffix, args.group, model.config.vocab_size, device)
     layout = group_layout([row.tolist() for row in ids.cpu()])
     # name: (layout, gradient checkpointing)
-    sides = {"padded": (None, False), "prefix_once": (layout, False),
-             "padded_checkpointed": (None, True), "prefix_once_checkpointed": (layout, True)}
+    sides = {
+        "padded": (None, False),
+        "prefix_once": (layout, False),
+        "padded_checkpointed": (None, True),
+        "prefix_once_checkpointed": (layout, True),
+    }
     times: dict[str, list[float]] = {k: [] for k in sides}
     peak: dict[str, float] = {}
     out: dict[str, torch.Tensor] = {}
     for rep in range(args.warmup + args.repeats):
-        for name in (sides if rep % 2 == 0 else reversed(list(sides))):
+        for name in sides if rep % 2 == 0 else reversed(list(sides)):
             lay, checkpointed = sides[name]
             if checkpointed:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -113,19 +130,26 @@ def main() -> int:
             if rep >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    unshared, shared = layout_flops(layout, sum(p.numel() for p in model.parameters()), args.layers,
-                                    model.config.hidden_size)
+    unshared, shared = layout_flops(
+        layout, sum(p.numel() for p in model.parameters()), args.layers, model.config.hidden_size
+    )
     diff = (out["prefix_once"].float() - out["padded"].float()).abs()
     diff_c = (out["prefix_once_checkpointed"].float() - out["padded_checkpointed"].float()).abs()
     result = {
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "dtype": str(dtype).replace("torch.", ""),
-        "layers": args.layers, "prompt": args.prompt, "suffix": args.suffix, "group": args.group,
-        "root": layout.root, "seconds": {k: round(v, 4) for k, v in med.items()},
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "dtype": str(dtype).replace("torch.", ""),
+        "layers": args.layers,
+        "prompt": args.prompt,
+        "suffix": args.suffix,
+        "group": args.group,
+        "root": layout.root,
+        "seconds": {k: round(v, 4) for k, v in med.items()},
         "time_ratio": round(med["prefix_once"] / med["padded"], 3),
         "time_ratio_checkpointed": round(med["prefix_once_checkpointed"] / med["padded_checkpointed"], 3),
         "counted_flops_ratio": round(shared / unshared, 3),
         "peak_gib": {k: round(v, 2) for k, v in peak.items()} or None,
-        "logprob_max_abs_diff": float(diff.max()), "logprob_mean_abs_diff": float(diff.mean()),
+        "logprob_max_abs_diff": float(diff.max()),
+        "logprob_mean_abs_diff": float(diff.mean()),
         "logprob_max_abs_diff_checkpointed": float(diff_c.max()),
     }
     print(json.dumps(result), flush=True)
@@ -140,19 +164,32 @@ def main() -> int:
 
 def report(r: dict) -> list[str]:
     peak = r["peak_gib"] or {}
-    rows = [START, "## One prompt per group on GPU: the training pass at the Llama-3.1-8B layer shape "
-            "(`scripts/bench/shared_prefix_gpu.py`)", "",
-            f"- {time.strftime('%Y-%m-%d')}; {r['device']}, {r['dtype']}, {r['layers']} layers, torch "
-            f"{torch.__version__}; one group of G = {r['group']}, P = {r['prompt']}, S = {r['suffix']} "
-            f"(root {r['root']}).", "",
-            "| side | forward+backward (s) | peak memory (GiB) |", "|---|---:|---:|"]
-    for side, label in (("padded", "every row padded, in full"), ("prefix_once", "the prompt once (prefix tree)"),
-                        ("padded_checkpointed", "every row padded, in full, gradient checkpointing"),
-                        ("prefix_once_checkpointed", "the prompt once, gradient checkpointing")):
+    rows = [
+        START,
+        "## One prompt per group on GPU: the training pass at the Llama-3.1-8B layer shape "
+        "(`scripts/bench/shared_prefix_gpu.py`)",
+        "",
+        f"- {time.strftime('%Y-%m-%d')}; {r['device']}, {r['dtype']}, {r['layers']} layers, torch "
+        f"{torch.__version__}; one group of G = {r['group']}, P = {r['prompt']}, S = {r['suffix']} "
+        f"(root {r['root']}).",
+        "",
+        "| side | forward+backward (s) | peak memory (GiB) |",
+        "|---|---:|---:|",
+    ]
+    for side, label in (
+        ("padded", "every row padded, in full"),
+        ("prefix_once", "the prompt once (prefix tree)"),
+        ("padded_checkpointed", "every row padded, in full, gradient checkpointing"),
+        ("prefix_once_checkpointed", "the prompt once, gradient checkpointing"),
+    ):
         rows.append(f"| {label} | {r['seconds'][side]:.3f} | {peak.get(side, float('nan')):.1f} |")
-    rows += ["", f"Time ratio {r['time_ratio']:.2f} ({r['time_ratio_checkpointed']:.2f} with gradient checkpointing) "
-             f"against {r['counted_flops_ratio']:.2f} in counted forward FLOPs; the largest trained-logprob difference "
-             f"{r['logprob_max_abs_diff']:.2e} ({r['logprob_max_abs_diff_checkpointed']:.2e}).", END]
+    rows += [
+        "",
+        f"Time ratio {r['time_ratio']:.2f} ({r['time_ratio_checkpointed']:.2f} with gradient checkpointing) "
+        f"against {r['counted_flops_ratio']:.2f} in counted forward FLOPs; the largest trained-logprob difference "
+        f"{r['logprob_max_abs_diff']:.2e} ({r['logprob_max_abs_diff_checkpointed']:.2e}).",
+        END,
+    ]
     return rows
 
 

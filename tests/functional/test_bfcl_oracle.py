@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import named_arguments
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.evaluation.run import main as eval_main
 
 REFERENCE = Path(__file__).parents[1] / "data" / "bfcl_reference.py"
@@ -32,10 +32,18 @@ PER_CATEGORY = 3
 
 
 def _tool_calls(calls):
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"call_{k}", "type": "function",
-         "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)}}
-        for k, (n, a) in enumerate(calls)]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{k}",
+                "type": "function",
+                "function": {"name": n, "arguments": a if isinstance(a, str) else json.dumps(a)},
+            }
+            for k, (n, a) in enumerate(calls)
+        ],
+    }
 
 
 def _text(text="Done."):
@@ -47,8 +55,10 @@ class Script:
 
     def __init__(self, task, family):
         self.family = family
-        self.gold = [[(c.name, named_arguments(task.tool(c.name), c)) for c in map(parse_call_string, turn)]
-                     for turn in task.ground_truth]
+        self.gold = [
+            [(c.name, named_arguments(task.tool(c.name), c)) for c in map(parse_call_string, turn)]
+            for turn in task.ground_truth
+        ]
         self.first = next(t for t, calls in enumerate(self.gold) if calls)
         self.missed = [n for names in task.missed_functions.values() for n in names]
         self.later = {n: a for turn in self.gold for n, a in turn}
@@ -115,11 +125,16 @@ class StandIn:
         users = [i for i, m in enumerate(messages) if m["role"] == "user"]
         first = messages[users[0]]["content"]
         self.log[self.phase].append((body["model"], first, body))
-        step = sum(m["role"] == "assistant" for m in messages[users[-1]:])
+        step = sum(m["role"] == "assistant" for m in messages[users[-1] :])
         message = self.scripts[(body["model"], first)].answer(len(users) - 1, step)
-        return {"id": "standin", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+        return {
+            "id": "standin",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
 
     def close(self):
         self.httpd.shutdown()
@@ -142,8 +157,13 @@ def _reference(mode, spec, tmp_path):
     spec_path, out_path = tmp_path / f"{mode}_spec.json", tmp_path / f"{mode}_out.json"
     spec_path.write_text(json.dumps(spec))
     env = {"BFCL_PROJECT_ROOT": str(tmp_path / "bfcl_root"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, str(REFERENCE), mode, str(spec_path), str(out_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(REFERENCE), mode, str(spec_path), str(out_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out_path.read_text())
 
@@ -169,9 +189,22 @@ def compared(suite, tmp_path_factory):
             category = next(c for c, a in CATEGORIES.items() if model.endswith(f"-{a}"))
             out = tmp / "eval" / model
             tasks = [t for t in ids if suite[t].category == category]
-            assert eval_main(["policy=endpoint", f"endpoint.url={stand_in.url}", f"endpoint.model={model}",
-                              "endpoint.concurrency=1", "protocol=bfcl", f"categories=[{category}]",
-                              f"tasks=[{','.join(tasks)}]", f"out_dir={out}", "progress=false"]) == 0
+            assert (
+                eval_main(
+                    [
+                        "policy=endpoint",
+                        f"endpoint.url={stand_in.url}",
+                        f"endpoint.model={model}",
+                        "endpoint.concurrency=1",
+                        "protocol=bfcl",
+                        f"categories=[{category}]",
+                        f"tasks=[{','.join(tasks)}]",
+                        f"out_dir={out}",
+                        "progress=false",
+                    ]
+                )
+                == 0
+            )
             records[model] = {r["task_id"]: r for r in map(json.loads, (out / "trajectories.jsonl").open())}
             outs[model] = out
     finally:
@@ -186,17 +219,29 @@ def test_every_request_is_bfcls(compared):
         for model, first, body in stand_in.log[phase]:
             bucket[(model, first)].append(_normal(body))
     assert set(by_run["bfcl"]) == set(by_run["project"]) and len(by_run["bfcl"]) == len(reference)
-    differing = {run: next(i for i, (a, b) in enumerate(zip(reqs, by_run["project"][run]) ) if a != b)
-                 if any(a != b for a, b in zip(reqs, by_run["project"][run])) else "count"
-                 for run, reqs in by_run["bfcl"].items() if reqs != by_run["project"][run]}
+    differing = {
+        run: next(i for i, (a, b) in enumerate(zip(reqs, by_run["project"][run])) if a != b)
+        if any(a != b for a, b in zip(reqs, by_run["project"][run]))
+        else "count"
+        for run, reqs in by_run["bfcl"].items()
+        if reqs != by_run["project"][run]
+    }
     total = sum(len(r) for r in by_run["bfcl"].values())
-    assert not differing, f"{len(differing)} of {len(by_run['bfcl'])} entry-runs differ (first request index): " \
-                          f"{dict(list(differing.items())[:3])}"
+    assert not differing, (
+        f"{len(differing)} of {len(by_run['bfcl'])} entry-runs differ (first request index): "
+        f"{dict(list(differing.items())[:3])}"
+    )
     assert total > 10 * len(by_run["bfcl"])  # multi-turn, multi-step episodes, not one request each
     # the families did what they are for: BFCL's own loop shows each behaviour
     first_requests = [json.loads(reqs[0]) for reqs in by_run["bfcl"].values()]
-    assert all("tools" in r and r["temperature"] == 0.001 and r["store"] is False and "max_tokens" not in r
-               and r["messages"][0]["role"] == "user" for r in first_requests)
+    assert all(
+        "tools" in r
+        and r["temperature"] == 0.001
+        and r["store"] is False
+        and "max_tokens" not in r
+        and r["messages"][0]["role"] == "user"
+        for r in first_requests
+    )
 
 
 def test_every_verdict_is_bfcls(compared):
@@ -204,8 +249,10 @@ def test_every_verdict_is_bfcls(compared):
     differ, by_family = [], defaultdict(list)
     for ref in reference:
         rec = records[ref["model"]][ref["id"]]
-        ours = (rec["success"], None if rec["success"] else rec["failure_reason"].split(":")[0] + ":"
-                + rec["failure_reason"].split(":")[1])
+        ours = (
+            rec["success"],
+            None if rec["success"] else rec["failure_reason"].split(":")[0] + ":" + rec["failure_reason"].split(":")[1],
+        )
         theirs = (ref["valid"], ref["error_type"])
         by_family[ref["model"].split("-")[1]].append(theirs)
         if ours != theirs:
@@ -214,8 +261,16 @@ def test_every_verdict_is_bfcls(compared):
     assert not differ, f"{len(differ)} of {len(reference)} verdicts differ: {differ[:5]}"
     # what BFCL decided, family by family (12 entry-runs each): the scenarios exercise what they are meant to
     valid = {f: sum(v for v, _ in vs) for f, vs in by_family.items()}
-    assert valid == {"truth": 12, "dropped": 0, "changed": 0, "malformed": 0, "earlyholdout": 12, "chatty": 12,
-                     "calls34": 12, "endless": 0}
+    assert valid == {
+        "truth": 12,
+        "dropped": 0,
+        "changed": 0,
+        "malformed": 0,
+        "earlyholdout": 12,
+        "chatty": 12,
+        "calls34": 12,
+        "endless": 0,
+    }
     # a message with one undecodable call is discarded whole, so the turn has no model response
     assert {e for _, e in by_family["malformed"]} == {"multi_turn:empty_turn_model_response"}
     assert {e for _, e in by_family["endless"]} == {"multi_turn:force_terminated"}  # more than 20 steps in a turn
@@ -241,16 +296,25 @@ def test_bfcl_evaluate_scores_the_written_result_files_the_same(compared):
     result_dir = tmp / "bfcl_results"
     for model, out in outs.items():
         shutil.copytree(out / "bfcl_result", result_dir, dirs_exist_ok=True)
-    rows = _reference("evaluate", {"result_dir": str(result_dir), "score_dir": str(tmp / "bfcl_scores"),
-                                   "models": sorted(outs), "categories": ["multi_turn"]}, tmp)
+    rows = _reference(
+        "evaluate",
+        {
+            "result_dir": str(result_dir),
+            "score_dir": str(tmp / "bfcl_scores"),
+            "models": sorted(outs),
+            "categories": ["multi_turn"],
+        },
+        tmp,
+    )
     assert {r["Model"] for r in rows} == set(outs) and len(rows) == 16
     for row in rows:
         model = row["Model"]
         ours = json.loads((outs[model] / "results.json").read_text())["bfcl"]
         category = next(c for c, a in CATEGORIES.items() if model.endswith(f"-{a}"))
         assert float(row["Multi Turn Overall Acc"].rstrip("%")) == pytest.approx(ours["multi_turn_overall"], abs=0.01)
-        column = {"base": "Base", "miss_func": "Miss Func", "miss_param": "Miss Param",
-                  "long_context": "Long Context"}[category]
+        column = {"base": "Base", "miss_func": "Miss Func", "miss_param": "Miss Param", "long_context": "Long Context"}[
+            category
+        ]
         assert float(row[column].rstrip("%")) == pytest.approx(ours["categories"][category], abs=0.01)
         assert not ours["leaderboard"] and "not the leaderboard's overall" in ours["note"]
 
@@ -273,9 +337,17 @@ def test_a_slow_or_refused_request_fails_its_entry_and_a_dead_server_stops_the_r
             task = firsts[next(m["content"] for m in body["messages"] if m["role"] == "user")]
             if task == slow:
                 time.sleep(1.0)
-            status, reply = (400, {"error": "context too long"}) if task == refused else (200, {
-                "choices": [{"message": {"role": "assistant", "content": "Done."}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            status, reply = (
+                (400, {"error": "context too long"})
+                if task == refused
+                else (
+                    200,
+                    {
+                        "choices": [{"message": {"role": "assistant", "content": "Done."}}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                    },
+                )
+            )
             data = json.dumps(reply).encode()
             try:
                 self.send_response(status)
@@ -288,9 +360,18 @@ def test_a_slow_or_refused_request_fails_its_entry_and_a_dead_server_stops_the_r
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    args = ["policy=endpoint", f"endpoint.url={url}", "endpoint.model=m", "endpoint.timeout=0.3",
-            "endpoint.max_retries=1", "endpoint.backoff=0.01", "protocol=bfcl", "progress=false",
-            "tasks=[multi_turn_base_0,multi_turn_base_1,multi_turn_base_2]", "categories=[base]"]
+    args = [
+        "policy=endpoint",
+        f"endpoint.url={url}",
+        "endpoint.model=m",
+        "endpoint.timeout=0.3",
+        "endpoint.max_retries=1",
+        "endpoint.backoff=0.01",
+        "protocol=bfcl",
+        "progress=false",
+        "tasks=[multi_turn_base_0,multi_turn_base_1,multi_turn_base_2]",
+        "categories=[base]",
+    ]
     try:
         assert eval_main([*args, f"out_dir={tmp_path / 'a'}"]) == 0
     finally:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import named_arguments
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.evaluation.run import main as eval_main
 
 REFERENCE = Path(__file__).parents[1] / "data" / "bfcl_reference.py"
@@ -42,18 +42,23 @@ def _position(handler, prompt):
     """(turn, step) of a prompt: the user messages so far, and the assistant messages after the last one."""
     if handler == "llama3_1":
         user = "<|start_header_id|>user<|end_header_id|>"
-        tail = prompt[prompt.rindex(user):]
+        tail = prompt[prompt.rindex(user) :]
         return prompt.count(user) - 1, tail.count("<|start_header_id|>assistant<|end_header_id|>") - 1
-    starts = [i for i in range(len(prompt)) if prompt.startswith("<|im_start|>user\n", i)
-              and not prompt.startswith("<|im_start|>user\n<tool_response>", i)]
-    return len(starts) - 1, prompt[starts[-1]:].count("<|im_start|>assistant\n") - 1
+    starts = [
+        i
+        for i in range(len(prompt))
+        if prompt.startswith("<|im_start|>user\n", i) and not prompt.startswith("<|im_start|>user\n<tool_response>", i)
+    ]
+    return len(starts) - 1, prompt[starts[-1] :].count("<|im_start|>assistant\n") - 1
 
 
 class Script:
     def __init__(self, task, family, handler):
         self.family, self.handler = family, handler
-        self.gold = [[(c.name, named_arguments(task.tool(c.name), c)) for c in map(parse_call_string, turn)]
-                     for turn in task.ground_truth]
+        self.gold = [
+            [(c.name, named_arguments(task.tool(c.name), c)) for c in map(parse_call_string, turn)]
+            for turn in task.ground_truth
+        ]
         self.first = next(t for t, calls in enumerate(self.gold) if calls)
         self.missed = [n for names in task.missed_functions.values() for n in names]
         self.later = {n: a for turn in self.gold for n, a in turn}
@@ -68,8 +73,11 @@ class Script:
             return "Done."
         if f == "malformed" and turn == self.first:  # one call that does not decode
             good = _render(self.handler, gold)
-            return (good + "\n<tool_call>\n{\"name\": \"cd\", \"arguments\": {folder: 1}}\n</tool_call>"
-                    if self.handler == "qwen_fc" else good[:-1] + ', {"name": "cd", "parameters": {folder: 1}}]')
+            return (
+                good + '\n<tool_call>\n{"name": "cd", "arguments": {folder: 1}}\n</tool_call>'
+                if self.handler == "qwen_fc"
+                else good[:-1] + ', {"name": "cd", "parameters": {folder: 1}}]'
+            )
         if f == "earlyholdout" and turn == self.first and self.missed:
             name = self.missed[0]
             return _render(self.handler, [(name, self.later.get(name, {}))] + gold)
@@ -117,9 +125,14 @@ class StandIn:
         self.log[self.phase].append((body["model"], first, body))
         turn, step = _position(self.handler_of[body["model"]], prompt)
         text = scripts[first].answer(turn, step)
-        return {"id": "standin", "object": "text_completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}}
+        return {
+            "id": "standin",
+            "object": "text_completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107},
+        }
 
     def close(self):
         self.httpd.shutdown()
@@ -134,18 +147,29 @@ def _entries(suite):
         firsts[t.turns[0][0]["content"].strip()] += 1
     ids = []
     for category in ("base", "miss_func", "miss_param", "long_context"):
-        ids += [t.id for t in suite if t.category == category
-                and firsts[t.turns[0][0]["content"].strip()] == 1][:PER_CATEGORY]
+        ids += [t.id for t in suite if t.category == category and firsts[t.turns[0][0]["content"].strip()] == 1][
+            :PER_CATEGORY
+        ]
     return ids
 
 
 def _reference(mode, spec, tmp):
     spec_path, out_path = tmp / f"{mode}.json", tmp / f"{mode}_out.json"
     spec_path.write_text(json.dumps(spec))
-    env = {"BFCL_PROJECT_ROOT": str(tmp / "root"), "PATH": "/usr/bin:/bin", "HOME": str(tmp),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(REFERENCE), mode, str(spec_path), str(out_path)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        "BFCL_PROJECT_ROOT": str(tmp / "root"),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, str(REFERENCE), mode, str(spec_path), str(out_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out_path.read_text())
 
@@ -167,15 +191,33 @@ def compared(suite, tmp_path_factory):
     try:
         stand_in.phase = "bfcl"
         runs = [[str(folder), t] for folder in folders.values() for t in ids]
-        reference = _reference("infer_local", {"base_url": stand_in.url, "runs": runs,
-                                               "handlers": {str(f): h for (h, _), f in folders.items()}}, tmp)
+        reference = _reference(
+            "infer_local",
+            {"base_url": stand_in.url, "runs": runs, "handlers": {str(f): h for (h, _), f in folders.items()}},
+            tmp,
+        )
         stand_in.phase = "project"
         for (handler, family), folder in folders.items():
             out = tmp / "eval" / folder.name
-            assert eval_main(["policy=endpoint", f"endpoint.url={stand_in.url}", f"endpoint.model={folder}",
-                              f"endpoint.model_path={folder}", "endpoint.concurrency=1", "reward_token=none",
-                              "protocol=bfcl", f"bfcl_handler={handler}", f"bfcl_registry={folder.name}",
-                              f"tasks=[{','.join(ids)}]", f"out_dir={out}", "progress=false"]) == 0
+            assert (
+                eval_main(
+                    [
+                        "policy=endpoint",
+                        f"endpoint.url={stand_in.url}",
+                        f"endpoint.model={folder}",
+                        f"endpoint.model_path={folder}",
+                        "endpoint.concurrency=1",
+                        "reward_token=none",
+                        "protocol=bfcl",
+                        f"bfcl_handler={handler}",
+                        f"bfcl_registry={folder.name}",
+                        f"tasks=[{','.join(ids)}]",
+                        f"out_dir={out}",
+                        "progress=false",
+                    ]
+                )
+                == 0
+            )
             records[str(folder)] = {r["task_id"]: r for r in map(json.loads, (out / "trajectories.jsonl").open())}
             outs[folder.name] = (handler, out)
     finally:
@@ -194,8 +236,12 @@ def test_every_completions_request_is_bfcls(compared):
     assert not differing, f"{len(differing)} of {len(runs['bfcl'])} entry-runs differ, e.g. {differing[:2]}"
     bodies = [json.loads(b) for reqs in runs["bfcl"].values() for b in reqs]
     assert len(bodies) > 5 * len(runs["bfcl"])
-    assert all(set(b) == {"model", "prompt", "max_tokens", "temperature"} and b["temperature"] == 0.001
-               and 0 < b["max_tokens"] <= 4096 for b in bodies)
+    assert all(
+        set(b) == {"model", "prompt", "max_tokens", "temperature"}
+        and b["temperature"] == 0.001
+        and 0 < b["max_tokens"] <= 4096
+        for b in bodies
+    )
     assert any(b["prompt"].startswith("<|begin_of_text|>") for b in bodies)  # Llama-3.1's hand-built prompt
     assert any("# Tools" in b["prompt"] and "<tools>" in b["prompt"] for b in bodies)  # QwenFCHandler's
 
@@ -224,9 +270,17 @@ def test_bfcl_evaluate_scores_the_local_result_files_the_same(compared):
     result_dir = tmp / "bfcl_results"
     for _, out in outs.values():
         shutil.copytree(out / "bfcl_result", result_dir, dirs_exist_ok=True)
-    rows = _reference("evaluate", {"result_dir": str(result_dir), "score_dir": str(tmp / "bfcl_scores"),
-                                   "models": sorted(outs), "handlers": {m: h for m, (h, _) in outs.items()},
-                                   "categories": ["multi_turn"]}, tmp)
+    rows = _reference(
+        "evaluate",
+        {
+            "result_dir": str(result_dir),
+            "score_dir": str(tmp / "bfcl_scores"),
+            "models": sorted(outs),
+            "handlers": {m: h for m, (h, _) in outs.items()},
+            "categories": ["multi_turn"],
+        },
+        tmp,
+    )
     assert {r["Model"] for r in rows} == set(outs)
     for row in rows:
         ours = json.loads((outs[row["Model"]][1] / "results.json").read_text())["bfcl"]
@@ -245,7 +299,8 @@ def test_a_checkpoint_is_prompted_as_bfcls_local_handler_prompts_it(tmp_path, su
 
     # an export of the tiny Qwen2 checkpoint as stage 1 writes one: the chat format's tokens added
     tokenizer, model = load_tokenizer_and_model(
-        EvalConfig(out_dir=str(tmp_path), policy="checkpoint").policy_setup("tiny-qwen2"))
+        EvalConfig(out_dir=str(tmp_path), policy="checkpoint").policy_setup("tiny-qwen2")
+    )
     task = "multi_turn_base_1"
     entry = bfcl_entry(task)
     h = handler("qwen_fc")
@@ -260,8 +315,21 @@ def test_a_checkpoint_is_prompted_as_bfcls_local_handler_prompts_it(tmp_path, su
     assert served.tokenize(first_prompt) == tokenizer.tokenize(first_prompt)
     assert AutoConfig.from_pretrained(str(folder)).max_position_embeddings == context
     out = tmp_path / "eval"
-    assert eval_main(["policy=checkpoint", f"checkpoint.path={folder}", "protocol=bfcl", f"tasks=[{task}]",
-                      "categories=[base]", "reward_token=none", f"out_dir={out}", "progress=false"]) == 0
+    assert (
+        eval_main(
+            [
+                "policy=checkpoint",
+                f"checkpoint.path={folder}",
+                "protocol=bfcl",
+                f"tasks=[{task}]",
+                "categories=[base]",
+                "reward_token=none",
+                f"out_dir={out}",
+                "progress=false",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "results.json").read_text())
     assert result["policy"]["handler"] == "QwenFCHandler" and "local model" in result["policy"]["pipeline"]
     record = json.loads((out / "trajectories.jsonl").read_text().splitlines()[0])

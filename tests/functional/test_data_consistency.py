@@ -1,16 +1,26 @@
 """Stage 2 renders its prompts as stage 1 was trained: the reward goal comes from the prepared data, a mismatch
 of tokens or env settings stops the run at start with one line naming the setting."""
 
-
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.train import main
 
 
 def _rl(data_dir, run_dir, *extra):
-    return ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null",
-            f"data.dir={data_dir}", f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=1",
-            "trainer.max_steps=1", "logging.progress=false", "logging.tensorboard=false", "generation=scripted",
-            "trainer.export_hf=false", *extra]
+    return [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data_dir}",
+        f"run_dir={run_dir}",
+        "rl.group_size=2",
+        "rl.tasks_per_step=1",
+        "trainer.max_steps=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=scripted",
+        "trainer.export_hf=false",
+        *extra,
+    ]
 
 
 def _error(capsys):
@@ -25,19 +35,27 @@ def test_a_changed_system_prompt_is_refused(data_dir, tmp_path, capsys):
 
 def test_reward_tokens_other_than_the_data_s_are_refused(data_dir, tmp_path, capsys):
     assert main(_rl(data_dir, tmp_path / "r", "reward_tokens.high='<|good|>'")) == 2
-    assert "was prepared with reward_goal tokens <|high_reward|> / <|low_reward|> but the run's reward_tokens are " \
+    assert (
+        "was prepared with reward_goal tokens <|high_reward|> / <|low_reward|> but the run's reward_tokens are "
         "<|good|> / <|low_reward|>" in _error(capsys)
-    stage1 = ["--config-name=rctp_smollm_cpu", "model.path=tiny-llama", f"data.dir={data_dir}",
-              f"run_dir={tmp_path / 's1'}", "reward_tokens.low='<|bad|>'", "logging.progress=false"]
+    )
+    stage1 = [
+        "--config-name=rctp_smollm_cpu",
+        "model.path=tiny-llama",
+        f"data.dir={data_dir}",
+        f"run_dir={tmp_path / 's1'}",
+        "reward_tokens.low='<|bad|>'",
+        "logging.progress=false",
+    ]
     assert main(stage1) == 2 and "reward_tokens are <|high_reward|> / <|bad|>" in _error(capsys)
 
 
 def test_the_data_s_reward_goal_is_used(tmp_path):
     """Data prepared with another goal template and position: the RL engine uses it (and the prefix check, which
     compares ids with the data's own rendering, passes)."""
-    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.prepare_data import PrepareDataConfig, run
+    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.utils.config import compose, split_argv
     from nemo_rcgrpo.utils.dist import init_distributed
 
@@ -95,8 +113,10 @@ def test_rows_that_carry_only_reward_pass_the_prefix_check(tmp_path):
     renderer = ChatRenderer(tok, "hermes", tool_description="compact")
     engine = RolloutEngine(None, renderer, Opener(), SamplingParams(), name="toy")
     answer = {"role": "assistant", "content": "Done."}
-    rows = [{"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 0},
-            {"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 1}]
+    rows = [
+        {"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 0},
+        {"task_id": "t0", "messages": opening + [answer], "tools": tools, "reward": 1},
+    ]
     (tmp_path / "rctp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     suite = {"t0": SimpleNamespace(id="t0", category="c")}
     env = SimpleNamespace(name="toy", settings=SimpleNamespace(mode="merged"))  # not BFCL's: its mode is its own

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.evaluation.compare import main as compare_main
 from nemo_rcgrpo.evaluation.run import main as eval_main
 
@@ -111,8 +111,11 @@ class _Server:
         if b == "too_long":
             return 400, {"error": {"message": "This model's maximum context length is 4096 tokens"}}
         if b == "cut":
-            return 200, {"choices": [{"message": {"role": "assistant", "content": "{\"name\": \"ls\", \"argu"},
-                                      "finish_reason": "length"}]}
+            return 200, {
+                "choices": [
+                    {"message": {"role": "assistant", "content": '{"name": "ls", "argu'}, "finish_reason": "length"}
+                ]
+            }
         raise AssertionError(b)
 
     def close(self):
@@ -123,10 +126,14 @@ class _Server:
 def _message(content="", tool_calls=()):
     msg = {"role": "assistant", "content": content}
     if tool_calls:
-        msg["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                             for i, (n, a) in enumerate(tool_calls)]
-    return {"choices": [{"message": msg, "finish_reason": "tool_calls" if tool_calls else "stop"}],
-            "usage": {"completion_tokens": 7}}
+        msg["tool_calls"] = [
+            {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(tool_calls)
+        ]
+    return {
+        "choices": [{"message": msg, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"completion_tokens": 7},
+    }
 
 
 @pytest.fixture
@@ -144,8 +151,14 @@ def server(suite):
 
 
 def _endpoint_args(url, *extra):
-    return ["policy=endpoint", f"endpoint.url={url}", "endpoint.model=scripted", "endpoint.backoff=0.01",
-            "endpoint.concurrency=4", *extra]
+    return [
+        "policy=endpoint",
+        f"endpoint.url={url}",
+        "endpoint.model=scripted",
+        "endpoint.backoff=0.01",
+        "endpoint.concurrency=4",
+        *extra,
+    ]
 
 
 def test_endpoint_playing_the_ground_truth_scores_100_with_retries(tmp_path, server):
@@ -166,13 +179,19 @@ def test_the_endpoint_is_conditioned_as_the_checkpoint_is(tmp_path, server):
 
     export = tmp_path / "export"
     record = training_record("rctp", "smollm2", "<|high_reward|>", "<|low_reward|>", conditioned=True)
-    write_record(export, {**record, "reward_goal": {"template": "Goal={token}", "position": "prefix",
-                                                    "separator": " "}})
+    write_record(
+        export, {**record, "reward_goal": {"template": "Goal={token}", "position": "prefix", "separator": " "}}
+    )
     goal = RewardGoal(template="Goal={token}", position="prefix", separator=" ")
     for setting, token in (("auto", "high"), ("low", "low"), ("none", None)):
         s = server("oracle")
-        rc, out = _eval(tmp_path, setting, *_endpoint_args(s.url, "limit=1", "categories=[base]",
-                                                           f"endpoint.model_path={export}", f"reward_token={setting}"))
+        rc, out = _eval(
+            tmp_path,
+            setting,
+            *_endpoint_args(
+                s.url, "limit=1", "categories=[base]", f"endpoint.model_path={export}", f"reward_token={setting}"
+            ),
+        )
         assert rc == 0 and _results(out)["overall"] == 100.0
         episodes = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
         assert [e["reward_token"] for e in episodes] == [token]
@@ -184,18 +203,23 @@ def test_the_endpoint_is_conditioned_as_the_checkpoint_is(tmp_path, server):
             assert conditioned.startswith(f"Goal=<|{token}_reward|> ")  # the record's template and position
             assert all(u.startswith(f"Goal=<|{token}_reward|> ") for u in s.first_users) and s.first_users
     # a model_path that is not a folder is one line, before any request
-    rc, _ = _eval(tmp_path, "missing", *_endpoint_args("http://127.0.0.1:9/v1", f"endpoint.model_path={tmp_path / 'x'}"))
+    rc, _ = _eval(
+        tmp_path, "missing", *_endpoint_args("http://127.0.0.1:9/v1", f"endpoint.model_path={tmp_path / 'x'}")
+    )
     assert rc == 2
 
 
-@pytest.mark.parametrize("behaviour, reason", [
-    ("malformed", "more than 3 assistant messages"),  # parse errors become observations; the turn budget ends it
-    ("endless", "more than 3 assistant messages"),
-    ("refuse", "gold action(s) missing"),
-    ("empty", "gold action(s) missing"),
-    ("too_long", "endpoint refused the request (HTTP 400)"),
-    ("cut", "finish_reason=length"),
-])
+@pytest.mark.parametrize(
+    "behaviour, reason",
+    [
+        ("malformed", "more than 3 assistant messages"),  # parse errors become observations; the turn budget ends it
+        ("endless", "more than 3 assistant messages"),
+        ("refuse", "gold action(s) missing"),
+        ("empty", "gold action(s) missing"),
+        ("too_long", "endpoint refused the request (HTTP 400)"),
+        ("cut", "finish_reason=length"),
+    ],
+)
 def test_what_models_do_wrong_is_scored_not_crashed(tmp_path, server, behaviour, reason):
     s = server(behaviour)
     rc, out = _eval(tmp_path, behaviour, *_endpoint_args(s.url, "limit=1", "categories=[base]", "max_turns=3"))
@@ -255,10 +279,23 @@ def stage1_run(tmp_path_factory, data_dir):
     from nemo_rcgrpo.train import main
 
     root = tmp_path_factory.mktemp("stage1")
-    assert main(["--config-name=rctp_smollm_cpu", "model.path=tiny-llama", f"data.dir={data_dir}",
-                 f"run_dir={root / 'run'}", "trainer.max_steps=1", "trainer.global_batch_size=2",
-                 "data.max_examples=4", "chat.max_length=1536", "logging.progress=false",
-                 "logging.tensorboard=false"]) == 0
+    assert (
+        main(
+            [
+                "--config-name=rctp_smollm_cpu",
+                "model.path=tiny-llama",
+                f"data.dir={data_dir}",
+                f"run_dir={root / 'run'}",
+                "trainer.max_steps=1",
+                "trainer.global_batch_size=2",
+                "data.max_examples=4",
+                "chat.max_length=1536",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+            ]
+        )
+        == 0
+    )
     return root / "run"
 
 
@@ -266,9 +303,17 @@ def stage1_run(tmp_path_factory, data_dir):
 def test_checkpoint_evaluates_end_to_end(tmp_path, stage1_run, protocol):
     # bfcl_handler=project: the project's per-turn episodes (BFCL's local-handler path of a checkpoint is
     # tests/functional/test_bfcl_oracle_local.py)
-    common = ["policy=checkpoint", f"protocol={protocol}", "limit=1", "categories=[base,miss_param]",
-              "max_new_tokens=12", "max_turns=2", "max_total_tokens=1536", "chat.tool_description=compact",
-              "bfcl_handler=project"]
+    common = [
+        "policy=checkpoint",
+        f"protocol={protocol}",
+        "limit=1",
+        "categories=[base,miss_param]",
+        "max_new_tokens=12",
+        "max_turns=2",
+        "max_total_tokens=1536",
+        "chat.tool_description=compact",
+        "bfcl_handler=project",
+    ]
     rc, out = _eval(tmp_path, "hf", *common, f"checkpoint.path={stage1_run}")
     assert rc == 0
     r = _results(out)
@@ -292,10 +337,22 @@ def test_checkpoint_evaluates_end_to_end(tmp_path, stage1_run, protocol):
 def test_checkpoint_through_the_scripted_generator_plays_the_evaluated_tasks(tmp_path, rate):
     """The generator is built from the evaluation's own settings (`EvalConfig.policy_setup`): with
     task_source=bfcl_micro the scripted generator knows the micro tasks, and its success rate is the score."""
-    rc, out = _eval(tmp_path, f"scripted_{rate}", "policy=checkpoint", "checkpoint.path=tiny-llama",
-                    "task_source=bfcl_micro", "categories=[base]", "limit=6", "reward_token=none",
-                    "generation=scripted", f"generation.scripted.success_rate={rate}", "max_new_tokens=256",
-                    "max_turns=4", "max_total_tokens=2048", "chat.tool_description=compact")
+    rc, out = _eval(
+        tmp_path,
+        f"scripted_{rate}",
+        "policy=checkpoint",
+        "checkpoint.path=tiny-llama",
+        "task_source=bfcl_micro",
+        "categories=[base]",
+        "limit=6",
+        "reward_token=none",
+        "generation=scripted",
+        f"generation.scripted.success_rate={rate}",
+        "max_new_tokens=256",
+        "max_turns=4",
+        "max_total_tokens=2048",
+        "chat.tool_description=compact",
+    )
     assert rc == 0
     r = _results(out)
     records = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]

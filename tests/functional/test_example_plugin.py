@@ -17,18 +17,27 @@ PLUGIN = REPO / "examples" / "plugins" / "kv_store"
 
 
 def _rcgrpo(*args, timeout=600):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=timeout)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PLUGIN), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONWARNINGS": "ignore",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rcgrpo.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def kv():
     sys.path.insert(0, str(PLUGIN))
     try:
-        import make_data
         import kv_store
+        import make_data
 
         yield make_data, kv_store
     finally:
@@ -59,8 +68,13 @@ def test_the_data_builder_plays_every_trajectory_through_the_environment(kv, tmp
     env, _ = kv_store.KVOpener(8).open(tasks["kv_0"])
     from nemo_rcgrpo.types import ToolCallError
 
-    res = env.step([kv_store.ToolCall("rm", {"key": "x"}), kv_store.ToolCall("put", {"key": "x", "value": 3}),
-                    ToolCallError("{bad", "not JSON")])
+    res = env.step(
+        [
+            kv_store.ToolCall("rm", {"key": "x"}),
+            kv_store.ToolCall("put", {"key": "x", "value": 3}),
+            ToolCallError("{bad", "not JSON"),
+        ]
+    )
     assert [o.ok for o in res.observations] == [False, False, False] and not env.done
 
 
@@ -68,10 +82,21 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     make_data, kv_store = kv
     data = tmp_path / "data"
     make_data.build(data)
-    common = ["--config-dir", str(PLUGIN), "--config-name", "kv_rcgrpo", f"data.dir={data}",
-              f"run_dir={tmp_path / 'rl'}", f"model.path={tmp_path / 's1' / 'hf'}", "trainer.max_steps=2",
-              "rl.eval_every=2", "rl.eval_tasks=10", "logging.progress=false", "logging.tensorboard=false",
-              "rl.stage1_overrides=['trainer.max_steps=30','logging.tensorboard=false']"]
+    common = [
+        "--config-dir",
+        str(PLUGIN),
+        "--config-name",
+        "kv_rcgrpo",
+        f"data.dir={data}",
+        f"run_dir={tmp_path / 'rl'}",
+        f"model.path={tmp_path / 's1' / 'hf'}",
+        "trainer.max_steps=2",
+        "rl.eval_every=2",
+        "rl.eval_tasks=10",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "rl.stage1_overrides=['trainer.max_steps=30','logging.tensorboard=false']",
+    ]
     proc = _rcgrpo("train", *common)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "training rl.stage1_recipe=kv_rctp first" in proc.stderr
@@ -91,8 +116,10 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
     # a wrong env name is one line naming the registered ones, the plugin's included
     proc = _rcgrpo("train", *common, "env.name=kv_stor")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == ("error: env.name='kv_stor': no env of that name; registered: ['bfcl', 'kv_store']; "
-                                                    "did you mean 'kv_store'? (a plugin's env needs plugins=[its module])")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: env.name='kv_stor': no env of that name; registered: ['bfcl', 'kv_store']; "
+        "did you mean 'kv_store'? (a plugin's env needs plugins=[its module])"
+    )
     # `rcgrpo eval` on the plugin's env (its held-out tasks): the exported model's greedy episodes are those of
     # the run's own in-training evaluation at its last step
     _eval_as_in_training(data, tmp_path / "rl", tmp_path / "eval")
@@ -115,10 +142,23 @@ def test_trains_stage1_then_rc_grpo_from_the_cli(kv, tmp_path):
 def _eval_as_in_training(data, run, out):
     in_training = [json.loads(l) for l in (run / "eval" / "step_2.jsonl").read_text().splitlines()]
     ids = [r["task_id"] for r in in_training]
-    proc = _rcgrpo("eval", "policy=checkpoint", "plugins=[kv_store]", "task_source=kv_store", "env=kv_store",
-                   f"data_dir={data}", f"checkpoint.path={run / 'hf'}", f"out_dir={out}", f"tasks=[{','.join(ids)}]",
-                   "chat.tool_description=full", "max_new_tokens=64", "max_turns=4", "max_steps=4",
-                   "max_total_tokens=1024", "progress=false")
+    proc = _rcgrpo(
+        "eval",
+        "policy=checkpoint",
+        "plugins=[kv_store]",
+        "task_source=kv_store",
+        "env=kv_store",
+        f"data_dir={data}",
+        f"checkpoint.path={run / 'hf'}",
+        f"out_dir={out}",
+        f"tasks=[{','.join(ids)}]",
+        "chat.tool_description=full",
+        "max_new_tokens=64",
+        "max_turns=4",
+        "max_steps=4",
+        "max_total_tokens=1024",
+        "progress=false",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reward token high" in proc.stderr and "'base'" not in proc.stderr  # the plugin's categories
     scored = {r["task_id"]: r for r in map(json.loads, (out / "trajectories.jsonl").read_text().splitlines())}
@@ -142,11 +182,22 @@ def test_the_generic_commands_work_on_the_plugin_env(tmp_path):
     assert stats["sft.jsonl"]["success_rate"] == 1.0 and stats["failures.jsonl"]["success_rate"] == 0.0
     held_out = [json.loads(line) for line in (data / "rl_test.jsonl").read_text().splitlines()]
     assert [p["task_id"] for p in held_out] == json.loads((data / "split.json").read_text())["test"]
-    assert {p["env"] for p in held_out} == {"kv_store"} and {p["category"] for p in held_out} == {"put", "copy",
-                                                                                                    "delete"}
+    assert {p["env"] for p in held_out} == {"kv_store"} and {p["category"] for p in held_out} == {
+        "put",
+        "copy",
+        "delete",
+    }
     for policy, accuracy in (("oracle", 100.0), ("null", 0.0)):
-        ran = _rcgrpo("eval", f"policy={policy}", "task_source=kv_store", "env=kv_store", "plugins=[kv_store]",
-                      f"data_dir={data}", f"out_dir={tmp_path / policy}", "progress=false")
+        ran = _rcgrpo(
+            "eval",
+            f"policy={policy}",
+            "task_source=kv_store",
+            "env=kv_store",
+            "plugins=[kv_store]",
+            f"data_dir={data}",
+            f"out_dir={tmp_path / policy}",
+            "progress=false",
+        )
         assert ran.returncode == 0, ran.stderr
         result = json.loads((tmp_path / policy / "results.json").read_text())
         assert result["overall"] == accuracy and result["tasks"] == len(held_out)
@@ -155,8 +206,14 @@ def test_the_generic_commands_work_on_the_plugin_env(tmp_path):
     assert compared.returncode == 0, compared.stderr
     table = (tmp_path / "cmp.md").read_text()
     assert "### task source kv_store, paper protocol" in table and "| run | copy | delete | put | overall |" in table
-    refused = _rcgrpo("prepare-data", "task_source=kv_store", "plugins=[kv_store]", f"out_dir={tmp_path / 'x'}",
-                      "mode=per_turn", "tokenizer=null")
+    refused = _rcgrpo(
+        "prepare-data",
+        "task_source=kv_store",
+        "plugins=[kv_store]",
+        f"out_dir={tmp_path / 'x'}",
+        "mode=per_turn",
+        "tokenizer=null",
+    )
     assert refused.returncode == 2
     assert refused.stderr.strip().endswith("the kv_store environment plays merged episodes only (mode=merged)")
 
@@ -165,15 +222,19 @@ def test_the_minimal_env_of_the_docs_trains_from_the_cli(tmp_path):
     """docs/extending.md's minimal environment, as a user takes it: its python block saved as minimal_env.py, its
     bash block run as it stands (data, then two GRPO steps and a held-out evaluation through the CLI)."""
     page = (REPO / "docs" / "extending.md").read_text()
-    section = page[page.index("### A minimal environment"):]
+    section = page[page.index("### A minimal environment") :]
     code = re.search(r"```python\n(# minimal_env\.py.*?)```", section, re.S).group(1)
     commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     assert len(code.splitlines()) < 80  # the page promises a minimal one
     (tmp_path / "minimal_env.py").write_text(code)
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-           "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=600)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", commands], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "add"
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]

@@ -5,12 +5,10 @@ traceback on the console, never a trusted corrupt checkpoint, a NaN export or a 
 import contextlib
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,10 +21,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(data_dir, run_dir, *extra):
-    return ["--config-name=sft_smollm_cpu", "model.path=tiny-qwen2", f"run_dir={run_dir}", f"data.dir={data_dir}",
-            "chat.max_length=900", "data.max_examples=16", "trainer.global_batch_size=2",
-            "trainer.micro_batch_size=1", "trainer.save_every=2", "logging.progress=false",
-            "logging.tensorboard=false", *extra]
+    return [
+        "--config-name=sft_smollm_cpu",
+        "model.path=tiny-qwen2",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=16",
+        "trainer.global_batch_size=2",
+        "trainer.micro_batch_size=1",
+        "trainer.save_every=2",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]
 
 
 def _main(args, capsys):
@@ -43,8 +51,7 @@ def _last_line(err: str) -> str:
     return lines[-1] if lines else ""
 
 
-def test_a_corrupt_checkpoint_is_never_loaded_and_the_run_resumes_from_the_newest_good_one(data_dir, tmp_path,
-                                                                                            capsys):
+def test_a_corrupt_checkpoint_is_never_loaded_and_the_run_resumes_from_the_newest_good_one(data_dir, tmp_path, capsys):
     """16 flipped bytes in the final step_3's weights: the run again names it, sets it aside, resumes from step_2
     and ends with the weights of an uninterrupted run (the flip was trusted before checkpoints were verified)."""
     common = ("trainer.max_steps=3", "trainer.export_hf=false")
@@ -59,39 +66,71 @@ def test_a_corrupt_checkpoint_is_never_loaded_and_the_run_resumes_from_the_newes
     code, err = _main(_args(data_dir, b, *common), capsys)  # the same command: it goes back to step 2
     assert code == 0, err
     notes = [line for line in err.splitlines() if "fails verification" in line]
-    assert len(notes) == 1 and "step_3" in notes[0] and "model.pt differs" in notes[0] \
-        and "resuming from" in notes[0] and notes[0].rstrip().endswith("step_2"), err
+    assert (
+        len(notes) == 1
+        and "step_3" in notes[0]
+        and "model.pt differs" in notes[0]
+        and "resuming from" in notes[0]
+        and notes[0].rstrip().endswith("step_2")
+    ), err
     assert (checkpoint_dir(b) / "corrupt-step_3").is_dir()
     assert [m["step"] for m in read_metrics(b)] == [1, 2, 3]
     sa = torch.load(checkpoint_dir(a) / "step_3" / "model.pt", weights_only=True)
     sb = torch.load(checkpoint_dir(b) / "step_3" / "model.pt", weights_only=True)
     assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
-    assert verify_checkpoint(checkpoint_dir(b) / "step_3") is None and (checkpoint_dir(b) / "step_3" / MANIFEST).is_file()
+    assert (
+        verify_checkpoint(checkpoint_dir(b) / "step_3") is None and (checkpoint_dir(b) / "step_3" / MANIFEST).is_file()
+    )
 
 
 def test_an_edited_step_and_a_deleted_file_leave_no_checkpoint_to_trust(data_dir, tmp_path, capsys):
     run = tmp_path / "r"
-    assert _main(_args(data_dir, run, "trainer.max_steps=2", "trainer.save_every=1", "trainer.export_hf=false"),
-                 capsys)[0] == 0
+    assert (
+        _main(_args(data_dir, run, "trainer.max_steps=2", "trainer.save_every=1", "trainer.export_hf=false"), capsys)[0]
+        == 0
+    )
     state = checkpoint_dir(run) / "step_2" / "trainer_state.json"  # valid JSON, a step on, the same size
     state.write_text(json.dumps({**json.loads(state.read_text()), "step": 3}, indent=1))
     (checkpoint_dir(run) / "step_1" / "optimizer.pt").unlink()
-    code, err = _main(_args(data_dir, run, "trainer.max_steps=2", "trainer.save_every=1", "trainer.export_hf=false"),
-                      capsys)
+    code, err = _main(
+        _args(data_dir, run, "trainer.max_steps=2", "trainer.save_every=1", "trainer.export_hf=false"), capsys
+    )
     line = _last_line(err)
-    assert code == 2 and line.startswith("error: no checkpoint in") and "step_2: trainer_state.json differs" in line \
-        and "step_1: optimizer.pt is missing" in line and "remove" in line and "Traceback" not in err, err
+    assert (
+        code == 2
+        and line.startswith("error: no checkpoint in")
+        and "step_2: trainer_state.json differs" in line
+        and "step_1: optimizer.pt is missing" in line
+        and "remove" in line
+        and "Traceback" not in err
+    ), err
 
 
 def test_non_finite_training_stops_with_one_line_and_saves_nothing_from_it(data_dir, tmp_path, capsys):
     """lr=1e30: step 1's update blows the weights up, step 2's loss is not finite. The run stops there with one
     line and exit 2; step 2 has no checkpoint, there is no export, and metrics.jsonl records the NaN as such."""
     run = tmp_path / "nan"
-    code, err = _main(_args(data_dir, run, "trainer.max_steps=4", "trainer.save_every=1", "trainer.lr=1e30",
-                            "trainer.warmup_steps=0", "trainer.schedule=constant"), capsys)
+    code, err = _main(
+        _args(
+            data_dir,
+            run,
+            "trainer.max_steps=4",
+            "trainer.save_every=1",
+            "trainer.lr=1e30",
+            "trainer.warmup_steps=0",
+            "trainer.schedule=constant",
+        ),
+        capsys,
+    )
     line = _last_line(err)
-    assert code == 2 and line.startswith("error: non-finite") and "at step 2" in line \
-        and "nothing was saved from this step" in line and "step_1" in line and "Traceback" not in err, err
+    assert (
+        code == 2
+        and line.startswith("error: non-finite")
+        and "at step 2" in line
+        and "nothing was saved from this step" in line
+        and "step_1" in line
+        and "Traceback" not in err
+    ), err
     assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == ["step_1"]
     assert not (run / "hf").exists()
     last = read_metrics(run)[-1]
@@ -104,9 +143,21 @@ def test_skip_mode_applies_no_non_finite_update(data_dir, tmp_path, capsys):
     """trainer.on_nonfinite=skip: steps 2 and 3 have non-finite gradients, their updates are skipped (a note each)
     and the run goes on; the weights after step 3 are those after step 1."""
     run = tmp_path / "skip"
-    code, err = _main(_args(data_dir, run, "trainer.max_steps=3", "trainer.save_every=1", "trainer.keep_last=3",
-                            "trainer.lr=1e30", "trainer.warmup_steps=0", "trainer.schedule=constant",
-                            "trainer.on_nonfinite=skip", "trainer.export_hf=false"), capsys)
+    code, err = _main(
+        _args(
+            data_dir,
+            run,
+            "trainer.max_steps=3",
+            "trainer.save_every=1",
+            "trainer.keep_last=3",
+            "trainer.lr=1e30",
+            "trainer.warmup_steps=0",
+            "trainer.schedule=constant",
+            "trainer.on_nonfinite=skip",
+            "trainer.export_hf=false",
+        ),
+        capsys,
+    )
     notes = [line for line in err.splitlines() if "its update was skipped" in line]
     assert code == 0 and len(notes) == 2 and "step 2" in notes[0] and "step 3" in notes[1], err
     assert [m["skipped_updates"] for m in read_metrics(run)] == [0.0, 1.0, 1.0]
@@ -133,19 +184,22 @@ EARLY = ("the run's config", "the data statistics", "the metrics")  # a few KB: 
 # the file system's page accounting and what the run logged first; each is named
 
 
-@pytest.mark.parametrize("size, what", [("8k", EARLY), ("16k", EARLY), ("24m", ("checkpoint step_2",)),
-                                        ("200m", ("the HF export",))])
+@pytest.mark.parametrize(
+    "size, what", [("8k", EARLY), ("16k", EARLY), ("24m", ("checkpoint step_2",)), ("200m", ("the HF export",))]
+)
 def test_a_full_disk_is_one_line_naming_what_and_the_newest_checkpoint(data_dir, tmp_path, capsys, size, what):
     """The run folder on a tmpfs of 8 KB, 16 KB, 24 MB and 200 MB (a tiny-qwen2 checkpoint is about 150 MB, its
     export about 50 MB): whichever write hits the full disk, one line naming it and exit 2, no traceback, and
     nothing partial where a resume would read it (every step_N there verifies, the export is whole or absent)."""
     with _tmpfs(tmp_path / "disk", size) as disk:
         run = disk / "run"
-        code, err = _main(_args(data_dir, run, "trainer.max_steps=2", "logging.tensorboard=true",
-                                "trainer.save_every=100"), capsys)
+        code, err = _main(
+            _args(data_dir, run, "trainer.max_steps=2", "logging.tensorboard=true", "trainer.save_every=100"), capsys
+        )
         line = _last_line(err)
-        assert code == 2 and any(line.startswith(f"error: no space left on device while writing {w} in ")
-                                 for w in what), err
+        assert code == 2 and any(
+            line.startswith(f"error: no space left on device while writing {w} in ") for w in what
+        ), err
         assert "Traceback" not in err, err
         steps = sorted(checkpoint_dir(run).glob("step_*")) if checkpoint_dir(run).is_dir() else []
         assert all(verify_checkpoint(step) is None for step in steps)
@@ -178,10 +232,23 @@ def test_folders_that_cannot_be_written_are_refused_before_the_model_loads(data_
 
 
 def _popen(data_dir, run_dir, *extra):
-    args = _args(data_dir, run_dir, "data.max_examples=64", "trainer.epochs=5000", "trainer.max_steps=100000",
-                 "trainer.save_every=1000", "trainer.export_hf=false", *extra)
-    return subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = _args(
+        data_dir,
+        run_dir,
+        "data.max_examples=64",
+        "trainer.epochs=5000",
+        "trainer.max_steps=100000",
+        "trainer.save_every=1000",
+        "trainer.export_hf=false",
+        *extra,
+    )
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_one_run_per_folder_and_a_killed_runs_lock_is_taken_over(data_dir, tmp_path, capsys):
@@ -192,16 +259,40 @@ def test_one_run_per_folder_and_a_killed_runs_lock_is_taken_over(data_dir, tmp_p
         while not (run / "metrics.jsonl").is_file():  # the first run is training
             assert first.poll() is None and time.time() < deadline, first.communicate()
             time.sleep(0.2)
-        code, err = _main(_args(data_dir, run, "data.max_examples=64", "trainer.epochs=5000",
-                                "trainer.max_steps=100000", "trainer.save_every=1000", "trainer.export_hf=false"), capsys)
+        code, err = _main(
+            _args(
+                data_dir,
+                run,
+                "data.max_examples=64",
+                "trainer.epochs=5000",
+                "trainer.max_steps=100000",
+                "trainer.save_every=1000",
+                "trainer.export_hf=false",
+            ),
+            capsys,
+        )
         line = _last_line(err)
-        assert code == 2 and line.startswith(f"error: run_dir {run} is in use by another run (host ") \
-            and f"pid {first.pid}," in line, err
+        assert (
+            code == 2
+            and line.startswith(f"error: run_dir {run} is in use by another run (host ")
+            and f"pid {first.pid}," in line
+        ), err
         assert sorted(p.name for p in run.glob("config*.yaml")) == ["config.yaml"]  # the second wrote nothing
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate()
     # the kernel released the killed run's lock: the next invocation takes it over and runs
-    code, err = _main(_args(data_dir, run, "data.max_examples=64", "trainer.epochs=5000", "trainer.max_steps=100000",
-                            "trainer.stop_after=1", "trainer.save_every=1000", "trainer.export_hf=false"), capsys)
+    code, err = _main(
+        _args(
+            data_dir,
+            run,
+            "data.max_examples=64",
+            "trainer.epochs=5000",
+            "trainer.max_steps=100000",
+            "trainer.stop_after=1",
+            "trainer.save_every=1000",
+            "trainer.export_hf=false",
+        ),
+        capsys,
+    )
     assert code == 0, err

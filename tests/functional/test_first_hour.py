@@ -19,13 +19,26 @@ from nemo_rcgrpo.utils.config import conf_dir
 RCGRPO = [sys.executable, "-m", "nemo_rcgrpo.cli"]
 
 
-@pytest.mark.parametrize("command,expected", [
-    ("train", ["smoke_rl", "rcgrpo_smollm_cpu", "rl.group_size=5", "trainer.lr=1.0e-05", "model.path=smollm2",
-               "env.settings.mode=merged", "trainer.lr=1.0e-6"]),
-    ("eval", ["eval_smollm_cpu", "protocol=paper", "max_turns=20"]),
-    ("prepare-data", ["seed=1234", "test_fraction=0.1"]),
-    ("layout", ["rcgrpo_llama8b", "layout.nodes=1", "policy.megatron.tp=1"]),
-])
+@pytest.mark.parametrize(
+    "command,expected",
+    [
+        (
+            "train",
+            [
+                "smoke_rl",
+                "rcgrpo_smollm_cpu",
+                "rl.group_size=5",
+                "trainer.lr=1.0e-05",
+                "model.path=smollm2",
+                "env.settings.mode=merged",
+                "trainer.lr=1.0e-6",
+            ],
+        ),
+        ("eval", ["eval_smollm_cpu", "protocol=paper", "max_turns=20"]),
+        ("prepare-data", ["seed=1234", "test_fraction=0.1"]),
+        ("layout", ["rcgrpo_llama8b", "layout.nodes=1", "policy.megatron.tp=1"]),
+    ],
+)
 def test_help_lists_recipes_and_settings_with_defaults(command, expected, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -34,8 +47,16 @@ def test_help_lists_recipes_and_settings_with_defaults(command, expected, capsys
     if command == "train":  # one line per recipe with its description; bases are not recipes
         lines = {l.split()[0]: l for l in out.splitlines() if l.startswith("  ") and l.split()}
         assert "Smoke run" in lines["smoke_rl"] and "stage1_defaults" not in lines
-        not_recipes = {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "paper_rl_defaults", "paper_stage1_defaults",
-                       "eval", "eval_smollm_cpu", "prepare_data"}
+        not_recipes = {
+            "stage1_defaults",
+            "rl_defaults",
+            "rl_gpu_defaults",
+            "paper_rl_defaults",
+            "paper_stage1_defaults",
+            "eval",
+            "eval_smollm_cpu",
+            "prepare_data",
+        }
         assert {p.stem for p in conf_dir().glob("*.yaml")} - not_recipes <= set(lines)  # every train recipe listed
         # the meaning is the comment of the schema's field, the one place it is written; a base file's change is
         # listed with its own comment
@@ -80,7 +101,13 @@ def test_smoke_run_from_an_empty_folder(data_dir, tmp_path):
     assert "model   tiny-llama: 6.6M parameters" in err and "16 examples of " in err
     assert err.count("fresh start") == 2 and "a log line per step" in err
     assert [l.split(":")[0] for l in err.splitlines() if " step " in l and l.startswith(("rctp", "rcgrpo"))] == [
-        "rctp step 1/4", "rctp step 2/4", "rctp step 3/4", "rctp step 4/4", "rcgrpo step 1/2", "rcgrpo step 2/2"]
+        "rctp step 1/4",
+        "rctp step 2/4",
+        "rctp step 3/4",
+        "rctp step 4/4",
+        "rcgrpo step 1/2",
+        "rcgrpo step 2/2",
+    ]
     run = tmp_path / "runs" / "smoke_rl"
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and "eval_accuracy" in metrics[1]
@@ -110,8 +137,9 @@ def test_a_users_recipe_folder_builds_on_the_shipped_recipes(tmp_path, capsys, m
     monkeypatch.setattr(config, "_USER_DIRS", [])  # --config-dir is remembered for the process
     mine = tmp_path / "my_conf"
     mine.mkdir()
-    (mine / "my_smoke.yaml").write_text("# My smoke run: three rollouts a group.\ndefaults:\n  - smoke_rl\n  - _self_\n"
-                                        "rl:\n  group_size: 3\n")
+    (mine / "my_smoke.yaml").write_text(
+        "# My smoke run: three rollouts a group.\ndefaults:\n  - smoke_rl\n  - _self_\nrl:\n  group_size: 3\n"
+    )
     (mine / "my_vllm.yaml").write_text("defaults:\n  - my_smoke\n  - override generation: vllm\n  - _self_\n")
     assert main(["train", "--config-dir", str(mine), "--help"]) == 0
     assert re.search(r"^  my_smoke +My smoke run: three rollouts a group\.$", capsys.readouterr().out, re.M)

@@ -40,7 +40,11 @@ def test_observations_identical_to_bfcl_executor(suite):
         model_name = f"parity_{uuid.uuid4().hex[:8]}"  # BFCL caches instances per model name
         for turn, calls in enumerate(task.ground_truth):
             theirs, _ = execute_multi_turn_func_call(
-                list(calls), dict(task.initial_config), list(task.involved_classes), model_name, task.id,
+                list(calls),
+                dict(task.initial_config),
+                list(task.involved_classes),
+                model_name,
+                task.id,
                 long_context=task.long_context,
             )
             compared += len(theirs)

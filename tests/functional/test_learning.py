@@ -30,11 +30,26 @@ def _success(model: Path, data: Path, out: Path) -> float:
     from nemo_rcgrpo.evaluation.config import EvalConfig
     from nemo_rcgrpo.evaluation.run import evaluate
 
-    evaluate(EvalConfig.from_dict({
-        "policy": "checkpoint", "checkpoint": {"path": str(model)}, "task_source": "one_folder",
-        "plugins": ["one_folder_tasks"], "categories": ["base"], "data_dir": str(data), "out_dir": str(out),
-        "samples": 8, "temperature": 1.0, "reward_token": "high", "progress": False, "seed": 3,
-        "chat": {"tool_description": "compact"}, **BUDGET}))
+    evaluate(
+        EvalConfig.from_dict(
+            {
+                "policy": "checkpoint",
+                "checkpoint": {"path": str(model)},
+                "task_source": "one_folder",
+                "plugins": ["one_folder_tasks"],
+                "categories": ["base"],
+                "data_dir": str(data),
+                "out_dir": str(out),
+                "samples": 8,
+                "temperature": 1.0,
+                "reward_token": "high",
+                "progress": False,
+                "seed": 3,
+                "chat": {"tool_description": "compact"},
+                **BUDGET,
+            }
+        )
+    )
     rows = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 96
     return sum(r["success"] for r in rows) / len(rows)
@@ -44,10 +59,25 @@ def test_rc_grpo_raises_held_out_success(one_folder_plugin, one_folder_rctp, tmp
     data, stage1 = one_folder_rctp
     before = _success(stage1, data, tmp_path / "before")
     assert 0.05 <= before <= 0.6  # the stage-1 model succeeds sometimes, not always: there is something to learn
-    assert main(["--config-name=micro_rcgrpo", f"model.path={stage1}", f"data.dir={data}",
-                 f"run_dir={tmp_path / 'rl'}", "trainer.max_steps=16", "trainer.lr=5e-4", "rl.tasks_per_step=4",
-                 "rl.eval_every=0", f"rl.sampling.max_new_tokens={BUDGET['max_new_tokens']}",
-                 f"rl.max_turns={BUDGET['max_turns']}", "env.settings.max_steps=2", *ONE_FOLDER]) == 0
+    assert (
+        main(
+            [
+                "--config-name=micro_rcgrpo",
+                f"model.path={stage1}",
+                f"data.dir={data}",
+                f"run_dir={tmp_path / 'rl'}",
+                "trainer.max_steps=16",
+                "trainer.lr=5e-4",
+                "rl.tasks_per_step=4",
+                "rl.eval_every=0",
+                f"rl.sampling.max_new_tokens={BUDGET['max_new_tokens']}",
+                f"rl.max_turns={BUDGET['max_turns']}",
+                "env.settings.max_steps=2",
+                *ONE_FOLDER,
+            ]
+        )
+        == 0
+    )
     metrics = [json.loads(l) for l in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 16 and any(m["zero_variance_fraction"] < 1.0 for m in metrics)  # some groups had variance
     after = _success(tmp_path / "rl" / "hf", data, tmp_path / "after")

@@ -32,7 +32,13 @@ def test_files_and_counts(prepared):
     out, stats = prepared
     assert sorted(p.name for p in out.iterdir()) == sorted(FILES + ("config.yaml",))
     split = json.loads((out / "split.json").read_text())
-    assert split["counts"]["train"] == {"total": 720, "base": 180, "long_context": 180, "miss_func": 180, "miss_param": 180}
+    assert split["counts"]["train"] == {
+        "total": 720,
+        "base": 180,
+        "long_context": 180,
+        "miss_func": 180,
+        "miss_param": 180,
+    }
     assert split["counts"]["test"]["total"] == 80
     train_scen = {int(i.rsplit("_", 1)[1]) for i in split["train"]}
     test_scen = {int(i.rsplit("_", 1)[1]) for i in split["test"]}
@@ -43,7 +49,9 @@ def test_files_and_counts(prepared):
     assert {r["split"] for r in sft if r["task_id"] in split["test"]} == {"test"}
     rl_train, rl_test = _lines(out / "rl_train.jsonl"), _lines(out / "rl_test.jsonl")
     assert (len(rl_train), len(rl_test)) == (720, 80)
-    assert rl_test[0].keys() == {"task_id", "category", "env", "task_source", "mode"} and {r["task_id"] for r in rl_test} == set(split["test"])
+    assert rl_test[0].keys() == {"task_id", "category", "env", "task_source", "mode"} and {
+        r["task_id"] for r in rl_test
+    } == set(split["test"])
     for record in sft:
         assert record.keys() >= {"task_id", "category", "split", "mode", "messages", "tools"}
     calls = [c for r in sft for m in r["messages"] for c in m.get("tool_calls") or []]
@@ -52,7 +60,10 @@ def test_files_and_counts(prepared):
     assert all(m["tool_call_id"].startswith("call_") for m in tool_msgs)
     assert stats["files"]["sft.jsonl"]["success_rate"] == 1.0 and stats["files"]["rctp.jsonl"]["success_rate"] == 0.5
     assert sum(stats["failure_types"].values()) == 800 and set(stats["failure_types"]) <= {
-        "wrong_tool", "wrong_param", "premature_termination"}
+        "wrong_tool",
+        "wrong_param",
+        "premature_termination",
+    }
     assert min(stats["failure_types"].values()) > 200  # a real mix
     tokens = stats["files"]["sft.jsonl"]["tokens"]
     assert 1000 < tokens["p50"] <= tokens["p90"] <= tokens["max"] and stats["tokenizer"] == "smollm2"
@@ -91,8 +102,9 @@ def test_loads_with_hf_datasets(prepared):
 
 def _cli(*args, env_extra=None):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "prepare-data", *args],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "nemo_rcgrpo.cli", "prepare-data", *args], capture_output=True, text=True, env=env
+    )
 
 
 def test_same_seed_byte_identical_across_processes_other_seed_differs(tmp_path):
@@ -168,15 +180,27 @@ def test_failures_from_recorded_rollouts(tmp_path, suite):
     rollouts = tmp_path / "rollouts.jsonl"
     with rollouts.open("w") as f:
         for r in failures[:5]:  # genuine failures recorded by a "run"
-            f.write(json.dumps({"task_id": r["task_id"], "messages": r["messages"], "reward": 0, "mode": "merged"}) + "\n")
+            f.write(
+                json.dumps({"task_id": r["task_id"], "messages": r["messages"], "reward": 0, "mode": "merged"}) + "\n"
+            )
         f.write(json.dumps({"task_id": experts[9]["task_id"], "messages": experts[9]["messages"], "reward": 0}) + "\n")
         f.write(json.dumps({"task_id": experts[8]["task_id"], "messages": experts[8]["messages"], "reward": 1}) + "\n")
-    cfg = PrepareDataConfig(out_dir=str(tmp_path / "q"), categories=("base",), tokenizer=None, progress=False,
-                            failures=PrepareDataConfig().failures.__class__(rollout_files=(str(rollouts),),
-                                                                            rollout_fraction=1.0))
+    cfg = PrepareDataConfig(
+        out_dir=str(tmp_path / "q"),
+        categories=("base",),
+        tokenizer=None,
+        progress=False,
+        failures=PrepareDataConfig().failures.__class__(rollout_files=(str(rollouts),), rollout_fraction=1.0),
+    )
     stats = run(cfg)
-    assert stats["rollout_files"] == {"read": 7, "kept": 5, "not_failures": 1, "other_mode": 0, "unknown_task": 0,
-                                      "rejected_on_replay": 1}
+    assert stats["rollout_files"] == {
+        "read": 7,
+        "kept": 5,
+        "not_failures": 1,
+        "other_mode": 0,
+        "unknown_task": 0,
+        "rejected_on_replay": 1,
+    }
     assert stats["failure_sources"] == {"perturbation": 195, "rollout": 5}
     mixed = _lines(tmp_path / "q" / "failures.jsonl")
     from_rollouts = [r for r in mixed if r["source"] == "rollout"]

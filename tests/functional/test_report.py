@@ -7,7 +7,8 @@ import json
 import pytest
 
 from nemo_rcgrpo.train import main as train_main
-from nemo_rcgrpo.utils.report import collect, main as report_main
+from nemo_rcgrpo.utils.report import collect
+from nemo_rcgrpo.utils.report import main as report_main
 
 from ..conftest import CHROMIUM
 
@@ -19,12 +20,32 @@ def run(data_dir, tmp_path_factory):
     """Two RC-GRPO steps with mixed rewards (scripted generation: gold or a verified failure per rollout) and a
     held-out evaluation after each; one dumped rollout then gets markup in its text and a tool result."""
     run_dir = tmp_path_factory.mktemp("report") / "rc"
-    assert train_main(["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null",
-                       f"data.dir={data_dir}", f"run_dir={run_dir}", "rl.group_size=4", "rl.tasks_per_step=2",
-                       "rl.max_turns=8", "rl.sampling.max_new_tokens=256", "rl.max_total_tokens=4096",
-                       "trainer.max_steps=2", "trainer.export_hf=false", "logging.progress=false",
-                       "logging.tensorboard=false", "generation=scripted", "generation.scripted.success_high=0.8",
-                       "generation.scripted.success_low=0.2", "rl.eval_every=1", "rl.eval_tasks=2"]) == 0
+    assert (
+        train_main(
+            [
+                "--config-name=rcgrpo_smollm_cpu",
+                "model.path=tiny-llama",
+                "rl.stage1_recipe=null",
+                f"data.dir={data_dir}",
+                f"run_dir={run_dir}",
+                "rl.group_size=4",
+                "rl.tasks_per_step=2",
+                "rl.max_turns=8",
+                "rl.sampling.max_new_tokens=256",
+                "rl.max_total_tokens=4096",
+                "trainer.max_steps=2",
+                "trainer.export_hf=false",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                "generation=scripted",
+                "generation.scripted.success_high=0.8",
+                "generation.scripted.success_low=0.2",
+                "rl.eval_every=1",
+                "rl.eval_tasks=2",
+            ]
+        )
+        == 0
+    )
     dump = run_dir / "rollouts" / "step_2.jsonl"
     records = [json.loads(l) for l in dump.read_text().splitlines()]
     victim = next(r for r in records if r["messages"] and r["messages"][0]["role"] == "assistant")
@@ -42,11 +63,13 @@ def test_collect_reads_every_rollout_and_resolves_prompts(run):
     dumped = [json.loads(l) for s in (1, 2) for l in (run / "rollouts" / f"step_{s}.jsonl").read_text().splitlines()]
     assert len(train) == len(dumped) == 16
     assert [(e["step"], e["task"], e["reward"], e["advantage"]) for e in train] == [
-        (r["step"], r["task_id"], r["reward"], r["advantage"]) for r in dumped]
+        (r["step"], r["task_id"], r["reward"], r["advantage"]) for r in dumped
+    ]
     # each turn's weight version: step s's rollouts were generated on the weights after s - 1 updates
     assert [e["versions"] for e in train] == [r["turn_versions"] for r in dumped]
     assert {v for e in train for v in e["versions"]} == {0, 1} and all(
-        set(e["versions"]) == {e["step"] - 1} for e in train)
+        set(e["versions"]) == {e["step"] - 1} for e in train
+    )
     # the prompt is dumped once per group and token; every rollout gets it back, with its own reward goal
     assert sum("prompt" in r for r in dumped) < len(dumped)
     assert all(e["prompt"] and f"<|{e['token']}_reward|>" in e["prompt"] for e in train)
@@ -64,8 +87,15 @@ def test_report_in_a_headless_browser(run, tmp_path):
     assert "http://" not in html and "https://" not in html  # nothing to fetch: the page is the file
     dumped = [json.loads(l) for s in (1, 2) for l in (run / "rollouts" / f"step_{s}.jsonl").read_text().splitlines()]
     total = len(dumped) + 4  # and the 4 held-out episodes
-    flags = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync"]
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=flags)
         page = browser.new_page()
@@ -94,7 +124,10 @@ def test_report_in_a_headless_browser(run, tmp_path):
         page.select_option("#f-token", "high")
         page.select_option("#f-reward", "1")
         want = sum(r["reward_token"] == "high" and r["reward"] == 1.0 for r in dumped) + sum(
-            json.loads(l)["reward"] == 1.0 for s in (1, 2) for l in (run / "eval" / f"step_{s}.jsonl").read_text().splitlines())
+            json.loads(l)["reward"] == 1.0
+            for s in (1, 2)
+            for l in (run / "eval" / f"step_{s}.jsonl").read_text().splitlines()
+        )
         assert 0 < want < total
         assert page.locator("#count").inner_text() == f"{want} of {total} rollouts"
         assert {cards.nth(i).get_attribute("data-token") for i in range(cards.count())} == {"high"}

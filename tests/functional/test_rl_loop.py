@@ -30,12 +30,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(data_dir, run_dir, *extra):
-    return ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
-            f"run_dir={run_dir}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.max_turns=8",
-            "rl.sampling.max_new_tokens=256", "rl.max_total_tokens=4096", "trainer.lr=1e-3", "trainer.max_steps=3",
-            "trainer.micro_batch_size=2", "trainer.save_every=1", "trainer.export_hf=false", "logging.progress=false",
-            "logging.tensorboard=false", "generation=scripted", "generation.scripted.success_high=0.8",
-            "generation.scripted.success_low=0.2", *extra]
+    return [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data_dir}",
+        f"run_dir={run_dir}",
+        "rl.group_size=4",
+        "rl.tasks_per_step=2",
+        "rl.max_turns=8",
+        "rl.sampling.max_new_tokens=256",
+        "rl.max_total_tokens=4096",
+        "trainer.lr=1e-3",
+        "trainer.max_steps=3",
+        "trainer.micro_batch_size=2",
+        "trainer.save_every=1",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=scripted",
+        "generation.scripted.success_high=0.8",
+        "generation.scripted.success_low=0.2",
+        *extra,
+    ]
 
 
 def _dump(run_dir, step):
@@ -86,7 +103,11 @@ def test_rewards_advantages_and_loss_of_a_run(uninterrupted, suite):
         assert m["tokens"] == sum(r["generated_tokens"] for r in records)
         for r in records:
             rescored = _rescore(suite, r)
-            assert (rescored.value, rescored.state_ok, rescored.actions_ok) == (r["reward"], r["state_ok"], r["actions_ok"])
+            assert (rescored.value, rescored.state_ok, rescored.actions_ok) == (
+                r["reward"],
+                r["state_ok"],
+                r["actions_ok"],
+            )
     assert mixed_groups >= 3  # of 6: the reward signal is there
     # step 1 trains from the reference weights: ratio 1 and KL 0, so with token aggregation
     #   loss = sum_b sum_t -A_b / N = -sum_b A_b n_b / N       (n_b generated tokens of rollout b, N = sum_b n_b)
@@ -110,10 +131,10 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     """The trainer's first step against the same rollouts as one hand-built batch: hand advantages, one forward
     and backward through GRPOLoss, gradient clipping and one AdamW step. Same loss, gradient norm and weights."""
     from nemo_rcgrpo.algorithms.losses import GRPOLoss
-    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.data.sft_data import Example, collate
     from nemo_rcgrpo.models.torch_policy import token_logprobs
+    from nemo_rcgrpo.recipes.rl import RLTrainer
     from nemo_rcgrpo.utils.config import compose, split_argv
     from nemo_rcgrpo.utils.dist import init_distributed
 
@@ -134,8 +155,14 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
     batch = collate([Example(t.token_ids, t.loss_mask, t.task_id) for t in trajs], trainer.tokenizer.pad_token_id)
     with torch.no_grad():
         old = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
-    batch = rl_batch(batch.loss_mask, torch.tensor(hand_adv), old, old_logprobs=old, input_ids=batch.input_ids,
-                     attention_mask=batch.attention_mask)
+    batch = rl_batch(
+        batch.loss_mask,
+        torch.tensor(hand_adv),
+        old,
+        old_logprobs=old,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+    )
     n = float(batch.loss_mask.sum())
     lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
     loss, _ = GRPOLoss(kl_beta=0.3, num_sequences=float(len(trajs)))(lp, batch, n)
@@ -171,7 +198,9 @@ def _same_as_uninterrupted(run_dir, uninterrupted):
     assert [m["step"] for m in b] == [1, 2, 3]
     for x, y in zip(a, b):
         assert x["reward_mean"] == y["reward_mean"] and x["loss"] != 0
-        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7) and y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-4)
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7) and y["grad_norm"] == pytest.approx(
+            x["grad_norm"], rel=1e-4
+        )
     for step in (1, 2, 3):
         assert _dump(uninterrupted, step) == _dump(run_dir, step)
     wa = torch.load(uninterrupted / "checkpoints" / "step_3" / "model.pt", weights_only=True)
@@ -187,8 +216,12 @@ def _same_as_uninterrupted(run_dir, uninterrupted):
 def test_kill_mid_run_then_resume(data_dir, tmp_path, uninterrupted):
     run_dir = tmp_path / "k"
     args = _args(data_dir, run_dir)
-    proc = subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     first = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
     while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -209,7 +242,9 @@ def test_the_old_logprob_pass_changes_nothing_but_time(data_dir, tmp_path, unint
     assert main(_args(data_dir, tmp_path / "r", "trainer.max_steps=1", "rl.old_logprobs=recompute")) == 0
     a, b = read_metrics(uninterrupted)[0], read_metrics(tmp_path / "r")[0]
     assert b["loss"] == pytest.approx(a["loss"], abs=1e-7) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-    assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-6) and b["entropy_seq_mean"] == pytest.approx(a["entropy_seq_mean"], rel=1e-6)
+    assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-6) and b["entropy_seq_mean"] == pytest.approx(
+        a["entropy_seq_mean"], rel=1e-6
+    )
     # the scripted generator reports logprob 0 for the tokens it plays: the gap is the trainer's own mean -logprob
     assert b["sampler_logprob_abs_diff"] == pytest.approx(a["sampler_logprob_abs_diff"], rel=1e-6)
     assert a["sampler_logprob_abs_diff"] > 1.0
@@ -233,7 +268,8 @@ def test_the_loop_asks_the_policy_whether_it_fuses_the_old_logprob_pass(data_dir
     shipped = registry.lookup("policy_backend", "torch")
     # under the name "torch" itself: a loop that went by the name would fuse the pass and never call logprobs
     registry.register("policy_backend", "torch", replace=True)(
-        lambda build, model, dist, total: Unfused(model, build.trainer, dist, total))
+        lambda build, model, dist, total: Unfused(model, build.trainer, dist, total)
+    )
     try:
         assert main(_args(data_dir, tmp_path / "u", "trainer.max_steps=1", "policy.backend=torch")) == 0
     finally:
@@ -248,8 +284,18 @@ def test_a_step_is_the_same_with_shared_prefixes_packing_and_a_token_budget(data
     shared prompt once (trainer.share_prefix, the default) and logs what that saved. With sharing and packing off
     every row runs padded, in full; with micro-batches filled to trainer.micro_batch_tokens whole groups of 4 run
     together. The rollouts are the same and the update equals the default's (float32 rounding)."""
-    assert main(_args(data_dir, tmp_path / "full", "trainer.max_steps=1", "trainer.share_prefix=false",
-                      "trainer.pack_sequences=false")) == 0
+    assert (
+        main(
+            _args(
+                data_dir,
+                tmp_path / "full",
+                "trainer.max_steps=1",
+                "trainer.share_prefix=false",
+                "trainer.pack_sequences=false",
+            )
+        )
+        == 0
+    )
     assert main(_args(data_dir, tmp_path / "budget", "trainer.max_steps=1", "trainer.micro_batch_tokens=8192")) == 0
     a, b, c = (read_metrics(d)[0] for d in (uninterrupted, tmp_path / "full", tmp_path / "budget"))
     assert a["prefix_tokens_saved"] > 0 and 0.1 < a["forward_flops_saved"] < 1.0
@@ -278,12 +324,20 @@ def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, 
     """rl.stage1_recipe trains the initial model first; in-training evaluation conditions on the high token: the
     scripted policy succeeds only with it (success_rate=0 without a token, success_low=0)."""
     stage1 = tmp_path / "s1"
-    args = _args(data_dir, tmp_path / "rl", "trainer.max_steps=1", f"model.path={stage1}/hf",
-                 "rl.stage1_recipe=rctp_smollm_cpu", "generation.scripted.success_high=1.0",
-                 "generation.scripted.success_low=0.0", "generation.scripted.success_rate=0.0",
-                 "rl.stage1_overrides=['model.path=tiny-llama','trainer.max_steps=1','data.max_examples=4',"
-                 "'chat.max_length=900','trainer.global_batch_size=2','logging.progress=false']",
-                 "rl.eval_every=1", "rl.eval_tasks=2")
+    args = _args(
+        data_dir,
+        tmp_path / "rl",
+        "trainer.max_steps=1",
+        f"model.path={stage1}/hf",
+        "rl.stage1_recipe=rctp_smollm_cpu",
+        "generation.scripted.success_high=1.0",
+        "generation.scripted.success_low=0.0",
+        "generation.scripted.success_rate=0.0",
+        "rl.stage1_overrides=['model.path=tiny-llama','trainer.max_steps=1','data.max_examples=4',"
+        "'chat.max_length=900','trainer.global_batch_size=2','logging.progress=false']",
+        "rl.eval_every=1",
+        "rl.eval_tasks=2",
+    )
     args = [a for a in args if a != "rl.stage1_recipe=null"]
     assert main(args) == 0
     assert (stage1 / "hf" / "config.json").is_file() and len(read_metrics(stage1)) == 1
@@ -305,8 +359,19 @@ def test_pipeline_runs_stage1_first_and_evaluates_with_the_high_token(data_dir, 
 def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
     """DAPO's dynamic sampling: zero-variance groups are dropped in every round, the last included, and replaced by
     new tasks; the zero-variance share before filtering is logged too. No reward tokens outside rcgrpo."""
-    assert main(_args(data_dir, tmp_path / "d", "stage=dapo_filter", "rl.dapo_max_rounds=4", "trainer.max_steps=2",
-                      "generation.scripted.success_rate=0.8")) == 0  # P(zero variance) = 0.8^4 + 0.2^4 = 0.41
+    assert (
+        main(
+            _args(
+                data_dir,
+                tmp_path / "d",
+                "stage=dapo_filter",
+                "rl.dapo_max_rounds=4",
+                "trainer.max_steps=2",
+                "generation.scripted.success_rate=0.8",
+            )
+        )
+        == 0
+    )  # P(zero variance) = 0.8^4 + 0.2^4 = 0.41
     metrics = read_metrics(tmp_path / "d")
     assert sum(m["dropped_zero_variance_groups"] for m in metrics) > 0  # the filter acted
     for step, m in enumerate(metrics, start=1):
@@ -320,24 +385,41 @@ def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
 
 def test_dapo_filter_stops_when_no_group_has_variance(data_dir, tmp_path, capsys):
     # the scripted policy always fails: no group ever has variance, and none may be trained on
-    args = _args(data_dir, tmp_path / "e", "stage=dapo_filter", "rl.dapo_max_rounds=1", "trainer.max_steps=1",
-                 "generation.scripted.success_rate=0.0")
+    args = _args(
+        data_dir,
+        tmp_path / "e",
+        "stage=dapo_filter",
+        "rl.dapo_max_rounds=1",
+        "trainer.max_steps=1",
+        "generation.scripted.success_rate=0.0",
+    )
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: dapo_filter: 0 of rl.tasks_per_step=2 groups have reward variance after 2 rounds "
-                          "(4 zero-variance groups dropped"), err
+    assert err.startswith(
+        "error: dapo_filter: 0 of rl.tasks_per_step=2 groups have reward variance after 2 rounds "
+        "(4 zero-variance groups dropped"
+    ), err
     assert not (tmp_path / "e" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "e")
 
 
 def test_a_users_advantage_baseline_loaded_by_name(data_dir, tmp_path, monkeypatch):
     """plugins=[module] (outside the package) registers a baseline; the run trains with it: the dumped advantages
     are the plugin's formula of the dumped rewards, not the shipped mean baseline's."""
-    import nemo_rcgrpo.registry as registry
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
     try:
-        assert main(_args(data_dir, tmp_path / "p", "trainer.max_steps=1", "plugins=[rc_plugin_example]",
-                          "rl.advantage.baseline=median_example")) == 0
+        assert (
+            main(
+                _args(
+                    data_dir,
+                    tmp_path / "p",
+                    "trainer.max_steps=1",
+                    "plugins=[rc_plugin_example]",
+                    "rl.advantage.baseline=median_example",
+                )
+            )
+            == 0
+        )
         records = _dump(tmp_path / "p", 1)
         differs = 0
         for g in (0, 1):
@@ -368,9 +450,17 @@ def test_a_users_stage_loaded_by_name(data_dir, tmp_path, monkeypatch):
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
     try:
-        args = _args(data_dir, tmp_path / "s", "plugins=[rc_plugin_example]", "stage=rcgrpo_no_all_fail_example",
-                     "rl.dapo_max_rounds=4", "trainer.max_steps=2", "trainer.export_hf=true",
-                     "generation.scripted.success_high=0.3", "generation.scripted.success_low=0.0")
+        args = _args(
+            data_dir,
+            tmp_path / "s",
+            "plugins=[rc_plugin_example]",
+            "stage=rcgrpo_no_all_fail_example",
+            "rl.dapo_max_rounds=4",
+            "trainer.max_steps=2",
+            "trainer.export_hf=true",
+            "generation.scripted.success_high=0.3",
+            "generation.scripted.success_low=0.0",
+        )
         assert main(args) == 0  # P(a group fails in all 4 rollouts) = 0.7^2 = 0.49
         metrics = read_metrics(tmp_path / "s")
         assert sum(m["dropped_groups"] for m in metrics) > 0  # the user's filter acted
@@ -393,8 +483,15 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
     import nemo_rcgrpo.registry as registry
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "data" / "plugins"))
-    small = ["plugins=[misbehaving_env_example]", "trainer.max_steps=1", "rl.tasks_per_step=1", "rl.group_size=2",
-             "rl.max_turns=1", "generation.scripted.success_high=1.0", "generation.scripted.success_low=1.0"]
+    small = [
+        "plugins=[misbehaving_env_example]",
+        "trainer.max_steps=1",
+        "rl.tasks_per_step=1",
+        "rl.group_size=2",
+        "rl.max_turns=1",
+        "generation.scripted.success_high=1.0",
+        "generation.scripted.success_low=1.0",
+    ]
     try:
         assert main(_args(data_dir, tmp_path / "a", *small, "env.name=always_paid_example")) == 0
         records = _dump(tmp_path / "a", 1)
@@ -415,8 +512,13 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
         assert not (tmp_path / "b" / "metrics.jsonl").exists() or not read_metrics(tmp_path / "b")
         # the run's log file has each rollout's full traceback, down to the plugin's raising line, and the stop
         log = (tmp_path / "b" / "run.log").read_text()
-        raising = next(i for i, l in enumerate((REPO / "tests" / "data" / "plugins" / "misbehaving_env_example.py")
-                                               .read_text().splitlines(), 1) if 'raise KeyError("function")' in l)
+        raising = next(
+            i
+            for i, l in enumerate(
+                (REPO / "tests" / "data" / "plugins" / "misbehaving_env_example.py").read_text().splitlines(), 1
+            )
+            if 'raise KeyError("function")' in l
+        )
         assert log.count("Traceback (most recent call last):") == 3, log[-3000:]  # 2 rollouts, then the run's stop
         assert log.count(f'misbehaving_env_example.py", line {raising}, in step') == 2 and "the run stopped: " in log
         assert "Traceback" not in console  # the console: one line per rollout, one for the stop
@@ -429,8 +531,15 @@ def test_the_engine_owns_truncation_and_a_step_whose_rollouts_all_fail_stops(dat
 
 
 GOLDEN = REPO / "tests" / "data" / "golden" / "rl_steps.json"
-VARIANT = ("trainer.max_steps=2", "rl.ppo_epochs=2", "rl.mini_batches=2", "rl.loss.aggregation=sequence",
-           "rl.loss.correction=token_tis", "rl.loss.correction_cap=2.0", "rl.loss.kl_estimator=k1")
+VARIANT = (
+    "trainer.max_steps=2",
+    "rl.ppo_epochs=2",
+    "rl.mini_batches=2",
+    "rl.loss.aggregation=sequence",
+    "rl.loss.correction=token_tis",
+    "rl.loss.correction_cap=2.0",
+    "rl.loss.kl_estimator=k1",
+)
 
 
 def _recorded(run_dir) -> dict:
@@ -438,8 +547,10 @@ def _recorded(run_dir) -> dict:
     import hashlib
 
     timed = ("_seconds", "tokens_per_s")
-    metrics = [{k: v for k, v in m.items() if not k.endswith(timed) and k not in ("time", "wall_time")}
-               for m in read_metrics(run_dir)]
+    metrics = [
+        {k: v for k, v in m.items() if not k.endswith(timed) and k not in ("time", "wall_time")}
+        for m in read_metrics(run_dir)
+    ]
     dumps = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((Path(run_dir) / "rollouts").iterdir())}
     return {"metrics": metrics, "dumps": dumps}
 
@@ -510,6 +621,7 @@ def test_rollouts_generated_ahead_change_nothing_but_versions(data_dir, tmp_path
             def marked(step, cursor):
                 collecting.step = step
                 return collect(step, cursor)
+
             super().__init__(marked, first_step, *args, **kwargs)
 
     original = GatedGenerator.generate
@@ -593,8 +705,10 @@ def test_a_generator_that_dies_is_one_resumable_line(data_dir, tmp_path, uninter
     last = capsys.readouterr().err.strip().splitlines()[-1]
     done = len(read_metrics(run))
     assert done == 1 or (k == 1 and done == 2), done
-    assert last.startswith("error: vLLM server http://127.0.0.1:1") and \
-        f"[in step {done + 1}; the last checkpoint {run / 'checkpoints' / f'step_{done}'} resumes" in last, last
+    assert (
+        last.startswith("error: vLLM server http://127.0.0.1:1")
+        and f"[in step {done + 1}; the last checkpoint {run / 'checkpoints' / f'step_{done}'} resumes" in last
+    ), last
     monkeypatch.setattr(ScriptedGenerator, "generate", original)
     assert main(args) == 0
     _same_as_uninterrupted_but_versions(run, uninterrupted)

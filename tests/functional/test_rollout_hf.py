@@ -16,11 +16,19 @@ def test_hf_generator_rollouts_are_consistent_and_seeded(suite):
     tok, model = load_tokenizer("tiny-llama"), load_model("tiny-llama")
     add_reward_tokens(tok, model, ("<|high_reward|>", "<|low_reward|>"))
     renderer = ChatRenderer(tok, "hermes", tool_description="compact")
-    engine = RolloutEngine(HFGenerator(model, tok.eos_token_id), renderer,
-                           make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
-                           SamplingParams(max_new_tokens=24, temperature=1.0), max_turns=2, max_total_tokens=2048)
-    specs = [RolloutSpec(suite[t], g, tk) for g, t in enumerate(["multi_turn_base_0", "multi_turn_miss_func_2"])
-             for tk in (True, False)]
+    engine = RolloutEngine(
+        HFGenerator(model, tok.eos_token_id),
+        renderer,
+        make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
+        SamplingParams(max_new_tokens=24, temperature=1.0),
+        max_turns=2,
+        max_total_tokens=2048,
+    )
+    specs = [
+        RolloutSpec(suite[t], g, tk)
+        for g, t in enumerate(["multi_turn_base_0", "multi_turn_miss_func_2"])
+        for tk in (True, False)
+    ]
     first, timings = engine.rollout_timed(specs, seed=5)
     again = engine.rollout(specs, seed=5)
     assert [t.token_ids for t in first] == [t.token_ids for t in again]

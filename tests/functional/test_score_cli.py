@@ -10,14 +10,23 @@ def _write(path, lines):
 
 
 def test_score_file_with_good_and_bad_lines(tmp_path, capsys):
-    good = {"id": "multi_turn_base_0", "turns": [
-        ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"],
-        [["cd(folder='temp')"], [{"name": "grep", "arguments": {"file_name": "final_report.pdf",
-                                                               "pattern": "budget analysis"}}]],  # two steps
-        ["sort('final_report.pdf')"],
-        ["cd(folder='..')", "mv(source='previous_report.pdf',destination='temp')", "cd(folder='temp')",
-         "diff(file_name1='final_report.pdf',file_name2='previous_report.pdf')"],
-    ]}
+    good = {
+        "id": "multi_turn_base_0",
+        "turns": [
+            ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"],
+            [
+                ["cd(folder='temp')"],
+                [{"name": "grep", "arguments": {"file_name": "final_report.pdf", "pattern": "budget analysis"}}],
+            ],  # two steps
+            ["sort('final_report.pdf')"],
+            [
+                "cd(folder='..')",
+                "mv(source='previous_report.pdf',destination='temp')",
+                "cd(folder='temp')",
+                "diff(file_name1='final_report.pdf',file_name2='previous_report.pdf')",
+            ],
+        ],
+    }
     injected = {"id": "multi_turn_base_0", "turns": [["__import__('os').system('true')", "cd(folder='document')"]]}
     lines = [
         json.dumps(good),
@@ -34,8 +43,14 @@ def test_score_file_with_good_and_bad_lines(tmp_path, capsys):
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert len(out) == len(lines)
     first = out[0]
-    assert (first["id"], first["reward"], first["state_ok"], first["actions_ok"], first["official_valid"],
-            first["num_errors"]) == ("multi_turn_base_0", 1.0, True, True, True, 0)
+    assert (
+        first["id"],
+        first["reward"],
+        first["state_ok"],
+        first["actions_ok"],
+        first["official_valid"],
+        first["num_errors"],
+    ) == ("multi_turn_base_0", 1.0, True, True, True, 0)
     assert [len(t) for t in first["observations"]] == [3, 2, 1, 4]
     assert json.loads(first["observations"][0][0]) == {"current_working_directory": "document"}
     assert out[1]["line"] == 2 and "not valid JSON" in out[1]["error"]
@@ -59,7 +74,9 @@ def test_missing_input_file_is_a_clear_error(tmp_path, capsys):
 def test_console_script_ground_truth_summary():
     proc = subprocess.run(
         [sys.executable, "-m", "nemo_rcgrpo.cli", "score", "--ground-truth", "--categories", "miss_param", "--quiet"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "| miss_param | 200 | 100.00 | 100.00 |" in proc.stdout
     assert "| overall | 200 | 100.00 | 100.00 |" in proc.stdout
@@ -75,8 +92,13 @@ def test_invalid_utf8_and_overlong_lines_are_error_records(tmp_path):
     (tmp_path / "in.jsonl").write_bytes(b"\n".join([good, bad_utf8, long_line, good, long_id]) + b"\n")
     assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet"]) == 0
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r.get("error", "ok")[:24] for r in out] == ["ok", "line is not valid UTF-8 ", "line is longer than 4000", "ok",
-                                                        "unknown task id 'yyyyyyy"]
+    assert [r.get("error", "ok")[:24] for r in out] == [
+        "ok",
+        "line is not valid UTF-8 ",
+        "line is longer than 4000",
+        "ok",
+        "unknown task id 'yyyyyyy",
+    ]
     assert [r.get("line") for r in out] == [None, 2, 3, None, 5]
     assert len(json.dumps(out[4])) < 1500
     assert not (tmp_path / "out.jsonl.partial").exists()
@@ -126,18 +148,37 @@ def test_score_takes_the_tasks_of_another_task_source(tmp_path, capsys, one_fold
     assert main(["score", "--ground-truth", "--task-source", "bfcl_micro", "--summary", "--quiet"]) == 0
     table = capsys.readouterr().out
     assert "| base | 1320 | 100.00 | 100.00 |" in table and "other" not in table
-    _write(tmp_path / "in.jsonl", [json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='reports')"]]}),
-                                   json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='report')"]]})])
-    assert main(["score", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--quiet",
-                 "--task-source", "one_folder", "--plugins", "one_folder_tasks"]) == 0
+    _write(
+        tmp_path / "in.jsonl",
+        [
+            json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='reports')"]]}),
+            json.dumps({"id": "one_0", "turns": [["mkdir(dir_name='report')"]]}),
+        ],
+    )
+    assert (
+        main(
+            [
+                "score",
+                str(tmp_path / "in.jsonl"),
+                str(tmp_path / "out.jsonl"),
+                "--quiet",
+                "--task-source",
+                "one_folder",
+                "--plugins",
+                "one_folder_tasks",
+            ]
+        )
+        == 0
+    )
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [(r["id"], r["category"], r["reward"]) for r in out] == [("one_0", "base", 1.0),
-                                                                      ("one_0", "base", 0.0)]
+    assert [(r["id"], r["category"], r["reward"]) for r in out] == [("one_0", "base", 1.0), ("one_0", "base", 0.0)]
     capsys.readouterr()
     assert main(["score", "--ground-truth", "--task-source", "nope", "--quiet"]) == 2
-    assert capsys.readouterr().err.strip() == ("error: task_source='nope': no task_source of that name; registered: "
-                                               "['bfcl', 'bfcl_micro', 'one_folder'] (a plugin's task_source needs "
-                                               "plugins=[its module])")
+    assert capsys.readouterr().err.strip() == (
+        "error: task_source='nope': no task_source of that name; registered: "
+        "['bfcl', 'bfcl_micro', 'one_folder'] (a plugin's task_source needs "
+        "plugins=[its module])"
+    )
 
 
 def test_output_is_bounded_in_proportion_to_the_input(tmp_path):

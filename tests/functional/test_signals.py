@@ -13,12 +13,30 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start(data_dir, run_dir, *extra):
-    args = ["--config-name=sft_smollm_cpu", "model.path=tiny-qwen2", f"run_dir={run_dir}", f"data.dir={data_dir}",
-            "chat.max_length=900", "data.max_examples=64", "trainer.global_batch_size=2", "trainer.micro_batch_size=1",
-            "trainer.epochs=20", "trainer.max_steps=40", "trainer.save_every=1000", "trainer.export_hf=false", "logging.progress=false",
-            "logging.tensorboard=false", *extra]
-    return subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE), args
+    args = [
+        "--config-name=sft_smollm_cpu",
+        "model.path=tiny-qwen2",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=64",
+        "trainer.global_batch_size=2",
+        "trainer.micro_batch_size=1",
+        "trainer.epochs=20",
+        "trainer.max_steps=40",
+        "trainer.save_every=1000",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ), args
 
 
 def _wait_for_steps(run_dir, n, proc, timeout=240):
@@ -55,7 +73,9 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint(data_dir, tmp_path, sig
 
     assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / f"step_{step}"  # complete, and the newest
     assert _steps(run_dir) == list(range(1, step + 1))  # the stopped step is logged once
-    if sig == signal.SIGTERM:  # the same command (its entry point, in this process) resumes and finishes, each step once
+    if (
+        sig == signal.SIGTERM
+    ):  # the same command (its entry point, in this process) resumes and finishes, each step once
         from nemo_rcgrpo.train import main
 
         assert main(args) == 0
@@ -83,13 +103,33 @@ def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path, k):
     """k = 1: the signal comes while the next step's rollouts are being generated ahead; the run still stops
     after the step it was training, and what was generated ahead is dropped (no dump of a later step)."""
     run_dir = tmp_path / "rl"
-    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null",
-            f"data.dir={data_dir}", f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=1", "rl.max_turns=4",
-            "rl.sampling.max_new_tokens=64", "rl.max_total_tokens=4096", "trainer.max_steps=20",
-            "trainer.save_every=1000", "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false",
-            "generation=scripted", "env.categories=[base]", f"rl.max_staleness={k}"]
-    proc = subprocess.Popen([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data_dir}",
+        f"run_dir={run_dir}",
+        "rl.group_size=2",
+        "rl.tasks_per_step=1",
+        "rl.max_turns=4",
+        "rl.sampling.max_new_tokens=64",
+        "rl.max_total_tokens=4096",
+        "trainer.max_steps=20",
+        "trainer.save_every=1000",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=scripted",
+        "env.categories=[base]",
+        f"rl.max_staleness={k}",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _wait_for_steps(run_dir, 1, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
@@ -97,16 +137,30 @@ def test_sigterm_stops_an_rl_run_after_its_step(data_dir, tmp_path, k):
     last = err.strip().splitlines()[-1]
     step = int(last.split("after step ")[1].split()[0])
     assert last.startswith("stopped by SIGTERM") and f"checkpoints/step_{step}" in last, last
-    assert _steps(run_dir) == list(range(1, step + 1)) and (run_dir / "rollouts" / f"step_{step}.jsonl").exists()  # dumps count from 1, as metrics
+    assert (
+        _steps(run_dir) == list(range(1, step + 1)) and (run_dir / "rollouts" / f"step_{step}.jsonl").exists()
+    )  # dumps count from 1, as metrics
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == sorted(
-        f"step_{s}.jsonl" for s in range(1, step + 1))
+        f"step_{s}.jsonl" for s in range(1, step + 1)
+    )
 
 
 def _phase_args(data_dir, run_dir, *extra):
-    return ["--config-name=sft_smollm_cpu", "model.path=tiny-qwen2", f"run_dir={run_dir}", f"data.dir={data_dir}",
-            "chat.max_length=900", "data.max_examples=16", "trainer.global_batch_size=2", "trainer.micro_batch_size=1",
-            "trainer.max_steps=3", "trainer.save_every=100", "logging.progress=false", "logging.tensorboard=false",
-            *extra]
+    return [
+        "--config-name=sft_smollm_cpu",
+        "model.path=tiny-qwen2",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=16",
+        "trainer.global_batch_size=2",
+        "trainer.micro_batch_size=1",
+        "trainer.max_steps=3",
+        "trainer.save_every=100",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]
 
 
 def _signal_during(monkeypatch, module, name, when=lambda *a, **k: True):
@@ -146,7 +200,9 @@ def test_a_signal_in_any_phase_ends_with_the_same_line_and_exit_code(data_dir, t
         _signal_during(monkeypatch, stage1, "load_tokenizer_and_model")
     elif phase == "checkpoint":
         extra = ("trainer.save_every=2",)
-        _signal_during(monkeypatch, run_loop, "save_policy_checkpoint", lambda policy, dist, run_dir, step, **k: step == 2)
+        _signal_during(
+            monkeypatch, run_loop, "save_policy_checkpoint", lambda policy, dist, run_dir, step, **k: step == 2
+        )
     elif phase == "last step":
         _signal_during(monkeypatch, run_loop.RunLoop, "end_step", lambda self, step, *a, **k: step == 3)
     elif phase == "export":

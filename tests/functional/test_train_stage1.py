@@ -16,15 +16,30 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(data_dir, run_dir, *extra, stage="sft"):
-    return [f"--config-name={stage}_smollm_cpu", "model.path=tiny-qwen2", f"run_dir={run_dir}",
-            f"data.dir={data_dir}", "chat.max_length=900", "data.max_examples=16", "trainer.global_batch_size=2",
-            "trainer.micro_batch_size=1", "trainer.save_every=2", "logging.progress=false", "logging.tensorboard=true",
-            *extra]
+    return [
+        f"--config-name={stage}_smollm_cpu",
+        "model.path=tiny-qwen2",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=16",
+        "trainer.global_batch_size=2",
+        "trainer.micro_batch_size=1",
+        "trainer.save_every=2",
+        "logging.progress=false",
+        "logging.tensorboard=true",
+        *extra,
+    ]
 
 
 def _train(args, env=None):
-    return subprocess.run([sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
 
 
 def test_three_steps_metrics_checkpoint_export(data_dir, tmp_path):
@@ -62,15 +77,19 @@ def test_a_token_budget_trains_the_same_steps_as_single_example_micro_batches(da
     for a, b in zip(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "budget"), strict=True):
         assert a["micro_batches"] == 4.0 and b["micro_batches"] < 4.0
         assert a["tokens"] == b["tokens"] and b["tokens_total"] == a["tokens_total"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(
+            a["grad_norm"], rel=1e-4
+        )
 
 
 def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path):
     from nemo_rcgrpo.train import main
 
     assert main(_args(data_dir, tmp_path / "a", "trainer.max_steps=4", "trainer.export_hf=false")) == 0
-    assert main(_args(data_dir, tmp_path / "b", "trainer.max_steps=4", "trainer.stop_after=2",
-                      "trainer.export_hf=false")) == 0
+    assert (
+        main(_args(data_dir, tmp_path / "b", "trainer.max_steps=4", "trainer.stop_after=2", "trainer.export_hf=false"))
+        == 0
+    )
     assert [m["step"] for m in read_metrics(tmp_path / "b")] == [1, 2]
     # as a run killed after logging step 3 and while writing its next line, before step 3's checkpoint: the resume
     # drops both (the torn line with a note) and goes on from step 2's checkpoint
@@ -102,9 +121,18 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
 
     cases = [
         (_args(data_dir, tmp_path / "x", f"model.path={tmp_path / 'no_model'}"), "not a local HF folder"),
-        (_args(data_dir, tmp_path / "y", "model.reward_tokens=none", stage="rctp"), "stage=rctp conditions on reward tokens"),
-        (_args(data_dir, tmp_path / "z", "trainer.global_batch_size=3", "trainer.micro_batch_size=2"), "must be a multiple"),
-        (_args(data_dir, tmp_path / "w", "+trainer.epochz=3"), "unknown setting trainer.epochz; did you mean trainer.epochs?"),
+        (
+            _args(data_dir, tmp_path / "y", "model.reward_tokens=none", stage="rctp"),
+            "stage=rctp conditions on reward tokens",
+        ),
+        (
+            _args(data_dir, tmp_path / "z", "trainer.global_batch_size=3", "trainer.micro_batch_size=2"),
+            "must be a multiple",
+        ),
+        (
+            _args(data_dir, tmp_path / "w", "+trainer.epochz=3"),
+            "unknown setting trainer.epochz; did you mean trainer.epochs?",
+        ),
     ]
     for i, (args, message) in enumerate(cases):
         if i == 0:
@@ -117,8 +145,10 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
     # a checkpoint of another model in run_dir
     assert main(_args(data_dir, tmp_path / "other", "trainer.max_steps=1", "trainer.export_hf=false")) == 0
     proc = _train(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
-    assert proc.returncode == 2 and "model.path is 'tiny-qwen2' there and 'tiny-llama' now" in \
-        proc.stderr.strip().splitlines()[-1]
+    assert (
+        proc.returncode == 2
+        and "model.path is 'tiny-qwen2' there and 'tiny-llama' now" in proc.stderr.strip().splitlines()[-1]
+    )
     # the checkpoint itself is checked too, whatever the folder's config says
     (tmp_path / "other" / "config.yaml").unlink()
     code, stderr = in_process(_args(data_dir, tmp_path / "other", "model.path=tiny-llama", "trainer.max_steps=2"))
@@ -134,8 +164,13 @@ def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):
     from nemo_rcgrpo.train import main
 
     run = tmp_path / "r"
-    common = ("trainer.export_hf=false", "logging.tensorboard=false", "trainer.schedule=cosine", "trainer.lr=1e-4",
-              "trainer.warmup_steps=0")
+    common = (
+        "trainer.export_hf=false",
+        "logging.tensorboard=false",
+        "trainer.schedule=cosine",
+        "trainer.lr=1e-4",
+        "trainer.warmup_steps=0",
+    )
     assert main(_args(data_dir, run, "trainer.max_steps=2", *common)) == 0
     original = (run / "config.yaml").read_text()
     assert "run     " + str(run) + ": fresh start" in capsys.readouterr().err  # the banner of the first run
@@ -152,10 +187,14 @@ def test_run_folders_refuse_another_run(data_dir, tmp_path, capsys):
     assert "trainer.lr is 0.0001 there and 0.0002 now" in err
     err = refused("trainer.max_steps=2", "trainer.resume=false")
     assert "holds a run" in err and "overwrite=true" in err
-    assert (run / "config.yaml").read_text() == original and sorted(p.name for p in run.glob("config*")) == ["config.yaml"]
+    assert (run / "config.yaml").read_text() == original and sorted(p.name for p in run.glob("config*")) == [
+        "config.yaml"
+    ]
 
     # allowed: extend the run; config.1.yaml records this invocation, config.yaml stays the original
-    assert main(_args(data_dir, run, *common, "trainer.max_steps=4", "trainer.resume_may_change=[trainer.max_steps]")) == 0
+    assert (
+        main(_args(data_dir, run, *common, "trainer.max_steps=4", "trainer.resume_may_change=[trainer.max_steps]")) == 0
+    )
     assert (run / "config.yaml").read_text() == original
     assert yaml.safe_load((run / "config.1.yaml").read_text())["trainer"]["max_steps"] == 4
     metrics = read_metrics(run)
@@ -175,14 +214,31 @@ def test_torchrun_ddp_matches_single_process(data_dir, tmp_path):
     """Two DDP ranks, each with a micro-batch of 2 of the global 4: the same losses and gradient norms as one
     process, and each rank runs its rows as one process does (packed or their shared prefix once, inside DDP's
     forward, so the gradients still synchronise)."""
-    common = ["trainer.max_steps=2", "trainer.export_hf=false", "logging.tensorboard=false",
-              "trainer.global_batch_size=4", "trainer.micro_batch_size=2"]
+    common = [
+        "trainer.max_steps=2",
+        "trainer.export_hf=false",
+        "logging.tensorboard=false",
+        "trainer.global_batch_size=4",
+        "trainer.micro_batch_size=2",
+    ]
     single = _train(_args(data_dir, tmp_path / "one", *common))
     assert single.returncode == 0, single.stderr[-2000:]
     env = {"OMP_NUM_THREADS": "1"}
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29517",
-                          str(REPO / "nemo_rcgrpo" / "train.py"), *_args(data_dir, tmp_path / "two", *common)],
-                         capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO)
+    ddp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--master-port=29517",
+            str(REPO / "nemo_rcgrpo" / "train.py"),
+            *_args(data_dir, tmp_path / "two", *common),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=REPO,
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert len(one) == len(two) == 2

@@ -31,14 +31,16 @@ def test_logprobs_and_greedy_tokens_match_the_cpu():
 def test_torch_policy_on_cuda_takes_cpu_batches_and_trains_bf16_with_fp32_masters():
     """The RL path's device handling: batches stay on CPU between passes; the policy and its frozen reference
     compute on the GPU and hand CPU tensors back; a bf16 model's masters are fp32 on the GPU."""
-    from nemo_rcgrpo.config_schema import TrainerConfig
-    from nemo_rcgrpo.models.torch_policy import TorchPolicy
     from nemo_rcgrpo.algorithms.losses import sft_loss
+    from nemo_rcgrpo.config_schema import TrainerConfig
     from nemo_rcgrpo.data.batch import MicroBatch
+    from nemo_rcgrpo.models.torch_policy import TorchPolicy
     from nemo_rcgrpo.utils.dist import DistInfo
 
     model = load_model("tiny-llama", "bfloat16")
-    policy = TorchPolicy(model, TrainerConfig(lr=1e-5, schedule="constant"), DistInfo(device=torch.device("cuda", 0)), 4)
+    policy = TorchPolicy(
+        model, TrainerConfig(lr=1e-5, schedule="constant"), DistInfo(device=torch.device("cuda", 0)), 4
+    )
     reference = policy.frozen_reference()
     ids = torch.randint(0, 1000, (2, 12))
     batch = MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids))

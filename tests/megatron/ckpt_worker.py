@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
-from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded
 from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
@@ -35,8 +35,12 @@ REWARD_TOKENS = ("<|high_reward|>", "<|low_reward|>")
 
 def make_policy(name: str, tp: int, distributed_optimizer: bool, dist, pp: int = 1) -> MegatronPolicy:
     megatron = {"tp": tp, "pp": pp, "distributed_optimizer": distributed_optimizer}
-    cfg = TrainConfig.from_dict({"trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
-                                 "policy": {"backend": "megatron", "megatron": megatron}})
+    cfg = TrainConfig.from_dict(
+        {
+            "trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
+            "policy": {"backend": "megatron", "megatron": megatron},
+        }
+    )
     tok, hf = load_tokenizer(name), load_model(name)
     add_reward_tokens(tok, hf, REWARD_TOKENS)
     return MegatronPolicy(hf, cfg.policy_build(), dist, total_steps=4)
@@ -54,9 +58,18 @@ def make_batches(policy: MegatronPolicy, vocab: int) -> tuple[list[RLMicroBatch]
         rows = slice(s, s + 2)
         t = MicroBatch(ids[rows], torch.ones_like(ids[rows]), loss_mask[rows])
         old = policy.logprobs(t)
-        batches.append(RLMicroBatch(t.input_ids, t.attention_mask, t.loss_mask, advantages=torch.tensor(adv),
-                                    ref_logprobs=old.clone(), sampler_logprobs=torch.zeros(old.shape),
-                                    old_logprobs=old, first=s))
+        batches.append(
+            RLMicroBatch(
+                t.input_ids,
+                t.attention_mask,
+                t.loss_mask,
+                advantages=torch.tensor(adv),
+                ref_logprobs=old.clone(),
+                sampler_logprobs=torch.zeros(old.shape),
+                old_logprobs=old,
+                first=s,
+            )
+        )
     return batches, float(loss_mask.sum())
 
 
@@ -105,12 +118,19 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     load_s = time.perf_counter() - t0
     reloaded = max_diff(logprobs(fresh, batches), after[0])
     resumed = fresh.train_step(batches, loss_fn, n)
-    result = {"model": name, "distributed_optimizer": distributed_optimizer, "tp": world,
-              "checkpoint_bytes": dir_size(ckpt), "save_s": save_s, "load_s": load_s,
-              "fresh_logprob_diff": initial_diff, "reloaded_logprob_diff": reloaded,
-              "resumed_step_loss_diff": abs(step_loss(resumed) - step_loss(steps[0])),
-              "resumed_grad_norm_diff": abs(resumed.grad_norm - steps[0].grad_norm),
-              "resumed_logprob_diff": max_diff(logprobs(fresh, batches), after[1])}
+    result = {
+        "model": name,
+        "distributed_optimizer": distributed_optimizer,
+        "tp": world,
+        "checkpoint_bytes": dir_size(ckpt),
+        "save_s": save_s,
+        "load_s": load_s,
+        "fresh_logprob_diff": initial_diff,
+        "reloaded_logprob_diff": reloaded,
+        "resumed_step_loss_diff": abs(step_loss(resumed) - step_loss(steps[0])),
+        "resumed_grad_norm_diff": abs(resumed.grad_norm - steps[0].grad_norm),
+        "resumed_logprob_diff": max_diff(logprobs(fresh, batches), after[1]),
+    }
     del fresh
 
     # (b) TP = 1 (DP = 2), each DP rank on one micro-batch
@@ -125,10 +145,12 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     result["tp1_logprob_diff"] = max_diff(logprobs(tp1, batches), after[0])
     info, reduce_sum = tp1.data_parallel()
     out = tp1.train_step([batches[info.rank]], loss_fn, n)
-    result.update(tp1_dp=info.world_size,
-                  tp1_step_loss_diff=abs(reduce_sum(step_loss(out)) - step_loss(steps[0])),
-                  tp1_grad_norm_diff=abs(out.grad_norm - steps[0].grad_norm),
-                  tp1_resumed_logprob_diff=max_diff(logprobs(tp1, batches), after[1]))
+    result.update(
+        tp1_dp=info.world_size,
+        tp1_step_loss_diff=abs(reduce_sum(step_loss(out)) - step_loss(steps[0])),
+        tp1_grad_norm_diff=abs(out.grad_norm - steps[0].grad_norm),
+        tp1_resumed_logprob_diff=max_diff(logprobs(tp1, batches), after[1]),
+    )
     if distributed_optimizer:  # (c) this state, sharded over DP = 2, goes back to TP = 2
         save_sharded(tp1.ddp, tp1.optimizer, tmp / f"{ckpt.name}-tp1", {"optimizer_step": tp1.optimizer_step})
         result.update(back_to_tp2(name, tmp / f"{ckpt.name}-tp1", batches, n, steps[1], after[1:], dist))
@@ -139,8 +161,10 @@ def check(name: str, distributed_optimizer: bool, tmp: Path, dist, other_kind: P
     pp2.optimizer_step = load_sharded(pp2.ddp, pp2.optimizer, ckpt)["optimizer_step"]
     result["pp2_logprob_diff"] = max_diff(logprobs(pp2, batches), after[0])
     out = pp2.train_step(batches, loss_fn, n)
-    result.update(pp2_step_loss_diff=abs(step_loss(out) - step_loss(steps[0])),
-                  pp2_resumed_logprob_diff=max_diff(logprobs(pp2, batches), after[1]))
+    result.update(
+        pp2_step_loss_diff=abs(step_loss(out) - step_loss(steps[0])),
+        pp2_resumed_logprob_diff=max_diff(logprobs(pp2, batches), after[1]),
+    )
     return result
 
 
@@ -151,8 +175,10 @@ def back_to_tp2(name: str, ckpt: Path, batches: list[RLMicroBatch], n: float, st
     back.optimizer_step = load_sharded(back.ddp, back.optimizer, ckpt)["optimizer_step"]
     result = {"back_logprob_diff": max_diff(logprobs(back, batches), after[0])}
     out = back.train_step(batches, loss_fn, n)
-    result.update(back_step_loss_diff=abs(step_loss(out) - step_loss(step)),
-                  back_resumed_logprob_diff=max_diff(logprobs(back, batches), after[1]))
+    result.update(
+        back_step_loss_diff=abs(step_loss(out) - step_loss(step)),
+        back_resumed_logprob_diff=max_diff(logprobs(back, batches), after[1]),
+    )
     return result
 
 

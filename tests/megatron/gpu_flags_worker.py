@@ -11,9 +11,9 @@ import torch
 from transformers import LlamaConfig
 
 from nemo_rcgrpo.config_schema import MegatronConfig
+from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel
 from nemo_rcgrpo.models.megatron.flags import Platform, decide
-from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.megatron.policy import pad_micro_batches
 
 
@@ -24,12 +24,23 @@ def main() -> None:
     mcfg = MegatronConfig(recompute=sys.argv[1])
     flags = decide(Platform(cuda=True, compiles=True), mcfg, dp=1)  # torch.compile'd fusions included
     init_parallel(1, 1, 1, seed=1)
-    hf = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-5)
+    hf = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+    )
     model, _, config = build_gpt(hf, mcfg, flags=flags)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(**flags.ddp), model)
-    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True,
-                                                 clip_grad=1.0), [ddp], **flags.optimizer)
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-3, use_distributed_optimizer=True, clip_grad=1.0),
+        [ddp],
+        **flags.optimizer,
+    )
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (2, 21), generator=g)
     pos = lambda t: torch.arange(t.shape[1]).unsqueeze(0).expand_as(t)  # noqa: E731
@@ -53,11 +64,18 @@ def main() -> None:
         assert ok
         losses.append(float(loss))
     after = model.state_dict()
-    print(json.dumps({"flags": {k: v for k, v in flags.transformer.items() if isinstance(v, (bool, int, str))},
-                      "padded_shape": list(padded_ids.shape),
-                      "padding_max_diff": float((plain - padded[:, : ids.shape[1]]).abs().max()),
-                      "losses": losses, "changed": sum(not torch.equal(before[k], after[k]) for k in before),
-                      "tensors": len(before)}))
+    print(
+        json.dumps(
+            {
+                "flags": {k: v for k, v in flags.transformer.items() if isinstance(v, (bool, int, str))},
+                "padded_shape": list(padded_ids.shape),
+                "padding_max_diff": float((plain - padded[:, : ids.shape[1]]).abs().max()),
+                "losses": losses,
+                "changed": sum(not torch.equal(before[k], after[k]) for k in before),
+                "tensors": len(before),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

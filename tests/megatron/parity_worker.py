@@ -15,13 +15,14 @@ import sys
 
 import torch
 
+from nemo_rcgrpo.config_schema import MegatronConfig
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.builder import build_gpt, init_parallel, load_hf_state
-from nemo_rcgrpo.config_schema import MegatronConfig
 
 
 def check(name: str, tp: int, dtype: torch.dtype) -> dict:
-    from megatron.core import parallel_state as ps, tensor_parallel
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
 
     from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
 
@@ -54,19 +55,27 @@ def check(name: str, tp: int, dtype: torch.dtype) -> dict:
         ref_lp = ref_lp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         ref_ent = -(ref_lp_all.exp() * ref_lp_all).sum(-1)
     grad_diff = gradient_diff(model, hf, ids, pos, targets, shape, par)
-    return {"model": name, "tp": tp, "dtype": str(dtype).removeprefix("torch."), "dp": par.dp,
-            "grad_rel_diff": grad_diff,
-            "padded_vocab": local.shape[-1] * tp, "vocab": shape.vocab_size,
-            "hf_sdpa_vs_eager": sdpa_floor, "logits_max_abs_diff": float((full - ref).abs().max()),
-            "logprob_max_abs_diff": float((lp - ref_lp).abs().max()),
-            "entropy_max_abs_diff": float((ent - ref_ent).abs().max()),
-            "cross_entropy_max_abs_diff": float((ce - ref_lp).abs().max())}
+    return {
+        "model": name,
+        "tp": tp,
+        "dtype": str(dtype).removeprefix("torch."),
+        "dp": par.dp,
+        "grad_rel_diff": grad_diff,
+        "padded_vocab": local.shape[-1] * tp,
+        "vocab": shape.vocab_size,
+        "hf_sdpa_vs_eager": sdpa_floor,
+        "logits_max_abs_diff": float((full - ref).abs().max()),
+        "logprob_max_abs_diff": float((lp - ref_lp).abs().max()),
+        "entropy_max_abs_diff": float((ent - ref_ent).abs().max()),
+        "cross_entropy_max_abs_diff": float((ce - ref_lp).abs().max()),
+    }
 
 
 def gradient_diff(model, hf, ids, pos, targets, shape, par) -> float:
     """max |grad - HF grad| / max |HF grad| over every weight, after the mean token cross entropy's backward
     (Megatron: vocab-parallel; the TP-split gradients gathered and converted to HF names)."""
-    from megatron.core import parallel_state as ps, tensor_parallel
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
 
     from nemo_rcgrpo.models.megatron.convert import is_weight, megatron_param_to_hf, replicated_over_tp
     from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab

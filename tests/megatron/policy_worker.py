@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
-from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.config import TrainConfig
+from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer
 from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
 from nemo_rcgrpo.models.torch_policy import TorchPolicy
@@ -49,8 +49,17 @@ def _counted_sync(policy, dist):
 
     from nemo_rcgrpo.models import factory
 
-    names = ("all_gather", "gather", "broadcast", "broadcast_object_list", "send", "recv", "send_object_list",
-             "recv_object_list", "all_reduce")
+    names = (
+        "all_gather",
+        "gather",
+        "broadcast",
+        "broadcast_object_list",
+        "send",
+        "recv",
+        "send_object_list",
+        "recv_object_list",
+        "all_reduce",
+    )
     calls, depth, saved = {}, [0], {n: getattr(tdist, n) for n in names}
 
     def counting(name, fn):
@@ -62,6 +71,7 @@ def _counted_sync(policy, dist):
                 return fn(*args, **kwargs)
             finally:
                 depth[0] -= 1
+
         return wrapped
 
     for n in names:
@@ -74,8 +84,9 @@ def _counted_sync(policy, dist):
             setattr(tdist, n, saved[n])
     everyone = [None] * dist.world_size
     par = policy.parallel
-    tdist.all_gather_object(everyone, {"calls": calls, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank,
-                                       "pp_rank": par.pp_rank})
+    tdist.all_gather_object(
+        everyone, {"calls": calls, "tp_rank": par.tp_rank, "dp_rank": par.dp_rank, "pp_rank": par.pp_rank}
+    )
     return everyone, recorder
 
 
@@ -94,11 +105,13 @@ def stream_counts(policy, dist) -> dict:
     if recorder is not None:
         sd = policy.module.state_dict()  # rank 0's HF copy, synced by sync_hf_model above
         expected = {n: t for n, t in sd.items() if n != "lm_head.weight" or not policy.shape.tied_embeddings}
-        out["names_equal"] = list(recorder.tensors) == [m[0] for m in policy.export_meta()] and \
-            sorted(recorder.tensors) == sorted(expected)
+        out["names_equal"] = list(recorder.tensors) == [m[0] for m in policy.export_meta()] and sorted(
+            recorder.tensors
+        ) == sorted(expected)
         out["max_diff"] = max(float((recorder.tensors[n] - expected[n]).abs().max()) for n in expected)
         out["small_equal"] = list(small_recorder.tensors) == list(recorder.tensors) and all(
-            torch.equal(small_recorder.tensors[n], t) for n, t in recorder.tensors.items())
+            torch.equal(small_recorder.tensors[n], t) for n, t in recorder.tensors.items()
+        )
     return out
 
 
@@ -132,10 +145,18 @@ def _run(policy, batches, olds, padded: bool):
     reference logprobs from ``olds``), run as flat rows (the policy's setting) or padded."""
     with _rows_padded(policy, padded):
         evaluated = [policy.logprobs(b, with_entropy=True) for b in batches]
-        rl = [RLMicroBatch(b.input_ids, b.attention_mask, b.loss_mask, advantages=torch.linspace(-1, 1, b.rows),
-                           ref_logprobs=(old - 0.05) * b.loss_mask, sampler_logprobs=torch.zeros(b.input_ids.shape),
-                           old_logprobs=old * b.loss_mask)
-              for b, old in zip(batches, olds)]
+        rl = [
+            RLMicroBatch(
+                b.input_ids,
+                b.attention_mask,
+                b.loss_mask,
+                advantages=torch.linspace(-1, 1, b.rows),
+                ref_logprobs=(old - 0.05) * b.loss_mask,
+                sampler_logprobs=torch.zeros(b.input_ids.shape),
+                old_logprobs=old * b.loss_mask,
+            )
+            for b, old in zip(batches, olds)
+        ]
         n = float(sum(b.loss_mask.sum() for b in batches))
         stats = policy.backward(rl, GRPOLoss(kl_beta=0.1, num_sequences=8.0), n)
         return evaluated, PolicyLossStats.total(stats).loss, _gradients(policy)
@@ -146,7 +167,7 @@ def layout_parity(policy, vocab: int, dist) -> dict:
     one flat row, against the same micro-batches padded: logprobs, entropies, the loss and every parameter's
     gradient (max over ranks). Then a suffix that sees another suffix, and a suffix whose positions restart at 0,
     planted in the flat row: the logprobs must show each."""
-    from nemo_rcgrpo.data.packing import FlatRow, Packed, flat_row
+    from nemo_rcgrpo.data.packing import FlatRow
     from nemo_rcgrpo.data.prefix_tree import GroupLayout
     from nemo_rcgrpo.models.megatron import policy as policy_module
 
@@ -187,6 +208,7 @@ def layout_parity(policy, vocab: int, dist) -> dict:
                 start = tree.suffix_start(0)
                 positions[row.index[0, start:end]] = torch.arange(end - start)
             return FlatRow(row.ids, positions, blocked, row.index)
+
         return build
 
     shown = {}
@@ -202,14 +224,25 @@ def layout_parity(policy, vocab: int, dist) -> dict:
     torch.distributed.all_reduce(tops, op=torch.distributed.ReduceOp.MAX)
     lows = values.clone()
     torch.distributed.all_reduce(lows, op=torch.distributed.ReduceOp.MIN)
-    return {"kinds": kinds, "logprob_diff": float(tops[0]), "entropy_diff": float(tops[1]),
-            "loss_diff": float(tops[2]), "loss": padded[1], "grad_rel_diff": float(tops[3]),
-            "leak_shown": float(lows[4]), "restart_shown": float(lows[5])}
+    return {
+        "kinds": kinds,
+        "logprob_diff": float(tops[0]),
+        "entropy_diff": float(tops[1]),
+        "loss_diff": float(tops[2]),
+        "loss": padded[1],
+        "grad_rel_diff": float(tops[3]),
+        "leak_shown": float(lows[4]),
+        "restart_shown": float(lows[5]),
+    }
 
 
 def check(name: str, tp: int, pp: int, dist) -> dict:
-    cfg = TrainConfig.from_dict({"trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
-                                 "policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}}})
+    cfg = TrainConfig.from_dict(
+        {
+            "trainer": {"lr": 1e-3, "warmup_steps": 0, "schedule": "constant"},
+            "policy": {"backend": "megatron", "megatron": {"tp": tp, "pp": pp}},
+        }
+    )
     tok, hf = load_tokenizer(name), load_model(name)
     add_reward_tokens(tok, hf, ("<|high_reward|>", "<|low_reward|>"))
     torch_model = copy.deepcopy(hf)
@@ -223,19 +256,27 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     loss_mask[1, 20:] = 0
     batches, ents = [], []
     for s in (0, 2):
-        t = MicroBatch(ids[s:s + 2], torch.ones_like(ids[s:s + 2]), loss_mask[s:s + 2])
+        t = MicroBatch(ids[s : s + 2], torch.ones_like(ids[s : s + 2]), loss_mask[s : s + 2])
         old, ent = policy.logprobs(t, with_entropy=True)
-        batches.append(RLMicroBatch(t.input_ids, t.attention_mask, t.loss_mask,
-                                    advantages=torch.tensor([1.0, -0.5] if s == 0 else [0.25, -1.0]),
-                                    ref_logprobs=reference(t), sampler_logprobs=torch.zeros(t.input_ids.shape),
-                                    old_logprobs=old, first=s))
+        batches.append(
+            RLMicroBatch(
+                t.input_ids,
+                t.attention_mask,
+                t.loss_mask,
+                advantages=torch.tensor([1.0, -0.5] if s == 0 else [0.25, -1.0]),
+                ref_logprobs=reference(t),
+                sampler_logprobs=torch.zeros(t.input_ids.shape),
+                old_logprobs=old,
+                first=s,
+            )
+        )
         ents.append(ent)
     one = MicroBatch(ids[:1], torch.ones_like(ids[:1]), loss_mask[:1])
     policy_one = policy.logprobs(one, with_entropy=True)
     n = float(loss_mask.sum())
     loss_fn = GRPOLoss(kl_beta=0.1, num_sequences=4.0)
     replica, dp_sum = policy.data_parallel()
-    mine = batches[replica.rank::replica.world_size]
+    mine = batches[replica.rank :: replica.world_size]
     out = policy.train_step(mine, loss_fn, n)
     stats = PolicyLossStats.total(out.stats, dp_sum)
     policy.sync_hf_model()  # the generator's weight sync: rank 0's HF copy receives export_weights()
@@ -246,27 +287,42 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
         tpol = TorchPolicy(torch_model, cfg.trainer, DistInfo(), total_steps=4)
         t_old = [tpol.logprobs(b, with_entropy=True) for b in batches]
         # one row: the logits slice is contiguous (megatron's cross entropy works in place on it)
-        result["one_row_entropy_diff"] = float(((policy_one[1] - tpol.logprobs(one, with_entropy=True)[1])
-                                                * one.loss_mask).abs().max())
+        result["one_row_entropy_diff"] = float(
+            ((policy_one[1] - tpol.logprobs(one, with_entropy=True)[1]) * one.loss_mask).abs().max()
+        )
         t_out = tpol.train_step(batches, loss_fn, n)
         t_stats = PolicyLossStats.total(t_out.stats)
         t_after = [tpol.logprobs(b) for b in batches]
         synced = policy.module.state_dict()
         moved = max(float((synced[k] - torch_model.state_dict()[k]).abs().max()) for k in synced)
         start = load_model(name).state_dict()
-        result.update({
-            "model": name, "flat": flat, "tp": tp, "pp": pp, "dp": replica.world_size, "stream": streamed,
-            "old_logprob_diff": max(float(((b.old_logprobs - o[0]) * b.loss_mask).abs().max())
-                                    for b, o in zip(batches, t_old)),
-            "entropy_diff": max(float(((e - o[1]) * b.loss_mask).abs().max()) for b, e, o in zip(batches, ents, t_old)),
-            "loss": stats.loss, "torch_loss": t_stats.loss,
-            "grad_norm": out.grad_norm, "torch_grad_norm": t_out.grad_norm,
-            "kl_sum": stats.kl_sum, "torch_kl_sum": t_stats.kl_sum,
-            "weights_vs_torch": moved,
-            "weights_changed": max(float((synced[k][: start[k].shape[0]] - start[k]).abs().max()) for k in start),
-            "new_logprob_diff": max(float(((a - t) * b.loss_mask).abs().max())
-                                    for a, t, b in zip(after, t_after, batches)),
-        })
+        result.update(
+            {
+                "model": name,
+                "flat": flat,
+                "tp": tp,
+                "pp": pp,
+                "dp": replica.world_size,
+                "stream": streamed,
+                "old_logprob_diff": max(
+                    float(((b.old_logprobs - o[0]) * b.loss_mask).abs().max()) for b, o in zip(batches, t_old)
+                ),
+                "entropy_diff": max(
+                    float(((e - o[1]) * b.loss_mask).abs().max()) for b, e, o in zip(batches, ents, t_old)
+                ),
+                "loss": stats.loss,
+                "torch_loss": t_stats.loss,
+                "grad_norm": out.grad_norm,
+                "torch_grad_norm": t_out.grad_norm,
+                "kl_sum": stats.kl_sum,
+                "torch_kl_sum": t_stats.kl_sum,
+                "weights_vs_torch": moved,
+                "weights_changed": max(float((synced[k][: start[k].shape[0]] - start[k]).abs().max()) for k in start),
+                "new_logprob_diff": max(
+                    float(((a - t) * b.loss_mask).abs().max()) for a, t, b in zip(after, t_after, batches)
+                ),
+            }
+        )
     # checkpoint round trip: a fresh policy loaded from the sharded checkpoint gives the same logprobs
     box = [tempfile.mkdtemp(prefix="rcgrpo-ckpt-") if dist.rank == 0 else None]
     torch.distributed.broadcast_object_list(box, src=0)
@@ -277,8 +333,9 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     fresh = MegatronPolicy(fresh_hf, cfg.policy_build(), dist, total_steps=4)
     fresh.load_state_dict({}, {**sd["optimizer"], "path": str(Path(box[0]) / sd["optimizer"]["dir"])}, sd["scheduler"])
     if dist.rank == 0:  # rank 0's HF copy (the generator's model) follows the loaded weights
-        result["reloaded_hf_diff"] = max(float((fresh.module.state_dict()[k] - v).abs().max())
-                                         for k, v in policy.module.state_dict().items())
+        result["reloaded_hf_diff"] = max(
+            float((fresh.module.state_dict()[k] - v).abs().max()) for k, v in policy.module.state_dict().items()
+        )
     torch.distributed.barrier()
     if dist.rank == 0:
         shutil.rmtree(box[0])
@@ -286,9 +343,11 @@ def check(name: str, tp: int, pp: int, dist) -> dict:
     # the next step from the reloaded optimizer state equals the next step of the original
     o1 = policy.train_step(mine, loss_fn, n)
     o2 = fresh.train_step(mine, loss_fn, n)
-    result.update(reloaded_logprob_diff=reloaded,
-                  resumed_step_loss_diff=abs(PolicyLossStats.total(o1.stats).loss - PolicyLossStats.total(o2.stats).loss),
-                  resumed_logprob_diff=max(float((policy.logprobs(b) - fresh.logprobs(b)).abs().max()) for b in batches))
+    result.update(
+        reloaded_logprob_diff=reloaded,
+        resumed_step_loss_diff=abs(PolicyLossStats.total(o1.stats).loss - PolicyLossStats.total(o2.stats).loss),
+        resumed_logprob_diff=max(float((policy.logprobs(b) - fresh.logprobs(b)).abs().max()) for b in batches),
+    )
     # a step in which only replica 0 has a micro-batch (RL groups can be dropped): the others still take part
     lonely = policy.train_step(mine[:1] if replica.rank == 0 else [], loss_fn, n)
     result["lonely_step_grad_norm"] = lonely.grad_norm

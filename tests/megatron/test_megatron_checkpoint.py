@@ -22,10 +22,25 @@ ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ckpt")
     out = tmp / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "ckpt_worker.py"),
-                           str(out), str(tmp), "tiny-llama", "tiny-qwen2"],
-                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            str(REPO / "tests" / "megatron" / "ckpt_worker.py"),
+            str(out),
+            str(tmp),
+            "tiny-llama",
+            "tiny-qwen2",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for ckpt in (p for p in tmp.iterdir() if p.is_dir()):  # about 1 GB of checkpoints
         shutil.rmtree(ckpt)
@@ -34,7 +49,11 @@ def results(tmp_path_factory):
 
 def test_every_model_and_optimizer_kind_ran(results):
     assert [(r["model"], r["distributed_optimizer"]) for r in results] == [
-        ("tiny-llama", True), ("tiny-llama", False), ("tiny-qwen2", False), ("tiny-qwen2", True)]
+        ("tiny-llama", True),
+        ("tiny-llama", False),
+        ("tiny-qwen2", False),
+        ("tiny-qwen2", True),
+    ]
 
 
 def test_resume_at_the_same_layout_is_exact(results):
@@ -81,21 +100,53 @@ def test_the_other_optimizer_kind_is_refused_with_the_saved_layout(results):
 def test_checkpoint_sizes(results):
     """fp32 weights + Adam moments (+ the fp32 main weights with the distributed optimizer), each stored once."""
     for r in results:
-        ratio = r["checkpoint_bytes"] / next(x for x in results if x["model"] == r["model"] and
-                                             not x["distributed_optimizer"])["checkpoint_bytes"]
+        ratio = (
+            r["checkpoint_bytes"]
+            / next(x for x in results if x["model"] == r["model"] and not x["distributed_optimizer"])[
+                "checkpoint_bytes"
+            ]
+        )
         assert ratio == pytest.approx(4 / 3 if r["distributed_optimizer"] else 1, rel=0.02), r
 
 
 def _stage1(data_dir, run_dir, nproc, *extra):
     """rctp_smollm_cpu on the tiny Llama: 4 steps of 4 sequences, a checkpoint every 2 steps."""
-    args = ["--config-name=rctp_smollm_cpu", "model.path=tiny-llama", f"run_dir={run_dir}", f"data.dir={data_dir}",
-            "chat.max_length=900", "data.max_examples=16", "trainer.global_batch_size=4", "trainer.micro_batch_size=1",
-            "trainer.max_steps=4", "trainer.save_every=2", "trainer.lr=1e-3", "trainer.warmup_steps=0",
-            "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron",
-            f"layout.gpus_per_node={nproc}", *extra]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                           f"--master-port={free_port()}", str(REPO / "nemo_rcgrpo" / "train.py"), *args],
-                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=600)
+    args = [
+        "--config-name=rctp_smollm_cpu",
+        "model.path=tiny-llama",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=16",
+        "trainer.global_batch_size=4",
+        "trainer.micro_batch_size=1",
+        "trainer.max_steps=4",
+        "trainer.save_every=2",
+        "trainer.lr=1e-3",
+        "trainer.warmup_steps=0",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "policy.backend=megatron",
+        f"layout.gpus_per_node={nproc}",
+        *extra,
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+            str(REPO / "nemo_rcgrpo" / "train.py"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        cwd=REPO,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -107,8 +158,15 @@ def test_stage1_resumes_from_the_sharded_checkpoint_at_the_same_and_another_layo
     _stage1(data_dir, tmp_path / "straight", 2)
     _stage1(data_dir, tmp_path / "stopped", 2, "trainer.stop_after=2")
     step2 = tmp_path / "stopped" / "checkpoints" / "step_2"
-    assert sorted(p.name for p in step2.iterdir()) == ["extra.pt", "manifest.json", "megatron", "model.pt",
-                                                       "optimizer.pt", "tokenizer", "trainer_state.json"]
+    assert sorted(p.name for p in step2.iterdir()) == [
+        "extra.pt",
+        "manifest.json",
+        "megatron",
+        "model.pt",
+        "optimizer.pt",
+        "tokenizer",
+        "trainer_state.json",
+    ]
     from nemo_rcgrpo.utils.checkpoint import verify_checkpoint
 
     manifest = json.loads((step2 / "manifest.json").read_text())
@@ -123,6 +181,9 @@ def test_stage1_resumes_from_the_sharded_checkpoint_at_the_same_and_another_layo
         resumed = read_metrics(tmp_path / name)
         assert [m["step"] for m in resumed] == [1, 2, 3, 4], name  # each step logged once
         for a, b in zip(straight[2:], resumed[2:]):
-            assert abs(a["loss"] - b["loss"]) <= tol and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=tol), \
-                (name, a, b)
+            assert abs(a["loss"] - b["loss"]) <= tol and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=tol), (
+                name,
+                a,
+                b,
+            )
             assert a["tokens"] == b["tokens"]

@@ -11,10 +11,17 @@ import torch
 from safetensors.torch import load_file
 
 from nemo_rcgrpo.models.hf import add_reward_tokens, load_model, load_tokenizer, resolve_model_path
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, ModelShape, check_tp, global_layer_name,
-                                                 hf_to_megatron, megatron_to_hf, padded_vocab_size, pipeline_stage,
-                                                 stage_layers)
-
+from nemo_rcgrpo.models.megatron.convert import (
+    ConversionError,
+    ModelShape,
+    check_tp,
+    global_layer_name,
+    hf_to_megatron,
+    megatron_to_hf,
+    padded_vocab_size,
+    pipeline_stage,
+    stage_layers,
+)
 from tests.megatron.helpers import free_port
 
 pytestmark = pytest.mark.megatron
@@ -84,13 +91,25 @@ def test_pipeline_stages_split_the_layers_and_round_trip():
     assert "embedding.word_embeddings.weight" in first and "decoder.final_layernorm.weight" not in first
     assert not any(k.startswith(("embedding", "output", "decoder.final")) for k in middle)
     assert torch.equal(last["output_layer.weight"], ranks[1]["embedding.word_embeddings.weight"])
-    assert torch.equal(middle["decoder.layers.3.mlp.linear_fc2.weight"], ranks[1]["decoder.layers.13.mlp.linear_fc2.weight"])
-    merged = [{global_layer_name(k, 10 * s): v for s, sd in enumerate(per_tp) for k, v in sd.items()
-               if k != "output_layer.weight"} for per_tp in stages]  # the tied copy is not a parameter of its own
+    assert torch.equal(
+        middle["decoder.layers.3.mlp.linear_fc2.weight"], ranks[1]["decoder.layers.13.mlp.linear_fc2.weight"]
+    )
+    merged = [
+        {
+            global_layer_name(k, 10 * s): v
+            for s, sd in enumerate(per_tp)
+            for k, v in sd.items()
+            if k != "output_layer.weight"
+        }
+        for per_tp in stages
+    ]  # the tied copy is not a parameter of its own
     back = megatron_to_hf(merged, shape)
     assert back.keys() == original.keys() and all(torch.equal(back[k], v) for k, v in original.items())
-    with pytest.raises(ConversionError, match=r"pipeline-parallel size 4 does not divide the model's 30 layers; "
-                                              r"possible sizes: \[1, 2, 3, 5, 6, 10, 15, 30\]"):
+    with pytest.raises(
+        ConversionError,
+        match=r"pipeline-parallel size 4 does not divide the model's 30 layers; "
+        r"possible sizes: \[1, 2, 3, 5, 6, 10, 15, 30\]",
+    ):
         stage_layers(30, 4, 0)
 
 
@@ -98,21 +117,37 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
     from transformers import AutoConfig
 
     shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_path("smollm2")))
-    with pytest.raises(ConversionError, match=r"tensor-parallel size 2 does not divide .*attention heads \(9\).*\[1, 3\]"):
+    with pytest.raises(
+        ConversionError, match=r"tensor-parallel size 2 does not divide .*attention heads \(9\).*\[1, 3\]"
+    ):
         check_tp(shape, 2)
     check_tp(shape, 3)
 
 
 def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                           f"--master-port={free_port()}", *args], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
 
 
-@pytest.mark.parametrize("nproc,pairs", [(3, ["smollm2:3", "smollm2:1", "smollm2:3:float64"]),
-                                         (2, ["tiny-qwen2:2", "tiny-qwen2:1"])],
-                         ids=["smollm2", "tiny-qwen2"])
+@pytest.mark.parametrize(
+    "nproc,pairs",
+    [(3, ["smollm2:3", "smollm2:1", "smollm2:3:float64"]), (2, ["tiny-qwen2:2", "tiny-qwen2:1"])],
+    ids=["smollm2", "tiny-qwen2"],
+)
 def test_logits_and_gradients_match_hf(tmp_path, nproc, pairs):
     out = tmp_path / "parity.json"
     proc = _torchrun(nproc, str(REPO / "tests" / "megatron" / "parity_worker.py"), str(out), *pairs)
@@ -171,15 +206,35 @@ def test_gpu_benchmark_script_flops_and_tiny_run():
     assert 51_470_401_536 / megatron == pytest.approx(1.0668, abs=1e-4)  # the PaLM count reads about 7% high
     # 45% of 989 TFLOP/s is about 9.2k tokens/s/GPU at this shape in Megatron's count
     assert megatron_gpu.mfu(9224.0, megatron, 989.0) == pytest.approx(0.45, rel=1e-3)
-    peaks = {name: megatron_gpu.peak_tflops(name) for name in
-             ("NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
-              "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090")}
-    assert peaks == {"NVIDIA H200": 989.0, "NVIDIA H200 NVL": 835.0, "NVIDIA H100 80GB HBM3": 989.0,
-                     "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA A100-SXM4-80GB": 312.0,
-                     "NVIDIA GeForce RTX 4090": None}
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.megatron_gpu", "--tiny"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    peaks = {
+        name: megatron_gpu.peak_tflops(name)
+        for name in (
+            "NVIDIA H200",
+            "NVIDIA H200 NVL",
+            "NVIDIA H100 80GB HBM3",
+            "NVIDIA H100 PCIe",
+            "NVIDIA H100 NVL",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA GeForce RTX 4090",
+        )
+    }
+    assert peaks == {
+        "NVIDIA H200": 989.0,
+        "NVIDIA H200 NVL": 835.0,
+        "NVIDIA H100 80GB HBM3": 989.0,
+        "NVIDIA H100 PCIe": 756.0,
+        "NVIDIA H100 NVL": 835.0,
+        "NVIDIA A100-SXM4-80GB": 312.0,
+        "NVIDIA GeForce RTX 4090": None,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench.megatron_gpu", "--tiny"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0 and "tiny check: 2 steps" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -191,12 +246,23 @@ def test_llama3_rope_scaling_matches_hf():
     from nemo_rcgrpo.models.megatron.builder import apply_rope_scaling, rope_settings
 
     # factors away from megatron's defaults (1, 4, 8192) so that a fixed-default implementation would differ
-    config = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=500000.0, max_position_embeddings=4096,
-                         rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0,
-                                       "high_freq_factor": 8.0, "original_max_position_embeddings": 1024})
+    config = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        rope_theta=500000.0,
+        max_position_embeddings=4096,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 1024,
+        },
+    )
     rope = rope_settings(config)
-    rotary = RotaryEmbedding(kv_channels=64, rotary_percent=1.0, rotary_base=int(rope["theta"]),
-                             use_cpu_initialization=True)
+    rotary = RotaryEmbedding(
+        kv_channels=64, rotary_percent=1.0, rotary_base=int(rope["theta"]), use_cpu_initialization=True
+    )
     plain = rotary.inv_freq.clone()
     apply_rope_scaling(rotary, rope)
     hf = LlamaRotaryEmbedding(config).inv_freq
@@ -208,9 +274,14 @@ def test_llama3_rope_scaling_matches_hf():
 def test_a_model_built_with_the_gpu_flags_trains_on_cpu(recompute):
     """Every flag flags.decide sets on a GPU machine without TE or apex, as the GPU gets it (persist_layer_norm
     on made WrappedTorchNorm assert here; the optimizer's default gloo groups failed here as on a GPU)."""
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "megatron" / "gpu_flags_worker.py"), recompute],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "megatron" / "gpu_flags_worker.py"), recompute],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["flags"]["use_cpu_initialization"] is False and r["flags"]["bias_activation_fusion"] is True

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from nemo_rcgrpo.utils.logging import read_metrics
-
 from tests.conftest import hand_advantages
 from tests.megatron.helpers import free_port
 
@@ -24,17 +23,43 @@ ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 def _stage1_args(data_dir, run_dir, *extra):
     """rctp_smollm_cpu with its data order and seed, cut to a few short steps of 2 sequences (CPU test budget)."""
-    return ["--config-name=rctp_smollm_cpu", f"run_dir={run_dir}", f"data.dir={data_dir}", "chat.max_length=900",
-            "data.max_examples=16", "trainer.global_batch_size=2", "trainer.micro_batch_size=1",
-            "trainer.max_steps=3", "trainer.lr=1e-4", "logging.progress=false", "logging.tensorboard=false", *extra]
+    return [
+        "--config-name=rctp_smollm_cpu",
+        f"run_dir={run_dir}",
+        f"data.dir={data_dir}",
+        "chat.max_length=900",
+        "data.max_examples=16",
+        "trainer.global_batch_size=2",
+        "trainer.micro_batch_size=1",
+        "trainer.max_steps=3",
+        "trainer.lr=1e-4",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]
 
 
 def _train(args, nproc=1):
-    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                   f"--nproc-per-node={nproc}", f"--master-port={free_port()}"]
+    launch = (
+        [sys.executable]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            f"--master-port={free_port()}",
+        ]
+    )
     env = ENV if nproc > 1 else {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}  # one process: every core
-    return subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=REPO, timeout=900)
+    return subprocess.run(
+        [*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=REPO,
+        timeout=900,
+    )
 
 
 def _ok(proc):
@@ -46,8 +71,13 @@ def test_stage1_smollm2_same_losses_torch_and_megatron(micro_data_dir, tmp_path)
     TP=3 is checked per weight gradient against HF in test_megatron_model; at TP > 1 through the trainers by
     the TP=2 tests below and the stage-1 resharding resume of test_megatron_checkpoint.)"""
     # the bfcl_micro tasks' short trajectories (about 300 tokens; the subject is the backend, not BFCL's prompts)
-    common = ["trainer.save_every=100", "trainer.export_hf=false", "trainer.max_steps=2", "env.task_source=bfcl_micro",
-              "chat.tool_description=compact"]
+    common = [
+        "trainer.save_every=100",
+        "trainer.export_hf=false",
+        "trainer.max_steps=2",
+        "env.task_source=bfcl_micro",
+        "chat.tool_description=compact",
+    ]
     _ok(_train(_stage1_args(micro_data_dir, tmp_path / "torch", *common)))
     _ok(_train(_stage1_args(micro_data_dir, tmp_path / "tp1", *common, "policy.backend=megatron")))
     runs = {name: read_metrics(tmp_path / name) for name in ("torch", "tp1")}
@@ -71,10 +101,23 @@ WORLD = 4  # processes of the one torchrun that runs both layouts
 def policy_steps(tmp_path_factory):
     """Both layouts of the test below in one torchrun of WORLD processes (the parallel groups made anew per layout)."""
     out = tmp_path_factory.mktemp("policy") / "policy.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
-                           f"--master-port={free_port()}", str(REPO / "tests" / "megatron" / "policy_worker.py"),
-                           str(out), *(f"{tp}:{pp}:{','.join(models)}" for tp, pp, models in LAYOUTS.values())],
-                          capture_output=True, text=True, env={**os.environ, **ENV}, cwd=REPO, timeout=1200)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={WORLD}",
+            f"--master-port={free_port()}",
+            str(REPO / "tests" / "megatron" / "policy_worker.py"),
+            str(out),
+            *(f"{tp}:{pp}:{','.join(models)}" for tp, pp, models in LAYOUTS.values()),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        cwd=REPO,
+        timeout=1200,
+    )
     _ok(proc)
     return json.loads(out.read_text())
 
@@ -126,8 +169,11 @@ def _check_stream(stream, tp):
             assert c == {}, (rank, r)  # the other replicas hold the same weights and move none
             continue
         sender = r["pp_rank"] > 0 and r["tp_rank"] == 0
-        assert c == {**({"gather": 1} if tp > 1 else {}), **({"send": 1} if sender else {}),
-                     **({"recv": max(p["pp_rank"] for p in stream["ranks"])} if rank == 0 else {})}, (rank, r)
+        assert c == {
+            **({"gather": 1} if tp > 1 else {}),
+            **({"send": 1} if sender else {}),
+            **({"recv": max(p["pp_rank"] for p in stream["ranks"])} if rank == 0 else {}),
+        }, (rank, r)
     # 4 KB buckets: the same tensors, in many gathers and sends (and rank 0 receives every bucket sent)
     assert stream["small_equal"], "the stream at 4 KB buckets differs from the stream at 256 MB"
     small = stream["small_ranks"]
@@ -140,8 +186,11 @@ def _check_stream(stream, tp):
     assert small[0]["calls"].get("recv", 0) == sends and (sends > 3) == (max(r["pp_rank"] for r in small) > 0), small
 
 
-@pytest.mark.parametrize("layout", [["policy.megatron.pp=2", "layout.gpus_per_node=4"],
-                                    ["policy.megatron.tp=2", "layout.gpus_per_node=2"]], ids=["pp2-dp2", "tp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [["policy.megatron.pp=2", "layout.gpus_per_node=4"], ["policy.megatron.tp=2", "layout.gpus_per_node=2"]],
+    ids=["pp2-dp2", "tp2"],
+)
 def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
     """RC-GRPO end to end with the Megatron backend: two pipeline stages x two data-parallel replicas (4 processes:
     rank 0, a first stage, generates; each replica scores and trains on its half of the micro-batches; the last
@@ -153,12 +202,26 @@ def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
     from nemo_rcgrpo.models.hf import load_model
 
     nproc = 4 if "policy.megatron.pp=2" in layout else 2
-    args = ["--config-name=micro_rcgrpo", "model.path=tiny-llama", f"data.dir={micro_data_dir}",
-            f"run_dir={tmp_path / 'rl'}", "rl.group_size=4", "rl.tasks_per_step=2", "rl.eval_every=0",
-            "trainer.lr=1e-3", "trainer.max_steps=2", "trainer.save_every=1",
-            "trainer.micro_batch_size=2", "logging.progress=false", "logging.tensorboard=false",
-            "policy.backend=megatron", "generation=scripted", "generation.scripted.success_high=0.8",
-            "generation.scripted.success_low=0.2", *layout]
+    args = [
+        "--config-name=micro_rcgrpo",
+        "model.path=tiny-llama",
+        f"data.dir={micro_data_dir}",
+        f"run_dir={tmp_path / 'rl'}",
+        "rl.group_size=4",
+        "rl.tasks_per_step=2",
+        "rl.eval_every=0",
+        "trainer.lr=1e-3",
+        "trainer.max_steps=2",
+        "trainer.save_every=1",
+        "trainer.micro_batch_size=2",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "policy.backend=megatron",
+        "generation=scripted",
+        "generation.scripted.success_high=0.8",
+        "generation.scripted.success_low=0.2",
+        *layout,
+    ]
     _ok(_train(args, nproc=nproc))
     run_dir = tmp_path / "rl"
     metrics = read_metrics(run_dir)
@@ -169,8 +232,9 @@ def test_two_rcgrpo_steps_with_mixed_rewards(micro_data_dir, tmp_path, layout):
         assert m["tokens"] == sum(r["generated_tokens"] for r in records)
         for g in (0, 1):
             group = [r for r in records if r["group"] == g]
-            assert [r["advantage"] for r in group] == pytest.approx(hand_advantages([r["reward"] for r in group]),
-                                                                    abs=1e-6)
+            assert [r["advantage"] for r in group] == pytest.approx(
+                hand_advantages([r["reward"] for r in group]), abs=1e-6
+            )
         # each micro-batch (2 rows of one group) ran its prompt once, as a flat row, and the loss is still exact
         assert m["prefix_tokens_saved"] > 0 and m["forward_positions_saved"] > 0, m
         if m["step"] == 1:
@@ -201,11 +265,15 @@ def test_start_up_errors_are_one_line(data_dir, tmp_path, capfd):
     from nemo_rcgrpo.train import main
 
     cases = [
-        (["policy.backend=megatron", "policy.megatron.tp=2", "layout.gpus_per_node=2"],
-         "policy.megatron.tp=2: tensor-parallel size 2 does not divide the model's attention heads (9), KV heads (3)"),
+        (
+            ["policy.backend=megatron", "policy.megatron.tp=2", "layout.gpus_per_node=2"],
+            "policy.megatron.tp=2: tensor-parallel size 2 does not divide the model's attention heads (9), KV heads (3)",
+        ),
         (["policy.backend=megatron", "policy.megatron.fp8=hybrid"], "needs Transformer Engine"),
-        (["policy.backend=megatron", "policy.megatron.pp=4"],
-         "policy.megatron.pp=4: pipeline-parallel size 4 does not divide the model's 30 layers"),
+        (
+            ["policy.backend=megatron", "policy.megatron.pp=4"],
+            "policy.megatron.pp=4: pipeline-parallel size 4 does not divide the model's 30 layers",
+        ),
         (["policy.backend=megatron", "policy.megatron.cp=2"], "context parallelism is not implemented"),
     ]
     for extra, message in cases:

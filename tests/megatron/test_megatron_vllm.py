@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from nemo_rcgrpo.utils.logging import read_metrics
-
 from tests.megatron.helpers import free_port
 
 pytestmark = [pytest.mark.megatron, pytest.mark.vllm]
@@ -31,21 +30,43 @@ def _gone(pid: int) -> bool:
 
 
 def _run(data_dir, run_dir) -> subprocess.CompletedProcess:
-    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data_dir}",
-            f"run_dir={run_dir}", f"rl.group_size={GROUP}", f"rl.tasks_per_step={TASKS}", "rl.max_turns=2",
-            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=2",
-            # the random model's rewards are all 0 (zero advantages, and the KL term is 0 on step 1): weight decay
-            # makes step 1 move the weights for sure, so step 2's KL and the synced weights have something to show
-            "trainer.weight_decay=0.1",
-            "logging.progress=false", "logging.tensorboard=false", "policy.backend=megatron", "policy.megatron.tp=2",
-            "layout.gpus_per_node=2", "generation=vllm", "generation.vllm.enforce_eager=true",
-            "generation.vllm.kv_cache_gib=1",
-            # the folder path, so that the served tensors can be read back and compared below (the collective
-            # path, the default, is tests/vllm/test_vllm_generator.py's: received = sent, served = HF)
-            "generation.vllm.weight_sync=folder"]
+    args = [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data_dir}",
+        f"run_dir={run_dir}",
+        f"rl.group_size={GROUP}",
+        f"rl.tasks_per_step={TASKS}",
+        "rl.max_turns=2",
+        "rl.sampling.max_new_tokens=16",
+        "rl.max_total_tokens=1536",
+        "trainer.lr=1e-3",
+        "trainer.max_steps=2",
+        # the random model's rewards are all 0 (zero advantages, and the KL term is 0 on step 1): weight decay
+        # makes step 1 move the weights for sure, so step 2's KL and the synced weights have something to show
+        "trainer.weight_decay=0.1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "policy.backend=megatron",
+        "policy.megatron.tp=2",
+        "layout.gpus_per_node=2",
+        "generation=vllm",
+        "generation.vllm.enforce_eager=true",
+        "generation.vllm.kv_cache_gib=1",
+        # the folder path, so that the served tensors can be read back and compared below (the collective
+        # path, the default, is tests/vllm/test_vllm_generator.py's: received = sent, served = HF)
+        "generation.vllm.weight_sync=folder",
+    ]
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    return subprocess.run([*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args], capture_output=True, text=True,
-                          env={**os.environ, **ENV}, cwd=REPO, timeout=600)
+    return subprocess.run(
+        [*launch, str(REPO / "nemo_rcgrpo" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        cwd=REPO,
+        timeout=600,
+    )
 
 
 def _check_served_weights(run_dir: Path) -> None:

@@ -45,39 +45,55 @@ def test_bad_settings_are_explained(override, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("command, overrides, message", [
-    ("train", ["trainer.max_steps=abc"], "trainer.max_steps='abc' must be an integer or null"),
-    ("train", ["trainer.lr=fast"], "trainer.lr='fast' must be a number"),
-    ("train", ["rl.group_size=five"], "rl.group_size='five' must be an integer"),
-    ("train", ["rl.p_high=high"], "rl.p_high='high' must be a number"),
-    ("train", ["rl.group_size=true"], "rl.group_size=True must be an integer"),  # a boolean is not an integer
-    ("train", ["logging.wandb.enabled=no"], "logging.wandb.enabled='no' must be a boolean"),
-    ("train", ["logging.wandb.enabled=yes"], "logging.wandb.enabled='yes' must be a boolean"),
-    ("train", ["env.settings.max_steps=many"], "env.settings.max_steps='many' must be an integer"),
-    ("train", ["env.mode=per_turn"], "unknown setting env.mode: it moved to env.settings.mode (each env has a "
-     "settings section of its own; in a recipe: env: {settings: {mode: ...}})"),
-    ("train", ["+env.max_steps=5"], "unknown setting env.max_steps: it moved to env.settings.max_steps"),
-    ("train", ["rl.loss.tis_cap=2"], "unknown setting rl.loss.tis_cap: it is now rl.loss.correction=token_tis "
-     "rl.loss.correction_cap=<the cap>"),
-    ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),
-    ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
-    ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
-    ("train", ["policy.megatron.spec=fast"], "policy.megatron.spec='fast'"),
-    ("train", ["policy.megatron.sequence_parallel=true", "policy.megatron.spec=local"],
-     "policy.megatron.sequence_parallel=true needs the Transformer Engine spec"),
-    ("train", ["policy.megatron.fp8=hybrid", "policy.megatron.spec=local"], "needs the Transformer Engine spec"),
-    ("eval", ["limit=abc"], "limit='abc' must be an integer or null"),
-    ("prepare-data", ["test_fraction=abc"], "test_fraction='abc' must be a number"),
-    ("prepare-data", ["seed=abc"], "seed='abc' must be an integer"),
-    ("prepare-data", ["categories=base"], "categories='base' must be a list"),
-])
+@pytest.mark.parametrize(
+    "command, overrides, message",
+    [
+        ("train", ["trainer.max_steps=abc"], "trainer.max_steps='abc' must be an integer or null"),
+        ("train", ["trainer.lr=fast"], "trainer.lr='fast' must be a number"),
+        ("train", ["rl.group_size=five"], "rl.group_size='five' must be an integer"),
+        ("train", ["rl.p_high=high"], "rl.p_high='high' must be a number"),
+        ("train", ["rl.group_size=true"], "rl.group_size=True must be an integer"),  # a boolean is not an integer
+        ("train", ["logging.wandb.enabled=no"], "logging.wandb.enabled='no' must be a boolean"),
+        ("train", ["logging.wandb.enabled=yes"], "logging.wandb.enabled='yes' must be a boolean"),
+        ("train", ["env.settings.max_steps=many"], "env.settings.max_steps='many' must be an integer"),
+        (
+            "train",
+            ["env.mode=per_turn"],
+            "unknown setting env.mode: it moved to env.settings.mode (each env has a "
+            "settings section of its own; in a recipe: env: {settings: {mode: ...}})",
+        ),
+        ("train", ["+env.max_steps=5"], "unknown setting env.max_steps: it moved to env.settings.max_steps"),
+        (
+            "train",
+            ["rl.loss.tis_cap=2"],
+            "unknown setting rl.loss.tis_cap: it is now rl.loss.correction=token_tis rl.loss.correction_cap=<the cap>",
+        ),
+        ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),
+        ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
+        ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
+        ("train", ["policy.megatron.spec=fast"], "policy.megatron.spec='fast'"),
+        (
+            "train",
+            ["policy.megatron.sequence_parallel=true", "policy.megatron.spec=local"],
+            "policy.megatron.sequence_parallel=true needs the Transformer Engine spec",
+        ),
+        ("train", ["policy.megatron.fp8=hybrid", "policy.megatron.spec=local"], "needs the Transformer Engine spec"),
+        ("eval", ["limit=abc"], "limit='abc' must be an integer or null"),
+        ("prepare-data", ["test_fraction=abc"], "test_fraction='abc' must be a number"),
+        ("prepare-data", ["seed=abc"], "seed='abc' must be an integer"),
+        ("prepare-data", ["categories=base"], "categories='base' must be a list"),
+    ],
+)
 def test_every_command_checks_types_and_names_at_start(command, overrides, message, capfd, monkeypatch):
     """One line, exit 2, no traceback, nothing written, for a wrong type or a misspelled key."""
     from nemo_rcgrpo.cli import main
 
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # prepare-data re-executes itself without it
-    name = {"train": ["--config-name", "rcgrpo_smollm_cpu"], "eval": ["policy=oracle", "out_dir=/nonexistent/x"],
-            "prepare-data": ["out_dir=/nonexistent/y"]}[command]
+    name = {
+        "train": ["--config-name", "rcgrpo_smollm_cpu"],
+        "eval": ["policy=oracle", "out_dir=/nonexistent/x"],
+        "prepare-data": ["out_dir=/nonexistent/y"],
+    }[command]
     assert main([command, *name, *overrides]) == 2
     err = capfd.readouterr().err.strip()
     assert err == f"error: {err[7:]}" and message in err and "\n" not in err, err
@@ -93,8 +109,11 @@ def test_the_scripted_generator_is_refused_for_an_env_that_is_not_bfcls():
 
     try:
         register("env", "not_bfcl_example")(lambda settings, suite: None)
-        with pytest.raises(ConfigError, match=r"^generation.backend=scripted plays BFCL's tasks through BFCL's env; "
-                                              r"env.name=not_bfcl_example is another environment"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^generation.backend=scripted plays BFCL's tasks through BFCL's env; "
+            r"env.name=not_bfcl_example is another environment",
+        ):
             TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=scripted", "env.name=not_bfcl_example"]))
         TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=hf", "env.name=not_bfcl_example"]))
     finally:
@@ -105,9 +124,19 @@ def test_valid_types_still_pass():
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.utils.config import compose
 
-    cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["trainer.lr=1", "rl.p_high=0.5", "trainer.max_steps=3",
-                                                              "generation=vllm", "generation.vllm.devices=4",
-                                                              "logging.wandb.name=7"]))
+    cfg = TrainConfig.from_dict(
+        compose(
+            "rcgrpo_smollm_cpu",
+            [
+                "trainer.lr=1",
+                "rl.p_high=0.5",
+                "trainer.max_steps=3",
+                "generation=vllm",
+                "generation.vllm.devices=4",
+                "logging.wandb.name=7",
+            ],
+        )
+    )
     assert cfg.trainer.lr == 1.0 and isinstance(cfg.trainer.lr, float) and cfg.trainer.max_steps == 3
     assert cfg.generation.vllm.devices == "4" and cfg.logging.wandb.name == "7"  # numbers given for text settings
 
@@ -142,44 +171,64 @@ def test_the_choices_of_a_setting_are_its_literal_annotation_and_its_default_is_
     for instance in (*_sections(TrainConfig()), *_sections(EvalConfig()), BFCLSettings()):
         check_choices(instance)
     chat, data, bfcl = (typing.get_type_hints(c) for c in (ChatConfig, DataConfig, BFCLSettings))
-    for hint, constant in ((chat["renderer"], RENDERERS), (chat["tool_description"], TOOL_DESCRIPTIONS),
-                           (chat["rejected_message"], REJECTED_MESSAGE), (data["mode"], EPISODE_MODES),
-                           (bfcl["mode"], EPISODE_MODES), (bfcl["on_parse_failure"], PARSE_FAILURE_MODES),
-                           (bfcl["arg_types"], ARG_TYPE_MODES)):
+    for hint, constant in (
+        (chat["renderer"], RENDERERS),
+        (chat["tool_description"], TOOL_DESCRIPTIONS),
+        (chat["rejected_message"], REJECTED_MESSAGE),
+        (data["mode"], EPISODE_MODES),
+        (bfcl["mode"], EPISODE_MODES),
+        (bfcl["on_parse_failure"], PARSE_FAILURE_MODES),
+        (bfcl["arg_types"], ARG_TYPE_MODES),
+    ):
         assert typing.get_args(hint) == constant
     with pytest.raises(ConfigError) as e:
         check_type("policy.megatron.fp8", "e5m2", typing.get_type_hints(type(TrainConfig().policy.megatron))["fp8"])
     assert str(e.value) == "policy.megatron.fp8='e5m2': choose one of [None, 'hybrid', 'e4m3']"
-    assert check_type("policy.megatron.fp8", None, typing.get_type_hints(type(TrainConfig().policy.megatron))["fp8"]) is None
+    assert (
+        check_type("policy.megatron.fp8", None, typing.get_type_hints(type(TrainConfig().policy.megatron))["fp8"])
+        is None
+    )
 
 
 def test_settings_built_in_code_check_their_choices_too():
     """BFCLSettings built in code (tests, benchmarks) refuses a value outside its choices as a config does."""
     from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
 
-    for key, value in (("mode", "turnwise"), ("arg_types", "loose"), ("on_parse_failure", "retry"),
-                       ("tool_response", "full")):
+    for key, value in (
+        ("mode", "turnwise"),
+        ("arg_types", "loose"),
+        ("on_parse_failure", "retry"),
+        ("tool_response", "full"),
+    ):
         with pytest.raises(ConfigError, match=rf"^env\.settings\.{key}='{value}': choose one of \["):
             BFCLSettings(**{key: value})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed"
+)
 def test_the_te_spec_is_refused_without_transformer_engine(capfd):
     from nemo_rcgrpo.cli import main
 
-    assert main(["train", "--config-name", "rcgrpo_smollm_cpu", "policy.backend=megatron", "policy.megatron.spec=te"]) == 2
+    assert (
+        main(["train", "--config-name", "rcgrpo_smollm_cpu", "policy.backend=megatron", "policy.megatron.spec=te"]) == 2
+    )
     assert "policy.megatron.spec=te needs Transformer Engine" in capfd.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine is installed"
+)
 def test_what_needs_transformer_engine_is_refused_only_for_the_megatron_backend():
     """FP8, the TE spec and sequence parallelism are the megatron backend's: refused there without Transformer
     Engine, each in one line; the torch backend ignores the megatron section and validates."""
     from nemo_rcgrpo.config import TrainConfig
 
-    cases = {"policy.megatron.fp8=hybrid": "policy.megatron.fp8=hybrid needs Transformer Engine, which is not installed",
-             "policy.megatron.spec=te": "policy.megatron.spec=te needs Transformer Engine, which is not installed",
-             "policy.megatron.sequence_parallel=true": "policy.megatron.sequence_parallel=true needs Transformer Engine"}
+    cases = {
+        "policy.megatron.fp8=hybrid": "policy.megatron.fp8=hybrid needs Transformer Engine, which is not installed",
+        "policy.megatron.spec=te": "policy.megatron.spec=te needs Transformer Engine, which is not installed",
+        "policy.megatron.sequence_parallel=true": "policy.megatron.sequence_parallel=true needs Transformer Engine",
+    }
     for override, message in cases.items():
         with pytest.raises(ConfigError) as e:
             TrainConfig.from_dict(_with(["policy.backend=megatron"], override))
@@ -204,26 +253,55 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "reward_tokens.low='<|high_reward|>'", "reward_tokens.high and reward_tokens.low must be non-empty", None),
     (_VLLM, "generation.vllm.weight_sync=ray", "generation.vllm.weight_sync='ray': choose one of", None),
     (_VLLM, "generation.vllm.dtype=int8", "generation.vllm.dtype='int8': choose one of", None),
-    (_VLLM, "generation.vllm.url=localhost:8000", "generation.vllm.url='localhost:8000': give http://HOST:PORT",
-     "generation.vllm.url=https://host:8000"),
+    (
+        _VLLM,
+        "generation.vllm.url=localhost:8000",
+        "generation.vllm.url='localhost:8000': give http://HOST:PORT",
+        "generation.vllm.url=https://host:8000",
+    ),
     (_VLLM, "generation.vllm.tp=0", "generation.vllm.tp=0: must be > 0", "generation.vllm.tp=1"),
     (_VLLM, "generation.vllm.kv_cache_gib=0", "generation.vllm.kv_cache_gib=0: must be > 0", None),
-    (_VLLM, "generation.vllm.max_concurrency=0", "generation.vllm.max_concurrency=0: must be > 0",
-     "generation.vllm.max_concurrency=1"),
+    (
+        _VLLM,
+        "generation.vllm.max_concurrency=0",
+        "generation.vllm.max_concurrency=0: must be > 0",
+        "generation.vllm.max_concurrency=1",
+    ),
     (_VLLM, "generation.vllm.startup_timeout=0", "generation.vllm.startup_timeout=0", None),
     (_VLLM, "generation.vllm.request_timeout=0", "generation.vllm.request_timeout=0", None),
     (_VLLM, "generation.vllm.max_retries=-1", "generation.vllm: max_retries >= 0", "generation.vllm.max_retries=0"),
-    (_VLLM, "generation.vllm.port=-1", "generation.vllm: max_retries >= 0, 0 <= port < 65536", "generation.vllm.port=0"),
+    (
+        _VLLM,
+        "generation.vllm.port=-1",
+        "generation.vllm: max_retries >= 0, 0 <= port < 65536",
+        "generation.vllm.port=0",
+    ),
     (_VLLM, "generation.vllm.port=65536", "generation.vllm: max_retries >= 0, 0 <= port", "generation.vllm.port=65535"),
-    (_VLLM, "generation.vllm.gpu_memory_utilization=0", "generation.vllm: max_retries >= 0",
-     "generation.vllm.gpu_memory_utilization=1.0"),
+    (
+        _VLLM,
+        "generation.vllm.gpu_memory_utilization=0",
+        "generation.vllm: max_retries >= 0",
+        "generation.vllm.gpu_memory_utilization=1.0",
+    ),
     (_VLLM, "generation.vllm.gpu_memory_utilization=1.01", "generation.vllm: max_retries >= 0", None),
-    (_VLLM, "generation.vllm.max_model_len=0", "generation.vllm.max_model_len=0: must be > 0 or null",
-     "generation.vllm.max_model_len=1"),
-    (_SCRIPTED, "generation.scripted.success_rate=-0.1", "generation.scripted.success_rate=-0.1: must be a probability",
-     "generation.scripted.success_rate=0"),
-    (_SCRIPTED, "generation.scripted.success_high=1.01", "generation.scripted.success_high=1.01: must be a probability",
-     "generation.scripted.success_high=1"),
+    (
+        _VLLM,
+        "generation.vllm.max_model_len=0",
+        "generation.vllm.max_model_len=0: must be > 0 or null",
+        "generation.vllm.max_model_len=1",
+    ),
+    (
+        _SCRIPTED,
+        "generation.scripted.success_rate=-0.1",
+        "generation.scripted.success_rate=-0.1: must be a probability",
+        "generation.scripted.success_rate=0",
+    ),
+    (
+        _SCRIPTED,
+        "generation.scripted.success_high=1.01",
+        "generation.scripted.success_high=1.01: must be a probability",
+        "generation.scripted.success_high=1",
+    ),
     ([], "data.mode=whole", "data.mode='whole': choose one of", None),
     ([], "data.split=dev", "data.split='dev': choose one of ['train', 'test', 'all']", "data.split=all"),
     ([], "trainer.schedule=step", "trainer.schedule='step': choose one of", "trainer.schedule=constant"),
@@ -239,10 +317,18 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "chat.max_length=0", "chat.max_length=0: must be > 0", None),
     ([], "trainer.stop_after=0", "trainer.stop_after=0: must be > 0 or null", "trainer.stop_after=1"),
     ([], "trainer.max_steps=0", "trainer.max_steps=0: must be > 0 or null", "trainer.max_steps=1"),
-    ([], "trainer.global_batch_size=3", "trainer.global_batch_size=3 must be a multiple of trainer.micro_batch_size=2",
-     None),
-    ([], "trainer.warmup_steps=-1", "trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1",
-     "trainer.warmup_steps=0"),
+    (
+        [],
+        "trainer.global_batch_size=3",
+        "trainer.global_batch_size=3 must be a multiple of trainer.micro_batch_size=2",
+        None,
+    ),
+    (
+        [],
+        "trainer.warmup_steps=-1",
+        "trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1",
+        "trainer.warmup_steps=0",
+    ),
     ([], "trainer.min_lr_ratio=-0.1", "trainer.warmup_steps >= 0", "trainer.min_lr_ratio=0"),
     ([], "trainer.min_lr_ratio=1.1", "trainer.warmup_steps >= 0", "trainer.min_lr_ratio=1"),
     ([], "trainer.grad_clip=-1", "trainer.warmup_steps >= 0", "trainer.grad_clip=0"),
@@ -251,12 +337,25 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "policy.megatron.fp8=e5m2", "policy.megatron.fp8='e5m2': choose one of", None),
     ([], "policy.megatron.tp=0", "policy.megatron.tp=0: must be an integer >= 1", "policy.megatron.tp=1"),
     ([], "policy.megatron.pp=0", "policy.megatron.pp=0: must be an integer >= 1", None),
-    ([], "policy.megatron.cp=2", "policy.megatron.cp=2: context parallelism is not implemented", "policy.megatron.cp=1"),
+    (
+        [],
+        "policy.megatron.cp=2",
+        "policy.megatron.cp=2: context parallelism is not implemented",
+        "policy.megatron.cp=1",
+    ),
     ([], "policy.megatron.spec=fast", "policy.megatron.spec='fast': choose one of", "policy.megatron.spec=local"),
-    (["policy.megatron.spec=local"], "policy.megatron.fp8=hybrid", "policy.megatron.fp8=hybrid needs the Transformer "
-     "Engine spec", None),
-    (["policy.megatron.spec=local"], "policy.megatron.sequence_parallel=true", "policy.megatron.sequence_parallel=true "
-     "needs the Transformer Engine spec", "policy.megatron.sequence_parallel=false"),
+    (
+        ["policy.megatron.spec=local"],
+        "policy.megatron.fp8=hybrid",
+        "policy.megatron.fp8=hybrid needs the Transformer Engine spec",
+        None,
+    ),
+    (
+        ["policy.megatron.spec=local"],
+        "policy.megatron.sequence_parallel=true",
+        "policy.megatron.sequence_parallel=true needs the Transformer Engine spec",
+        "policy.megatron.sequence_parallel=false",
+    ),
     ([], "rl.split=all", "rl.split='all': choose one of ['train', 'test']", "rl.split=test"),
     ([], "rl.eval_token=auto", "rl.eval_token='auto': choose one of", "rl.eval_token=none"),
     ([], "rl.old_logprobs=reuse", "rl.old_logprobs='reuse': choose one of", "rl.old_logprobs=recompute"),
@@ -264,12 +363,25 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "rl.mini_batches=0", "rl.mini_batches=0: must be an integer >= 1", None),
     ([], "rl.mini_batches=11", "rl.mini_batches=11 exceeds the 10 micro-batches of a step", "rl.mini_batches=10"),
     ([], "rl.loss.correction_cap=0", "rl.loss.correction_cap=0.0: must be > 0", "rl.loss.correction_cap=0.5"),
-    (["rl.loss.correction=token_mask"], "rl.loss.correction_cap=1", "rl.loss.correction_cap=1.0: must be > 1 with "
-     "rl.loss.correction=token_mask", "rl.loss.correction_cap=1.001"),
-    (["rl.loss.correction=geometric_mask"], "rl.loss.correction_cap=0.5", "rl.loss.correction_cap=0.5: must be > 1 "
-     "with rl.loss.correction=geometric_mask", "rl.loss.correction_cap=1.001"),
-    ([], "rl.loss.correction=tis", "rl.loss.correction='tis': no sampler_correction of that name; registered: "
-     "['none', 'token_tis', 'sequence_tis', 'token_mask', 'geometric_mask']", "rl.loss.correction=token_tis"),
+    (
+        ["rl.loss.correction=token_mask"],
+        "rl.loss.correction_cap=1",
+        "rl.loss.correction_cap=1.0: must be > 1 with rl.loss.correction=token_mask",
+        "rl.loss.correction_cap=1.001",
+    ),
+    (
+        ["rl.loss.correction=geometric_mask"],
+        "rl.loss.correction_cap=0.5",
+        "rl.loss.correction_cap=0.5: must be > 1 with rl.loss.correction=geometric_mask",
+        "rl.loss.correction_cap=1.001",
+    ),
+    (
+        [],
+        "rl.loss.correction=tis",
+        "rl.loss.correction='tis': no sampler_correction of that name; registered: "
+        "['none', 'token_tis', 'sequence_tis', 'token_mask', 'geometric_mask']",
+        "rl.loss.correction=token_tis",
+    ),
     ([], "rl.max_failed_share=1.01", "rl.max_failed_share=1.01: must be in [0, 1]", "rl.max_failed_share=1"),
     ([], "rl.max_failed_share=-0.01", "rl.max_failed_share=-0.01: must be in [0, 1]", "rl.max_failed_share=0"),
     ([], "rl.eval_every=-1", "rl.eval_every must be >= 0 and rl.eval_tasks > 0", "rl.eval_every=0"),
@@ -287,14 +399,25 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "trainer.max_steps=null", "stage=rcgrpo needs trainer.max_steps (RL steps)", None),
     ([], "trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens=0: must be an integer > 0 or null", None),
     ([], "trainer.micro_batch_tokens=2.5", "trainer.micro_batch_tokens=2.5 must be an integer or null", None),
-    (["rl.max_total_tokens=4096"], "trainer.micro_batch_tokens=4095", "trainer.micro_batch_tokens=4095: must be >= "
-     "rl.max_total_tokens=4096 (a rollout is never split", "trainer.micro_batch_tokens=4096"),
+    (
+        ["rl.max_total_tokens=4096"],
+        "trainer.micro_batch_tokens=4095",
+        "trainer.micro_batch_tokens=4095: must be >= rl.max_total_tokens=4096 (a rollout is never split",
+        "trainer.micro_batch_tokens=4096",
+    ),
     # a token budget decides the micro-batches at each step: one update per pass, every micro-batch in it
-    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096"], "rl.mini_batches=2",
-     "trainer.micro_batch_tokens=4096 with rl.mini_batches=2: a budget decides the micro-batches", "rl.mini_batches=1"),
-    (["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096", "policy.backend=megatron"],
-     "policy.megatron.pp=2", "trainer.micro_batch_tokens=4096 with policy.megatron.pp=2: pipeline stages exchange",
-     "policy.megatron.pp=1"),
+    (
+        ["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096"],
+        "rl.mini_batches=2",
+        "trainer.micro_batch_tokens=4096 with rl.mini_batches=2: a budget decides the micro-batches",
+        "rl.mini_batches=1",
+    ),
+    (
+        ["trainer.micro_batch_tokens=4096", "rl.max_total_tokens=4096", "policy.backend=megatron"],
+        "policy.megatron.pp=2",
+        "trainer.micro_batch_tokens=4096 with policy.megatron.pp=2: pipeline stages exchange",
+        "policy.megatron.pp=1",
+    ),
 ]
 
 
@@ -333,11 +456,17 @@ def test_every_documented_bound_is_refused_in_one_line_and_its_edge_accepted(ext
         TrainConfig.from_dict(_with(extra, accepted))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["stage=sft", "data.dataset=rctp"], "data.dataset=rctp: stage=sft trains on an unconditioned dataset; pick one"),
-    (["stage=rctp", "data.dataset=sft"], "data.dataset=sft: stage=rctp trains on a reward-conditioned dataset"),
-    (["stage=rctp", "model.reward_tokens=none"], "stage=rctp conditions on reward tokens"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["stage=sft", "data.dataset=rctp"],
+            "data.dataset=rctp: stage=sft trains on an unconditioned dataset; pick one",
+        ),
+        (["stage=rctp", "data.dataset=sft"], "data.dataset=sft: stage=rctp trains on a reward-conditioned dataset"),
+        (["stage=rctp", "model.reward_tokens=none"], "stage=rctp conditions on reward tokens"),
+    ],
+)
 def test_a_stage_1_dataset_must_match_the_stages_conditioning(overrides, message):
     from nemo_rcgrpo.config import TrainConfig
     from nemo_rcgrpo.utils.config import compose as compose_recipe
@@ -353,12 +482,25 @@ def test_a_stage_1_token_budget_holds_the_longest_example():
     from nemo_rcgrpo.utils.config import compose as compose_recipe
 
     with pytest.raises(ConfigError) as e:
-        TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", ["chat.max_length=900", "trainer.micro_batch_tokens=899"]))
-    assert str(e.value) == ("trainer.micro_batch_tokens=899: must be >= chat.max_length=900 (an example is never split "
-                            "across micro-batches), or null")
+        TrainConfig.from_dict(
+            compose_recipe("sft_smollm_cpu", ["chat.max_length=900", "trainer.micro_batch_tokens=899"])
+        )
+    assert str(e.value) == (
+        "trainer.micro_batch_tokens=899: must be >= chat.max_length=900 (an example is never split "
+        "across micro-batches), or null"
+    )
     # the budget replaces the micro-batch count: global_batch_size need not be a multiple of micro_batch_size
-    TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", ["chat.max_length=900", "trainer.micro_batch_tokens=900",
-                                                            "trainer.global_batch_size=3", "trainer.micro_batch_size=2"]))
+    TrainConfig.from_dict(
+        compose_recipe(
+            "sft_smollm_cpu",
+            [
+                "chat.max_length=900",
+                "trainer.micro_batch_tokens=900",
+                "trainer.global_batch_size=3",
+                "trainer.micro_batch_size=2",
+            ],
+        )
+    )
 
 
 def test_a_model_parallel_run_started_by_hand_is_not_held_to_the_layouts_gpus():

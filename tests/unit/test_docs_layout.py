@@ -32,8 +32,20 @@ def test_the_plugin_reference_page_is_generated_from_the_code():
 
     page = (ROOT / "docs" / "reference.md").read_text()
     assert page == render(), "docs/reference.md is stale: python -m nemo_rcgrpo.utils.reference > docs/reference.md"
-    for name in ("Suite", "Task", "EnvOpener", "Env", "StepResult", "ToolCall", "ToolCallError", "Observation",
-                 "RewardInfo", "Generator", "SamplingParams", "Completion"):
+    for name in (
+        "Suite",
+        "Task",
+        "EnvOpener",
+        "Env",
+        "StepResult",
+        "ToolCall",
+        "ToolCallError",
+        "Observation",
+        "RewardInfo",
+        "Generator",
+        "SamplingParams",
+        "Completion",
+    ):
         assert f"### `{name}`" in page
     assert all(f"| `{kind}` |" in page for kind in KINDS)
     # the declarations are the code's: a field's line comment and a method signature come through
@@ -48,6 +60,7 @@ def test_the_unit_tests_mirror_the_package():
     unit = ROOT / "tests" / "unit"
     folders = {p.parent.relative_to(unit) for p in unit.rglob("test_*.py")}
     assert len(folders) > 8
-    stray = [str(f) for f in folders
-             if str(f) != "." and not (ROOT / "nemo_rcgrpo" / f).is_dir() and f.parts[0] != "scripts"]
+    stray = [
+        str(f) for f in folders if str(f) != "." and not (ROOT / "nemo_rcgrpo" / f).is_dir() and f.parts[0] != "scripts"
+    ]
     assert not stray, f"tests/unit folders without a package folder: {stray}"

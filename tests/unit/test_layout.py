@@ -31,11 +31,13 @@ def test_context_parallelism_counts_in_the_model_parallel_group():
 
 
 def test_server_nodes_of_their_own_and_colocated_generation():
-    plan = parallel_plan(_layout(nodes=4, gpus_per_node=8, generation_nodes=1, generation_gpus=8), (4, 2, 1),
-                         server_tp=4)
+    plan = parallel_plan(
+        _layout(nodes=4, gpus_per_node=8, generation_nodes=1, generation_gpus=8), (4, 2, 1), server_tp=4
+    )
     assert (plan.train_nodes, plan.train_gpus_per_node, plan.world_size, plan.dp) == (3, 8, 24, 3)
-    colocated = parallel_plan(_layout(nodes=2, gpus_per_node=4, generation="colocated", generation_gpus=8),
-                              (1, 1, 1), server_tp=None)
+    colocated = parallel_plan(
+        _layout(nodes=2, gpus_per_node=4, generation="colocated", generation_gpus=8), (1, 1, 1), server_tp=None
+    )
     assert (colocated.world_size, colocated.dp, colocated.generation_tp) == (8, 8, 1)  # an in-process generator
 
 
@@ -46,20 +48,23 @@ def test_a_run_started_by_hand_needs_only_its_world_size_to_fit():
         parallel_plan(_layout(gpus_per_node=3), (2, 1, 1), server_tp=None)
 
 
-@pytest.mark.parametrize("layout, sizes, server_tp, message", [
-    (dict(generation="shared"), (1, 1, 1), None, r"layout.generation='shared': choose one of \['separate', "),
-    (dict(nodes=0), (1, 1, 1), None, "layout.nodes and layout.gpus_per_node must be >= 1"),
-    (dict(gpus_per_node=0), (1, 1, 1), None, "layout.nodes and layout.gpus_per_node must be >= 1"),
-    (dict(generation_gpus=-1), (1, 1, 1), None, "generation_gpus >= 0"),
-    (dict(generation_gpus=3), (1, 1, 1), 2, "layout.generation_gpus=3 must be a multiple of generation.vllm.tp=2"),
-    (dict(generation="colocated", generation_gpus=2), (1, 1, 1), 2, "layout.generation=colocated is not supported"),
-    (dict(generation="colocated", generation_nodes=1, nodes=2), (1, 1, 1), None, "set generation_nodes=0"),
-    (dict(generation="colocated", generation_gpus=9), (1, 1, 1), None, "exceed the job's 8 GPUs"),
-    (dict(nodes=1, generation_nodes=1), (1, 1, 1), 1, "leaves no training node of layout.nodes=1"),
-    (dict(nodes=2, generation_nodes=1, generation_gpus=9), (1, 1, 1), 1, "do not fit on 1 node\\(s\\) of 8 GPUs"),
-    (dict(nodes=2, generation_gpus=2), (1, 1, 1), 2, "multi-node jobs with a separate server"),
-    (dict(generation_gpus=8), (1, 1, 1), 1, "leave no training GPU on a 8-GPU node"),
-])
+@pytest.mark.parametrize(
+    "layout, sizes, server_tp, message",
+    [
+        (dict(generation="shared"), (1, 1, 1), None, r"layout.generation='shared': choose one of \['separate', "),
+        (dict(nodes=0), (1, 1, 1), None, "layout.nodes and layout.gpus_per_node must be >= 1"),
+        (dict(gpus_per_node=0), (1, 1, 1), None, "layout.nodes and layout.gpus_per_node must be >= 1"),
+        (dict(generation_gpus=-1), (1, 1, 1), None, "generation_gpus >= 0"),
+        (dict(generation_gpus=3), (1, 1, 1), 2, "layout.generation_gpus=3 must be a multiple of generation.vllm.tp=2"),
+        (dict(generation="colocated", generation_gpus=2), (1, 1, 1), 2, "layout.generation=colocated is not supported"),
+        (dict(generation="colocated", generation_nodes=1, nodes=2), (1, 1, 1), None, "set generation_nodes=0"),
+        (dict(generation="colocated", generation_gpus=9), (1, 1, 1), None, "exceed the job's 8 GPUs"),
+        (dict(nodes=1, generation_nodes=1), (1, 1, 1), 1, "leaves no training node of layout.nodes=1"),
+        (dict(nodes=2, generation_nodes=1, generation_gpus=9), (1, 1, 1), 1, "do not fit on 1 node\\(s\\) of 8 GPUs"),
+        (dict(nodes=2, generation_gpus=2), (1, 1, 1), 2, "multi-node jobs with a separate server"),
+        (dict(generation_gpus=8), (1, 1, 1), 1, "leave no training GPU on a 8-GPU node"),
+    ],
+)
 def test_a_layout_that_does_not_add_up_is_one_line(layout, sizes, server_tp, message):
     with pytest.raises(ConfigError, match=message) as e:
         parallel_plan(_layout(**layout), sizes, server_tp)

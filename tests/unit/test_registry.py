@@ -67,18 +67,23 @@ def _cfg(*overrides):
 
 
 def test_a_plugin_module_by_name(monkeypatch):
-    with pytest.raises(ConfigError, match="rl.advantage.baseline='median_example': no advantage_baseline of that name; registered: \\['mean', 'leave_one_out'"):
+    with pytest.raises(
+        ConfigError,
+        match="rl.advantage.baseline='median_example': no advantage_baseline of that name; registered: \\['mean', 'leave_one_out'",
+    ):
         _cfg("rl.advantage.baseline=median_example")
     monkeypatch.syspath_prepend(str(PLUGINS))
     assert load_plugins(["rc_plugin_example"]) == ["rc_plugin_example"]
     try:
-        cfg = _cfg("rl.advantage.baseline=median_example", "rl.loss.kl_estimator=zero_example",
-                   "plugins=[rc_plugin_example]")
+        cfg = _cfg(
+            "rl.advantage.baseline=median_example", "rl.loss.kl_estimator=zero_example", "plugins=[rc_plugin_example]"
+        )
         assert cfg.plugins == ("rc_plugin_example",)
         rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0, 1.0]])  # median 0: A = R / std
         std = rewards.double().std().item()
         assert group_advantages(rewards, baseline="median_example").tolist()[0] == pytest.approx(
-            [1 / (std + 1e-6), 0, 0, 0, 1 / (std + 1e-6)])
+            [1 / (std + 1e-6), 0, 0, 0, 1 / (std + 1e-6)]
+        )
         assert load_plugins(["rc_plugin_example"]) == []  # once per process
     finally:
         table("advantage_baseline").pop("median_example")
@@ -93,8 +98,10 @@ def test_a_plugin_module_by_name(monkeypatch):
 def test_a_plugin_whose_own_import_fails_says_so(tmp_path, monkeypatch):
     (tmp_path / "broken_plugin_example.py").write_text("import not_installed_dependency_example\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match="importing 'broken_plugin_example' failed: No module named "
-                                          "'not_installed_dependency_example'"):
+    with pytest.raises(
+        ConfigError,
+        match="importing 'broken_plugin_example' failed: No module named 'not_installed_dependency_example'",
+    ):
         load_plugins(["broken_plugin_example"])
 
 
@@ -118,7 +125,8 @@ def test_entry_points_are_loaded(monkeypatch):
 
         def load(self):
             return register("reward_token_sampler", "all_high_example")(
-                lambda n, g, p, rng: [[True] * g for _ in range(n)])
+                lambda n, g, p, rng: [[True] * g for _ in range(n)]
+            )
 
     monkeypatch.setattr(registry, "_entry_points", lambda: [EntryPoint()])
     try:
@@ -131,14 +139,24 @@ def test_entry_points_are_loaded(monkeypatch):
 
 def test_rcgrpo_plugins_lists_a_users_names():
     env = {"PYTHONPATH": f"{PLUGINS}:{Path(__file__).resolve().parents[2]}", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[rc_plugin_example]"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[rc_plugin_example]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     lines = {l.split(" (")[0]: l for l in out.stdout.splitlines()}
     assert lines["advantage_baseline"].endswith("mean, leave_one_out, median_example")
     assert "zero_example" in lines["kl_estimator"]
-    bad = subprocess.run([sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[nope_example]"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "nemo_rcgrpo.cli", "plugins", "plugins=[nope_example]"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope_example" in bad.stderr
 
 
@@ -146,17 +164,27 @@ def test_stages_are_registered_entries_checked_where_they_are_made():
     from nemo_rcgrpo.stages import Stage, has_variance, stage_of
 
     assert [(n, stage_of(n).loop, stage_of(n).conditioned) for n in ("sft", "rctp", "grpo", "rcgrpo")] == [
-        ("sft", "stage1", False), ("rctp", "stage1", True), ("grpo", "rl", False), ("rcgrpo", "rl", True)]
+        ("sft", "stage1", False),
+        ("rctp", "stage1", True),
+        ("grpo", "rl", False),
+        ("rcgrpo", "rl", True),
+    ]
     assert stage_of("rctp").data_file == "rctp.jsonl" and stage_of("dapo_filter").keep_group is has_variance
     assert has_variance([0.0, 1.0]) and not has_variance([1.0, 1.0, 1.0])
-    for bad, message in ((dict(loop=""), "name a registered loop"), (dict(loop="stage1"), "names its data_file"),
-                         (dict(loop="stage1", data_file="x.jsonl", keep_group=has_variance), "no keep_group"),
-                         (dict(loop="rl", data_file="x.jsonl"), "RL task pointers")):
+    for bad, message in (
+        (dict(loop=""), "name a registered loop"),
+        (dict(loop="stage1"), "names its data_file"),
+        (dict(loop="stage1", data_file="x.jsonl", keep_group=has_variance), "no keep_group"),
+        (dict(loop="rl", data_file="x.jsonl"), "RL task pointers"),
+    ):
         with pytest.raises(ValueError, match=message):
             Stage(**bad)
     register("stage", "test_ppo_loop")(Stage("ppo"))  # a loop nobody registered: refused where the config is
-    with pytest.raises(ConfigError, match=r"stage test_ppo_loop's loop='ppo': no loop of that name; registered: "
-                                          r"\['stage1', 'rl'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"stage test_ppo_loop's loop='ppo': no loop of that name; registered: "
+        r"\['stage1', 'rl'\]",
+    ):
         _cfg("stage=test_ppo_loop")
     register("stage", "test_not_a_stage")(lambda: None)
     with pytest.raises(ValueError, match="not a Stage"):
@@ -203,7 +231,10 @@ def test_a_policy_backend_is_a_registered_entry_behind_the_policy_seam():
     ids = torch.randint(0, 100, (2, 6))
     batch = MicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids))
     assert torch.allclose(policy.frozen_reference()(batch), policy.logprobs(batch))
-    with pytest.raises(ConfigError, match=r"policy.backend='nope': no policy_backend of that name; registered: \['torch', 'megatron', 'mine'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"policy.backend='nope': no policy_backend of that name; registered: \['torch', 'megatron', 'mine'\]",
+    ):
         TrainConfig.from_dict(compose("smoke_stage1", ["policy.backend=nope"]))
 
 
@@ -229,8 +260,9 @@ def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates()
         return ParsedMessage("" if name else text, [ToolCall(name, {})] if name else [])
 
     hermes = format_spec("hermes")
-    mine = register("chat_format", "test_calltags")(dataclasses.replace(
-        hermes, parse=parse_call_tags, vllm_tool_parser="calltags", tokenizer_template=False))
+    mine = register("chat_format", "test_calltags")(
+        dataclasses.replace(hermes, parse=parse_call_tags, vllm_tool_parser="calltags", tokenizer_template=False)
+    )
     assert format_spec("test_calltags") is mine
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<call>ls</call>"}]
     assert render_text(messages, None, "test_calltags") == render_text(messages, None, "hermes")
@@ -241,8 +273,11 @@ def test_a_chat_format_is_a_registered_entry_that_renders_parses_and_validates()
     assert mine.parse("<call>ls</call>").calls == [ToolCall("ls", {})] and parsed
     cfg = TrainConfig.from_dict(compose("smoke_rl", ["chat.format=test_calltags"]))
     assert cfg.chat.format == "test_calltags"
-    with pytest.raises(ConfigError, match=r"chat.format='nope': no chat_format of that name; registered: \['hermes', 'llama3_json', "
-                                          r"'test_calltags'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"chat.format='nope': no chat_format of that name; registered: \['hermes', 'llama3_json', "
+        r"'test_calltags'\]",
+    ):
         TrainConfig.from_dict(compose("smoke_rl", ["chat.format=nope"]))
     register("chat_format", "test_not_a_format")(lambda: None)
     with pytest.raises(ValueError, match="not a FormatSpec"):
@@ -260,7 +295,10 @@ def test_group_filters_are_registered_and_rl_group_filter_overrides_the_stage():
     assert _cfg("stage=dapo_filter").keep_group is has_variance
     assert _cfg("rl.group_filter=not_all_failed").keep_group is not_all_failed
     assert _cfg("stage=dapo_filter", "rl.group_filter=not_all_failed").keep_group is not_all_failed
-    with pytest.raises(ConfigError, match=r"rl.group_filter='nope': no group_filter of that name; registered: \['has_variance', 'not_all_failed'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rl.group_filter='nope': no group_filter of that name; registered: \['has_variance', 'not_all_failed'",
+    ):
         _cfg("rl.group_filter=nope")
     from nemo_rcgrpo.stages import Stage
 
@@ -313,9 +351,12 @@ def test_the_shipped_generators_satisfy_the_generator_protocol():
     setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_no_close"))
     from nemo_rcgrpo.envs.contract import PluginContractError
 
-    with pytest.raises(PluginContractError, match=r"^generator test_no_close: its factory .*<lambda> \(test_registry"
-                                                  r".py:\d+\) returned a .*NoClose \(test_registry.py:\d+\) without "
-                                                  r"close\(\): a generator has version and shares_policy_weights"):
+    with pytest.raises(
+        PluginContractError,
+        match=r"^generator test_no_close: its factory .*<lambda> \(test_registry"
+        r".py:\d+\) returned a .*NoClose \(test_registry.py:\d+\) without "
+        r"close\(\): a generator has version and shares_policy_weights",
+    ):
         make_generator(setup, None, None)
 
 
@@ -348,11 +389,15 @@ def test_a_plugin_that_raises_at_import_names_its_file_line_and_function(tmp_pat
         line = broken_source.__code__.co_firstlineno
         assert str(e.value).startswith(
             "task source broken_source_example: test_a_plugin_that_raises_at_import_names_its_file_line_and_function."
-            f"<locals>.broken_source (test_registry.py:{line}) failed: KeyError: 'task' (at ")
+            f"<locals>.broken_source (test_registry.py:{line}) failed: KeyError: 'task' (at "
+        )
         assert str(e.value).endswith(f"test_registry.py:{line + 1} in broken_source)")
-        with pytest.raises(PluginContractError, match=r"^env broken_env_example: its factory .*broken_env "
-                                                      r"\(test_registry.py:\d+\) failed: RuntimeError: no store "
-                                                      r"\(at .*test_registry.py:\d+ in broken_env\)$"):
+        with pytest.raises(
+            PluginContractError,
+            match=r"^env broken_env_example: its factory .*broken_env "
+            r"\(test_registry.py:\d+\) failed: RuntimeError: no store "
+            r"\(at .*test_registry.py:\d+ in broken_env\)$",
+        ):
             make_opener(type("EnvSection", (), {"name": "broken_env_example", "settings": None})(), None)
     finally:
         table("task_source").pop("broken_source_example", None)
@@ -362,20 +407,35 @@ def test_a_plugin_that_raises_at_import_names_its_file_line_and_function(tmp_pat
 def test_an_unknown_name_suggests_the_closest_registered_one():
     from nemo_rcgrpo.envs.sources import make_opener, make_suite
 
-    with pytest.raises(ValueError, match=r"registered: \['mean', 'leave_one_out'\]; did you mean 'mean'\? \(a plugin's advantage_baseline needs plugins=\[its module\]\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"registered: \['mean', 'leave_one_out'\]; did you mean 'mean'\? \(a plugin's advantage_baseline needs plugins=\[its module\]\)$",
+    ):
         lookup("advantage_baseline", "meen")
-    with pytest.raises(ConfigError, match=r"rl.advantage.baseline='leave_one_ot': no advantage_baseline of that name; registered: \['mean', "
-                                          r"'leave_one_out'\]; did you mean 'leave_one_out'\? \("):
+    with pytest.raises(
+        ConfigError,
+        match=r"rl.advantage.baseline='leave_one_ot': no advantage_baseline of that name; registered: \['mean', "
+        r"'leave_one_out'\]; did you mean 'leave_one_out'\? \(",
+    ):
         _cfg("rl.advantage.baseline=leave_one_ot")
-    with pytest.raises(ConfigError, match=r"env.name='bfc': no env of that name; registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env needs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env.name='bfc': no env of that name; registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env needs",
+    ):
         _cfg("env.name=bfc")
-    with pytest.raises(ConfigError, match=r"env.task_source='bfcl_mikro': no task_source of that name; registered: .*; did you mean 'bfcl_micro'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"env.task_source='bfcl_mikro': no task_source of that name; registered: .*; did you mean 'bfcl_micro'",
+    ):
         _cfg("env.task_source=bfcl_mikro")
     with pytest.raises(ConfigError, match=r"registered: \['bfcl', 'bfcl_micro'\]; did you mean 'bfcl_micro'\? "):
         make_suite("bfcl_mcro", ["base"])
     with pytest.raises(ConfigError, match=r"registered: \['bfcl'\]; did you mean 'bfcl'\? \(a plugin's env"):
         make_opener(type("EnvSection", (), {"name": "BFCL"})(), None)
-    with pytest.raises(ConfigError, match=r"registered: \['sft', 'rctp', 'grpo', 'rcgrpo', 'dapo_filter'.*\] \(a plugin's stage needs plugins=\[its module\]\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"registered: \['sft', 'rctp', 'grpo', 'rcgrpo', 'dapo_filter'.*\] \(a plugin's stage needs plugins=\[its module\]\)$",
+    ):
         _cfg("stage=zzz")  # nothing close: no suggestion
 
 
@@ -394,13 +454,15 @@ def test_a_task_sources_tasks_are_checked_once_at_load():
 
     good = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
     cases = {  # task source -> (its tasks, the one line)
-        "no_category_example": ([SimpleNamespace(id="t0", category="a"), SimpleNamespace(id="t1")],
-                                "task source no_category_example: task t1 has category None: give every task a "
-                                "non-empty string .category"),
+        "no_category_example": (
+            [SimpleNamespace(id="t0", category="a"), SimpleNamespace(id="t1")],
+            "task source no_category_example: task t1 has category None: give every task a non-empty string .category",
+        ),
         "no_id_example": ([SimpleNamespace(category="a")], "task source no_id_example: task 'k' has id None"),
-        "bare_tool_example": ([SimpleNamespace(id="t0", category="a", tools=[good, {"name": "sub"}])],
-                              "task source bare_tool_example: task t0: tools[1] is {'name': 'sub'}: a tool is an "
-                              "OpenAI function schema"),
+        "bare_tool_example": (
+            [SimpleNamespace(id="t0", category="a", tools=[good, {"name": "sub"}])],
+            "task source bare_tool_example: task t0: tools[1] is {'name': 'sub'}: a tool is an OpenAI function schema",
+        ),
     }
     try:
         for name, (tasks, message) in cases.items():
@@ -408,8 +470,9 @@ def test_a_task_sources_tasks_are_checked_once_at_load():
             with pytest.raises(PluginContractError) as e:
                 make_suite(name, ["base"])
             assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
-        register("task_source", "fine_example")(lambda categories: Suite([SimpleNamespace(id="t0", category="a",
-                                                                                          tools=[good])]))
+        register("task_source", "fine_example")(
+            lambda categories: Suite([SimpleNamespace(id="t0", category="a", tools=[good])])
+        )
         assert list(make_suite("fine_example", ["base"]).tasks) == ["t0"]
     finally:
         for name in [*cases, "fine_example"]:

@@ -14,28 +14,44 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nemo_rcgrpo"
 # (what it is, pattern, files where it may stay)
 RULES = [
     # config.py included: a backend validates its own section (its factory's check, model_parallel, server_gpus)
-    ("a branch on a backend's name (ask the Policy / Generator for its capability)",
-     r"\b(generation|policy)\.backend\s*(==|!=|\bin\b|\bnot in\b)", set()),
-    ("an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
-     r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']", set()),
+    (
+        "a branch on a backend's name (ask the Policy / Generator for its capability)",
+        r"\b(generation|policy)\.backend\s*(==|!=|\bin\b|\bnot in\b)",
+        set(),
+    ),
+    (
+        "an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
+        r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']",
+        set(),
+    ),
     ("a raw registry table (registry.lookup / names / table)", r"\b_TABLES\b", {"registry.py"}),
     # evaluation/config.py validates each shipped policy's own section (checkpoint.path, endpoint.*) by its name;
     # BFCL's official pipeline plays each shipped policy its own way (OfficialPipeline.policy(name, ...))
-    ("a dispatch on the eval policy's name (kind eval_policy)", r"\b(cfg|self)\.policy\s*(==|!=)",
-     {"config.py", "leaderboard.py"}),
+    (
+        "a dispatch on the eval policy's name (kind eval_policy)",
+        r"\b(cfg|self)\.policy\s*(==|!=)",
+        {"config.py", "leaderboard.py"},
+    ),
     # stages.py: a Stage's shape rules for the two shipped loops (a stage-1 stage names its data file)
     ("a dispatch on a stage's loop name (kind loop: ask Loop.rl)", r"\.loop\s*(==|!=)\s*[\"']rl", {"stages.py"}),
     # envs/bfcl/plugin.py: BFCL's official pipeline plays only BFCL's own entries
-    ("a branch on an environment's or task source's name (ask the registry or the suite)",
-     r"\b(env|env\.name|task_source|env_name)\s*(==|!=)\s*[\"']", {"plugin.py"}),
+    (
+        "a branch on an environment's or task source's name (ask the registry or the suite)",
+        r"\b(env|env\.name|task_source|env_name)\s*(==|!=)\s*[\"']",
+        {"plugin.py"},
+    ),
 ]
 
 
 def _hits(pattern: str, allowed: set[str], root: Path = PACKAGE) -> list[str]:
     regex = re.compile(pattern)
-    return [f"{path.relative_to(root.parent)}:{n}: {line.strip()}"
-            for path in sorted(root.rglob("*.py")) if path.name not in allowed
-            for n, line in enumerate(path.read_text().splitlines(), 1) if regex.search(line)]
+    return [
+        f"{path.relative_to(root.parent)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if path.name not in allowed
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if regex.search(line)
+    ]
 
 
 @pytest.mark.parametrize("what,pattern,allowed", RULES, ids=[r[0].split(" (")[0] for r in RULES])
@@ -44,17 +60,20 @@ def test_the_package_has_none(what, pattern, allowed):
     assert not hits, f"{what}:\n" + "\n".join(hits)
 
 
-@pytest.mark.parametrize("line,rule", [
-    ('fused = self.updates == 1 and self.cfg.policy.backend == "torch"', 0),
-    ('if cfg.generation.backend != "hf":', 0),
-    ('flag = torch.tensor([1], device=getattr(policy, "device", None) or "cpu")', 1),
-    ('if self.sync is not None and hasattr(self.sync, "close"):', 1),
-    ('GENERATORS = _TABLES["generator"]', 2),
-    ('if cfg.policy == "oracle":', 3),
-    ('return stage_of(str(stage)).loop == "rl"', 4),
-    ('if cfg.task_source == "bfcl":', 5),
-    ('ok = isinstance(s, BFCLSettings) or cfg.env.name != "bfcl"', 5),
-])
+@pytest.mark.parametrize(
+    "line,rule",
+    [
+        ('fused = self.updates == 1 and self.cfg.policy.backend == "torch"', 0),
+        ('if cfg.generation.backend != "hf":', 0),
+        ('flag = torch.tensor([1], device=getattr(policy, "device", None) or "cpu")', 1),
+        ('if self.sync is not None and hasattr(self.sync, "close"):', 1),
+        ('GENERATORS = _TABLES["generator"]', 2),
+        ('if cfg.policy == "oracle":', 3),
+        ('return stage_of(str(stage)).loop == "rl"', 4),
+        ('if cfg.task_source == "bfcl":', 5),
+        ('ok = isinstance(s, BFCLSettings) or cfg.env.name != "bfcl"', 5),
+    ],
+)
 def test_each_rule_catches_what_it_is_for(tmp_path, line, rule):
     """The branches and probes this package had, planted in a module: each rule finds its own."""
     (tmp_path / "pkg").mkdir()
@@ -64,10 +83,10 @@ def test_each_rule_catches_what_it_is_for(tmp_path, line, rule):
 
 
 def test_a_policy_declares_what_the_loops_ask_of_it():
+    from nemo_rcgrpo.config_schema import TrainerConfig
     from nemo_rcgrpo.models.interfaces import Policy
     from nemo_rcgrpo.models.megatron.policy import MegatronPolicy
     from nemo_rcgrpo.models.torch_policy import TorchPolicy
-    from nemo_rcgrpo.config_schema import TrainerConfig
     from nemo_rcgrpo.utils.dist import DistInfo
 
     model = torch.nn.Linear(3, 3)
@@ -80,6 +99,7 @@ def test_a_policy_declares_what_the_loops_ask_of_it():
 
 class _SyncedPolicy:
     """What sync_generator reads of a policy: the HF module made current, or the weights exported."""
+
     export_is_collective, device = False, torch.device("cpu")
 
     def __init__(self):
@@ -97,8 +117,8 @@ class _SyncedPolicy:
 
 
 def test_a_generator_that_shares_the_policys_weights_is_told_the_version_only():
-    from nemo_rcgrpo.generation.hf_local import HFGenerator
     from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
+    from nemo_rcgrpo.generation.hf_local import HFGenerator
     from nemo_rcgrpo.models.factory import sync_generator
 
     shared, policy = HFGenerator(torch.nn.Linear(2, 2), 0), _SyncedPolicy()
@@ -201,9 +221,12 @@ def test_a_plugin_generator_without_a_declared_capability_is_refused_naming_it()
         setup = dataclasses.replace(setup, generation=dataclasses.replace(setup.generation, backend="test_old_style"))
         from nemo_rcgrpo.envs.contract import PluginContractError  # a ValueError: the CLI's one line, exit 2
 
-        with pytest.raises(PluginContractError, match=r"^generator test_old_style: its factory .*<lambda> "
-                                                      r"\(test_seams.py:\d+\) returned a .*OldStyle \(test_seams.py:"
-                                                      r"\d+\) without shares_policy_weights: "):
+        with pytest.raises(
+            PluginContractError,
+            match=r"^generator test_old_style: its factory .*<lambda> "
+            r"\(test_seams.py:\d+\) returned a .*OldStyle \(test_seams.py:"
+            r"\d+\) without shares_policy_weights: ",
+        ):
             make_generator(setup, None, None)
     finally:
         registry.table("generator").pop("test_old_style", None)

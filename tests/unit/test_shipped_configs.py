@@ -1,6 +1,5 @@
 """Every shipped recipe composes with Hydra and passes validation."""
 
-
 import pytest
 
 from nemo_rcgrpo.config import TrainConfig
@@ -13,15 +12,31 @@ TRAIN_RECIPES = [name for name, _ in recipes("stage1_defaults")]
 
 
 def test_recipes_are_found():
-    assert {"sft_smollm_cpu", "rctp_smollm_cpu", "sft_qwen7b", "sft_llama8b", "rctp_qwen7b", "rctp_llama8b",
-            "rcgrpo_smollm_cpu", "rcgrpo_qwen7b", "rcgrpo_llama8b", "grpo_qwen7b", "grpo_llama8b"} <= set(TRAIN_RECIPES)
+    assert {
+        "sft_smollm_cpu",
+        "rctp_smollm_cpu",
+        "sft_qwen7b",
+        "sft_llama8b",
+        "rctp_qwen7b",
+        "rctp_llama8b",
+        "rcgrpo_smollm_cpu",
+        "rcgrpo_qwen7b",
+        "rcgrpo_llama8b",
+        "grpo_qwen7b",
+        "grpo_llama8b",
+    } <= set(TRAIN_RECIPES)
     assert len([n for n in TRAIN_RECIPES if n.startswith("ablation_")]) == 8
     assert {"smoke_stage1", "smoke_rl"} <= set(TRAIN_RECIPES)
     assert not {"stage1_defaults", "rl_defaults", "rl_gpu_defaults", "eval", "prepare_data"} & set(TRAIN_RECIPES)
     # everything in conf/ is a train recipe, a base, or belongs to eval / prepare-data
     others = {n for n, _ in recipes("eval")} | {"eval", "prepare_data"}
     assert {p.stem for p in conf_dir().glob("*.yaml")} - set(TRAIN_RECIPES) - others == {
-        "stage1_defaults", "rl_defaults", "rl_gpu_defaults", "paper_rl_defaults", "paper_stage1_defaults"}
+        "stage1_defaults",
+        "rl_defaults",
+        "rl_gpu_defaults",
+        "paper_rl_defaults",
+        "paper_stage1_defaults",
+    }
 
 
 @pytest.mark.parametrize("name", TRAIN_RECIPES)
@@ -61,14 +76,34 @@ def test_the_paper_recipes_are_composed_from_groups(model):
     for init in ("sft", "rctp"):
         for algo in ("grpo", "rcgrpo"):
             cell = compose(f"ablation_{init}_{algo}_{model}")
-            assert compose(f"rcgrpo_{model}", [f"init={init}", f"algorithm={algo}",
-                                               f"run_dir=runs/ablation_{init}_{algo}_{model}"]) == cell
-            assert compose(f"rcgrpo_{other}", [f"model={model}", f"init={init}", f"algorithm={algo}",
-                                               f"run_dir=runs/ablation_{init}_{algo}_{model}"]) == cell
-            assert cell["model"]["path"] == f"runs/{init}_{model}/hf" and cell["rl"]["stage1_recipe"] == f"{init}_{model}"
-    assert compose(f"grpo_{model}", [f"run_dir=runs/ablation_sft_grpo_{model}"]) == compose(f"ablation_sft_grpo_{model}")
-    assert compose(f"sft_{model}", ["stage=rctp", f"run_dir=runs/rctp_{model}", "trainer.epochs=5"]) == \
-        compose(f"rctp_{model}")
+            assert (
+                compose(
+                    f"rcgrpo_{model}",
+                    [f"init={init}", f"algorithm={algo}", f"run_dir=runs/ablation_{init}_{algo}_{model}"],
+                )
+                == cell
+            )
+            assert (
+                compose(
+                    f"rcgrpo_{other}",
+                    [
+                        f"model={model}",
+                        f"init={init}",
+                        f"algorithm={algo}",
+                        f"run_dir=runs/ablation_{init}_{algo}_{model}",
+                    ],
+                )
+                == cell
+            )
+            assert (
+                cell["model"]["path"] == f"runs/{init}_{model}/hf" and cell["rl"]["stage1_recipe"] == f"{init}_{model}"
+            )
+    assert compose(f"grpo_{model}", [f"run_dir=runs/ablation_sft_grpo_{model}"]) == compose(
+        f"ablation_sft_grpo_{model}"
+    )
+    assert compose(f"sft_{model}", ["stage=rctp", f"run_dir=runs/rctp_{model}", "trainer.epochs=5"]) == compose(
+        f"rctp_{model}"
+    )
 
 
 def test_prepare_data_config_validates():
@@ -78,7 +113,8 @@ def test_prepare_data_config_validates():
 
     # the defaults, with categories (empty: every one the task source declares) resolved to BFCL's four
     assert PrepareDataConfig.from_dict(compose("prepare_data")) == dataclasses.replace(
-        PrepareDataConfig(), categories=source_categories("bfcl"))
+        PrepareDataConfig(), categories=source_categories("bfcl")
+    )
 
 
 def test_unknown_config_name():
@@ -118,10 +154,15 @@ def _stated(yaml_section, defaults, prefix=""):
 
 
 # (file, the schema node its recipes build on, the key prefix of a group member's keys)
-BASES = [("stage1_defaults.yaml", "train_schema", ""), ("rl_defaults.yaml", "train_schema", ""),
-         ("generation/hf.yaml", "train_schema", "generation"), ("generation/scripted.yaml", "train_schema", "generation"),
-         ("generation/vllm.yaml", "train_schema", "generation"), ("eval.yaml", "eval_schema", ""),
-         ("prepare_data.yaml", "prepare_data_schema", "")]
+BASES = [
+    ("stage1_defaults.yaml", "train_schema", ""),
+    ("rl_defaults.yaml", "train_schema", ""),
+    ("generation/hf.yaml", "train_schema", "generation"),
+    ("generation/scripted.yaml", "train_schema", "generation"),
+    ("generation/vllm.yaml", "train_schema", "generation"),
+    ("eval.yaml", "eval_schema", ""),
+    ("prepare_data.yaml", "prepare_data_schema", ""),
+]
 
 
 @pytest.mark.parametrize("name,node,prefix", BASES, ids=[b[0] for b in BASES])
@@ -185,7 +226,8 @@ def test_the_hardware_group_composes_and_a_users_machine_is_a_file(tmp_path, mon
     (mine / "hardware" / "a100x4.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /generation: vllm\n"
         "policy: {backend: megatron, megatron: {tp: 1}}\n"
-        "layout: {nodes: 1, gpus_per_node: 4, generation: separate, generation_gpus: 1}\n")
+        "layout: {nodes: 1, gpus_per_node: 4, generation: separate, generation_gpus: 1}\n"
+    )
     monkeypatch.setattr(config_utils, "_USER_DIRS", [])
     config_utils.add_config_dir(mine)
     cfg = TrainConfig.from_dict(compose("rcgrpo_llama8b", ["hardware=a100x4"]))

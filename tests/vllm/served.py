@@ -9,25 +9,42 @@ from nemo_rcgrpo.data.chat_format import format_spec
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer
 
-TOOLS = [{"type": "function", "function": {"name": "ls", "description": "List files.", "parameters": {
-    "type": "object", "properties": {"folder": {"type": "string"}, "all": {"type": "boolean"}}, "required": []}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "ls",
+            "description": "List files.",
+            "parameters": {
+                "type": "object",
+                "properties": {"folder": {"type": "string"}, "all": {"type": "boolean"}},
+                "required": [],
+            },
+        },
+    }
+]
 
 
 def _post(url, path, body):
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())
 
 
-MESSAGES = RewardGoal().apply([{"role": "system", "content": "You list files."},
-                               {"role": "user", "content": "What is in the docs folder?"}], True)
+MESSAGES = RewardGoal().apply(
+    [{"role": "system", "content": "You list files."}, {"role": "user", "content": "What is in the docs folder?"}], True
+)
 
 
 def check_rendering(url: str, tok, fmt: str) -> None:
     """The server's chat prompt is the project's rendering (compact tools), id for id, reward token included."""
-    served = _post(url.removesuffix("/v1"), "/tokenize", {"model": "policy", "messages": MESSAGES, "tools": TOOLS,
-                                                         "add_generation_prompt": True})["tokens"]
+    served = _post(
+        url.removesuffix("/v1"),
+        "/tokenize",
+        {"model": "policy", "messages": MESSAGES, "tools": TOOLS, "add_generation_prompt": True},
+    )["tokens"]
     renderer = ChatRenderer(tok, fmt, tool_description="compact")
     assert served == renderer.render(MESSAGES, TOOLS, add_generation_prompt=True).ids
 
@@ -35,8 +52,14 @@ def check_rendering(url: str, tok, fmt: str) -> None:
 def forced_stop(url: str, tok, fmt: str) -> tuple[str, int]:
     """(finish_reason, completion tokens) of a reply forced to write the format's stop token first (8 at most)."""
     stop = tok.convert_tokens_to_ids(format_spec(fmt).stop_tokens[0])
-    body = {"model": "policy", "messages": MESSAGES, "tools": TOOLS, "temperature": 0.0, "max_tokens": 8,
-            "logit_bias": {str(stop): 100}}
+    body = {
+        "model": "policy",
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "temperature": 0.0,
+        "max_tokens": 8,
+        "logit_bias": {str(stop): 100},
+    }
     reply = _post(url, "/chat/completions", body)
     return reply["choices"][0]["finish_reason"], reply["usage"]["completion_tokens"]
 

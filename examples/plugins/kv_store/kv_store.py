@@ -21,21 +21,50 @@ from typing import Any, Sequence
 from nemo_rcgrpo import register
 from nemo_rcgrpo.types import Observation, RewardInfo, ToolCall
 
-SYSTEM = ("You manage a key-value store through the provided tools. Do what the user asks, then call done().")
+SYSTEM = "You manage a key-value store through the provided tools. Do what the user asks, then call done()."
 KEYS = ("colour", "shape", "city", "fruit", "animal", "size", "metal", "planet")
-VALUES = ("red", "blue", "green", "round", "square", "paris", "lima", "apple", "plum", "fox", "owl", "small",
-          "large", "iron", "gold", "mars", "venus")
+VALUES = (
+    "red",
+    "blue",
+    "green",
+    "round",
+    "square",
+    "paris",
+    "lima",
+    "apple",
+    "plum",
+    "fox",
+    "owl",
+    "small",
+    "large",
+    "iron",
+    "gold",
+    "mars",
+    "venus",
+)
 
 
 def _tool(name: str, description: str, params: Sequence[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": {p: {"type": "string"} for p in params}, "required": list(params)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string"} for p in params},
+                "required": list(params),
+            },
+        },
+    }
 
 
-TOOLS = [_tool("put", "Store value under key (replaces an old value).", ("key", "value")),
-         _tool("get", "Return the value stored under key.", ("key",)),
-         _tool("delete", "Remove key and its value.", ("key",)),
-         _tool("done", "Call when the request is complete.", ())]
+TOOLS = [
+    _tool("put", "Store value under key (replaces an old value).", ("key", "value")),
+    _tool("get", "Return the value stored under key.", ("key",)),
+    _tool("delete", "Remove key and its value.", ("key",)),
+    _tool("done", "Call when the request is complete.", ()),
+]
 
 
 @dataclass(frozen=True)
@@ -69,8 +98,9 @@ def make_tasks(seed: int = 0, per_kind: int = 120) -> dict[str, KVTask]:
                 initial = {a: x, b: z}
                 request, gold, target = f"Delete {a}.", [("delete", (("key", a),))], {b: z}
             tid = f"kv_{len(tasks)}"
-            tasks[tid] = KVTask(tid, kind, request, tuple(sorted(initial.items())), tuple(sorted(target.items())),
-                                tuple(gold))
+            tasks[tid] = KVTask(
+                tid, kind, request, tuple(sorted(initial.items())), tuple(sorted(target.items())), tuple(gold)
+            )
     return tasks
 
 
@@ -122,8 +152,10 @@ class KVEnv:
             observations.append(self._run(call, getattr(call, "id", None) or f"call_{self.steps}_{i}"))
         if not self.done and self.steps > self.max_steps:  # as BFCL's env: cut when the count exceeds the limit
             self.truncate(f"more than {self.max_steps} tool-calling steps")
-        messages = [{"role": "tool", "tool_call_id": o.tool_call_id, "name": o.name or "", "content": o.content}
-                    for o in observations]
+        messages = [
+            {"role": "tool", "tool_call_id": o.tool_call_id, "name": o.name or "", "content": o.content}
+            for o in observations
+        ]
         return Result(observations, messages)
 
     def _run(self, call, call_id: str) -> Observation:
@@ -133,9 +165,14 @@ class KVEnv:
         if call.name not in params:
             return Observation(f"Error: no tool named {call.name!r}", False, call.name, call_id)
         kwargs = dict(call.kwargs)
-        if call.args or sorted(kwargs) != sorted(params[call.name]) or not all(isinstance(v, str) for v in kwargs.values()):
-            return Observation(f"Error: {call.name} takes string arguments {params[call.name]}", False, call.name,
-                               call_id)
+        if (
+            call.args
+            or sorted(kwargs) != sorted(params[call.name])
+            or not all(isinstance(v, str) for v in kwargs.values())
+        ):
+            return Observation(
+                f"Error: {call.name} takes string arguments {params[call.name]}", False, call.name, call_id
+            )
         self.calls.append((call.name, kwargs))
         key = kwargs["key"]
         if call.name == "put":

@@ -40,8 +40,15 @@ def play(task: KVTask, plan: list[tuple[str, dict[str, str]]]) -> tuple[list[dic
     env, messages = KVOpener(max_steps=8).open(task)
     for n, (name, kwargs) in enumerate([*plan, ("done", {})]):
         call_id = f"call_{n}"
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(kwargs)}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(kwargs)}}
+                ],
+            }
+        )
         result = env.step([ToolCall(name, dict(kwargs), id=call_id)])
         messages += result.messages
         if env.done:
@@ -71,8 +78,13 @@ def records(suite, split, rng: random.Random) -> tuple[list[dict], list[dict]]:
     registered in kv_store.py); ``split``: prepare-data's (``split.side_of(task)``)."""
     experts, failures = [], []
     for task in suite.tasks.values():
-        base = {"task_id": task.id, "category": task.category, "split": split.side_of(task), "mode": "merged",
-                "tools": TOOLS}
+        base = {
+            "task_id": task.id,
+            "category": task.category,
+            "split": split.side_of(task),
+            "mode": "merged",
+            "tools": TOOLS,
+        }
         messages, reward = play(task, [(name, dict(args)) for name, args in task.gold])
         if reward != 1.0:
             raise ValueError(f"the ground truth of {task.id} scores {reward}, not 1")
@@ -81,8 +93,15 @@ def records(suite, split, rng: random.Random) -> tuple[list[dict], list[dict]]:
         if bad_reward != 0.0:
             raise ValueError(f"the {kind} failure of {task.id} scores {bad_reward}, not 0")
         experts.append({**base, "messages": messages})
-        failures.append({**base, "messages": bad, "failure_type": kind, "failure_detail": f"{kind} of the gold plan",
-                         "source": "perturbation"})
+        failures.append(
+            {
+                **base,
+                "messages": bad,
+                "failure_type": kind,
+                "failure_detail": f"{kind} of the gold plan",
+                "source": "perturbation",
+            }
+        )
     return experts, failures
 
 
@@ -100,11 +119,25 @@ def build(out: Path, seed: int = 0) -> dict[str, int]:
         assert bad_reward == 0.0, (task.id, kind, bad_reward)  # a failure is verified, not assumed
         files["sft"].append({**base, "messages": messages})
         files["failures"].append({**base, "messages": bad, "failure_type": kind})
-        files["rctp"] += [{**base, "messages": goal.apply(messages, True), "reward": 1, "reward_goal": goal.token(True)},
-                          {**base, "messages": goal.apply(bad, False), "reward": 0, "reward_goal": goal.token(False),
-                           "failure_type": kind}]
-        files[f"rl_{split}"].append({"task_id": task.id, "category": task.category, "env": "kv_store",
-                                     "task_source": "kv_store", "mode": "merged"})
+        files["rctp"] += [
+            {**base, "messages": goal.apply(messages, True), "reward": 1, "reward_goal": goal.token(True)},
+            {
+                **base,
+                "messages": goal.apply(bad, False),
+                "reward": 0,
+                "reward_goal": goal.token(False),
+                "failure_type": kind,
+            },
+        ]
+        files[f"rl_{split}"].append(
+            {
+                "task_id": task.id,
+                "category": task.category,
+                "env": "kv_store",
+                "task_source": "kv_store",
+                "mode": "merged",
+            }
+        )
     for name, lines in files.items():
         (out / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
     settings = {"task_source": "kv_store", "mode": "merged", "seed": seed, "reward_goal": dataclasses.asdict(goal)}

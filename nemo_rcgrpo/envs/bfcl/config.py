@@ -49,8 +49,10 @@ class BFCLSettings:
         None (`data/consistency.py`)."""
         mode = prepared.get("mode")
         if mode and mode != self.mode:
-            return (f"env.settings.mode={self.mode} but {data_dir} was prepared with mode={mode}: set "
-                    f"env.settings.mode={mode} or prepare the data with mode={self.mode}")
+            return (
+                f"env.settings.mode={self.mode} but {data_dir} was prepared with mode={mode}: set "
+                f"env.settings.mode={mode} or prepare the data with mode={self.mode}"
+            )
         return None
 
     def prompt_mismatch(self, record: Mapping[str, Any], opening_tools: list[dict]) -> str:
@@ -58,8 +60,9 @@ class BFCLSettings:
         system = next((m.get("content") for m in record["messages"] if m.get("role") == "system"), None)
         if system is not None and system != self.make_env().system_prompt:
             return "env.settings.system_prompt"
-        if [t.get("function", {}).get("name") for t in record.get("tools") or []] != \
-                [t["function"]["name"] for t in opening_tools]:
+        if [t.get("function", {}).get("name") for t in record.get("tools") or []] != [
+            t["function"]["name"] for t in opening_tools
+        ]:
             return "the tools offered at the start (env settings)"
         return "the reward goal or the env's rendering of the first messages"
 

@@ -33,8 +33,9 @@ def build_records(cfg, suite, split, rng: random.Random) -> tuple[list[dict], li
     failure_types = assign_types(len(tasks), cfg.failures.types, rng)
 
     experts, failures = [], []
-    for task, preferred in tqdm(list(zip(tasks, failure_types)), desc="trajectories", unit="task",
-                                disable=not cfg.progress, file=sys.stderr):
+    for task, preferred in tqdm(
+        list(zip(tasks, failure_types)), desc="trajectories", unit="task", disable=not cfg.progress, file=sys.stderr
+    ):
         gold = suite.gold(task)
         base = {"task_id": task.id, "category": task.category, "split": split.side_of(task), "mode": cfg.mode}
         plan = gold_plan(task)
@@ -46,16 +47,30 @@ def build_records(cfg, suite, split, rng: random.Random) -> tuple[list[dict], li
         candidates = rollouts.get(task.id, [])
         if candidates and rng.random() < cfg.failures.rollout_fraction:
             record = candidates[rng.randrange(len(candidates))]
-            failures.append({**base, "messages": record["messages"], "tools": record.get("tools", expert.tools),
-                             "failure_type": record.get("failure_type", "exploration"),
-                             "failure_detail": "recorded rollout", "source": "rollout"})
+            failures.append(
+                {
+                    **base,
+                    "messages": record["messages"],
+                    "tools": record.get("tools", expert.tools),
+                    "failure_type": record.get("failure_type", "exploration"),
+                    "failure_detail": "recorded rollout",
+                    "source": "rollout",
+                }
+            )
             continue
         failure = make_failure(task, plan, preferred, rng, {**play_kwargs, "gold": gold}, cfg.failures.max_tries)
         if failure is None:
             raise BFCLDataError(f"no perturbation of {task.id} scores 0; raise failures.max_tries")
-        failures.append({**base, "messages": failure.played.messages, "tools": failure.played.tools,
-                         "failure_type": failure.failure_type, "failure_detail": failure.detail,
-                         "source": failure.source})
+        failures.append(
+            {
+                **base,
+                "messages": failure.played.messages,
+                "tools": failure.played.tools,
+                "failure_type": failure.failure_type,
+                "failure_detail": failure.detail,
+                "source": failure.source,
+            }
+        )
     return experts, failures, ({"rollout_files": rollout_counts} if rollout_counts else {})
 
 

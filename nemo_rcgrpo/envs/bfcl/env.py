@@ -31,14 +31,13 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.calls import CallRejected, to_tool_call
 from nemo_rcgrpo.envs.bfcl.executor import ArgTypes, ExecutedCall, Toolbox
-from nemo_rcgrpo.types import valid_text
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker, compute_reward, replay_gold
 from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, done_tool
 from nemo_rcgrpo.envs.bfcl.tasks import HOLDOUT_TURN_PROMPT, BFCLTask
+from nemo_rcgrpo.envs.calls import CallRejected, to_tool_call
 from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, EpisodeMode
-from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError
+from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo, ToolCall, ToolCallError, valid_text
 
 # What an assistant message whose calls all fail to parse does: "observe" returns
 # error observations (useful feedback in RL); "end_turn" ends the turn, which is
@@ -46,18 +45,20 @@ from nemo_rcgrpo.types import Message, Observation, OfficialVerdict, RewardInfo,
 ParseFailure = Literal["observe", "end_turn"]
 PARSE_FAILURE_MODES: tuple[str, ...] = get_args(ParseFailure)
 
-SYSTEM_PROMPTS: Mapping[str, str] = MappingProxyType({
-    "per_turn": (
-        "You are an assistant that completes the user's requests by calling the provided tools. "
-        "Call tools as needed; their results are returned to you. When the request is complete, "
-        "reply without a tool call."
-    ),
-    "merged": (
-        "You are an assistant that completes the user's requests by calling the provided tools. "
-        "Work through every step in order, calling tools as needed; their results are returned to you. "
-        "When all steps are complete, call done()."
-    ),
-})
+SYSTEM_PROMPTS: Mapping[str, str] = MappingProxyType(
+    {
+        "per_turn": (
+            "You are an assistant that completes the user's requests by calling the provided tools. "
+            "Call tools as needed; their results are returned to you. When the request is complete, "
+            "reply without a tool call."
+        ),
+        "merged": (
+            "You are an assistant that completes the user's requests by calling the provided tools. "
+            "Work through every step in order, calling tools as needed; their results are returned to you. "
+            "When all steps are complete, call done()."
+        ),
+    }
+)
 
 
 @dataclass
@@ -143,8 +144,11 @@ class BFCLEnv:
         # listed in the message itself, so the conversation so far stays a prefix
         # (FC endpoints also get them through `tools`).
         content = HOLDOUT_TURN_PROMPT
-        new = [t for t in self.task.openai_tools(turn, self.tool_response)
-               if t["function"]["name"] in self.task.missed_functions.get(turn, ())]
+        new = [
+            t
+            for t in self.task.openai_tools(turn, self.tool_response)
+            if t["function"]["name"] in self.task.missed_functions.get(turn, ())
+        ]
         if new and self.holdout_tools_in_message:
             content = json.dumps(new) + "\n" + HOLDOUT_TURN_PROMPT
         return [{"role": "user", "content": content}]
@@ -219,8 +223,13 @@ class BFCLEnv:
         if isinstance(call, ToolCallError):
             return Observation(f"Error: could not parse tool call: {call.message}", False, None, call_id)
         if too_many:
-            return Observation(f"Error: this message has {too_many} tool calls; at most {self.max_calls_per_step} are "
-                               "run per message, so this one was not run", False, call.name, call_id)
+            return Observation(
+                f"Error: this message has {too_many} tool calls; at most {self.max_calls_per_step} are "
+                "run per message, so this one was not run",
+                False,
+                call.name,
+                call_id,
+            )
         try:
             executed = self.toolbox.execute(call, self.offered)
         except CallRejected as e:
@@ -232,7 +241,9 @@ class BFCLEnv:
         """Bound what one call can add to the context (the longest gold result is ~32k characters)."""
         if len(text) <= self.max_observation_chars:
             return text
-        return text[: self.max_observation_chars] + f"... [truncated {len(text) - self.max_observation_chars} characters]"
+        return (
+            text[: self.max_observation_chars] + f"... [truncated {len(text) - self.max_observation_chars} characters]"
+        )
 
     def _close_turn(self) -> None:
         log = self.turns[self.turn]
@@ -263,8 +274,9 @@ class BFCLEnv:
     def reward(self) -> RewardInfo:
         if self.task is None:
             raise RuntimeError("call reset(task) first")
-        return compute_reward(self.instances, self.executed, self.gold, truncated=self.truncated,
-                              reward=self.reward_name)
+        return compute_reward(
+            self.instances, self.executed, self.gold, truncated=self.truncated, reward=self.reward_name
+        )
 
     def official_verdict(self) -> OfficialVerdict | None:
         """BFCL's verdict; None for merged episodes (no turn structure to check)."""

@@ -27,13 +27,13 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-from types import MappingProxyType
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Iterable, Literal, Mapping, get_args
 
-from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
+from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.types import ToolCall, valid_text
 
 MAX_PRECISION = 1_000  # MathAPI precision / decimal_places arguments (digits)
@@ -44,18 +44,20 @@ MAX_WALK_CHARS = 4_000_000  # total path characters a find / du walk may produce
 
 # --------------------------------------------------------------------------- validation
 
-_JSON_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
-    "string": (str,),
-    "integer": (int,),
-    "float": (int, float),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "list": (list, tuple),
-    "tuple": (list, tuple),
-    "dict": (dict,),
-    "object": (dict,),
-})
+_JSON_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType(
+    {
+        "string": (str,),
+        "integer": (int,),
+        "float": (int, float),
+        "number": (int, float),
+        "boolean": (bool,),
+        "array": (list, tuple),
+        "list": (list, tuple),
+        "tuple": (list, tuple),
+        "dict": (dict,),
+        "object": (dict,),
+    }
+)
 
 
 def _check_type(value: Any, spec: Mapping[str, Any], where: str) -> None:
@@ -134,8 +136,10 @@ def _resource_guard(name: str, arguments: Mapping[str, Any], instance: object) -
         # cp copies directories shallowly, so copies share subtrees and a few dozen calls
         # build a tree whose walk is exponential (2^40 paths from 160 calls)
         if not _walk_fits(instance.root, MAX_TREE_ENTRIES, MAX_WALK_CHARS):
-            raise CallRejected(f"the directory tree has more than {MAX_TREE_ENTRIES} entries or "
-                               f"{MAX_WALK_CHARS} characters of paths to walk")
+            raise CallRejected(
+                f"the directory tree has more than {MAX_TREE_ENTRIES} entries or "
+                f"{MAX_WALK_CHARS} characters of paths to walk"
+            )
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -159,7 +163,7 @@ def format_result(result: Any) -> str:
     if type(result) is dict:
         try:
             return json.dumps(result)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a result JSON cannot hold is shown as text
             return str(result)
     return str(result)
 
@@ -199,7 +203,9 @@ class Toolbox:
     def bind(self, call: ToolCall, offered: frozenset[str] | None = None) -> tuple[ToolDoc, inspect.BoundArguments]:
         """Resolve and validate a call without running it. Raises CallRejected."""
         if call.name not in self._tools:
-            raise CallRejected(f"unknown tool {call.name!r}; available tools: {', '.join(sorted(offered or self._tools))}")
+            raise CallRejected(
+                f"unknown tool {call.name!r}; available tools: {', '.join(sorted(offered or self._tools))}"
+            )
         if offered is not None and call.name not in offered:
             raise CallRejected(f"tool {call.name!r} is not available at this point of the conversation")
         tool = self._tools[call.name]
@@ -230,7 +236,7 @@ class Toolbox:
         with isolated(self.instances[tool.class_name], tool.name):  # BFCL's module-level objects: the rollout's own
             try:
                 result, ok = format_result(method(**call_args)), True
-            except Exception as e:  # the API's own errors are observations, as in BFCL
+            except Exception as e:  # noqa: BLE001 - the API's own errors are observations, as in BFCL
                 result, ok = f"Error during execution: {e}", False
         result = valid_text(result)
         bound.apply_defaults()

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from nemo_rcgrpo.envs.bfcl.trajectories import Plan, PlayedTrajectory, play, replay_messages
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, ToolDoc
+from nemo_rcgrpo.envs.bfcl.trajectories import Plan, PlayedTrajectory, play, replay_messages
 from nemo_rcgrpo.registry import lookup, names, register
 from nemo_rcgrpo.types import ToolCall
 

@@ -117,11 +117,17 @@ class SharedSlots:
             todo.append(func)
         functions = {}  # name -> function the code can reach by that name (class attribute or module global)
         for module in {owner for owner, _ in self.slots if inspect.ismodule(owner)} | {
-                sys.modules[c.__module__] for c in self.cls.__mro__ if _is_bfcl(c)}:
+            sys.modules[c.__module__] for c in self.cls.__mro__ if _is_bfcl(c)
+        }:
             functions.update({k: v for k, v in vars(module).items() if inspect.isfunction(v) and _is_bfcl(v)})
         for c in reversed([c for c in self.cls.__mro__ if _is_bfcl(c)]):
-            functions.update({k: getattr(v, "__func__", v) for k, v in vars(c).items()
-                              if inspect.isfunction(getattr(v, "__func__", v))})
+            functions.update(
+                {
+                    k: getattr(v, "__func__", v)
+                    for k, v in vars(c).items()
+                    if inspect.isfunction(getattr(v, "__func__", v))
+                }
+            )
         reached: set[Any] = set(todo or ())
         codes = [f.__code__ for f in todo or ()]
         while codes:
@@ -139,8 +145,11 @@ class SharedSlots:
         if todo is None or names & _DYNAMIC:
             found = tuple(range(len(self.slots)))
         else:
-            found = tuple(i for i, (owner, name) in enumerate(self.slots)
-                          if owner in reached or not inspect.isfunction(owner) and name in names)
+            found = tuple(
+                i
+                for i, (owner, name) in enumerate(self.slots)
+                if owner in reached or not inspect.isfunction(owner) and name in names
+            )
         self._needed[entries] = found
         return found
 

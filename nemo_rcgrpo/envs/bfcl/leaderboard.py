@@ -59,36 +59,74 @@ def _post(agent, body: dict) -> Any:
         raise
 
 
-def fc_policy(cfg, make_responder: Callable[[BFCLTask], Respond], concurrency: int, description: dict,
-              model_name: str, reward_token: bool | None = None, goal=None) -> "LeaderboardPolicy":
+def fc_policy(
+    cfg,
+    make_responder: Callable[[BFCLTask], Respond],
+    concurrency: int,
+    description: dict,
+    model_name: str,
+    reward_token: bool | None = None,
+    goal=None,
+) -> "LeaderboardPolicy":
     """oracle, null or an endpoint through BFCL's OpenAI-compatible FC handler."""
-    def play(task, gold, edit):
-        return play_entry(task, gold, make_responder(task), model_name=model_name,
-                          temperature=request_temperature(cfg), max_steps=cfg.max_steps, edit_first_turn=edit,
-                          fatal=_fatal())
 
-    return LeaderboardPolicy(cfg, play, concurrency, description, handler=OPENAI_FC_HANDLER,
-                             pipeline="multi-turn FC", reward_token=reward_token, goal=goal)
+    def play(task, gold, edit):
+        return play_entry(
+            task,
+            gold,
+            make_responder(task),
+            model_name=model_name,
+            temperature=request_temperature(cfg),
+            max_steps=cfg.max_steps,
+            edit_first_turn=edit,
+            fatal=_fatal(),
+        )
+
+    return LeaderboardPolicy(
+        cfg,
+        play,
+        concurrency,
+        description,
+        handler=OPENAI_FC_HANDLER,
+        pipeline="multi-turn FC",
+        reward_token=reward_token,
+        goal=goal,
+    )
 
 
 def _usage(message: dict) -> dict:
-    return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0}}
+    return {
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0},
+    }
 
 
 def oracle_responder(task: BFCLTask, closing: Callable[[int], str]) -> Respond:
     """The ground truth: a turn's gold calls in one message, then a closing text."""
-    from nemo_rcgrpo.envs.calls import parse_call_string
     from nemo_rcgrpo.envs.bfcl.executor import named_arguments
+    from nemo_rcgrpo.envs.calls import parse_call_string
 
     def respond(body: dict, turn: int, step: int) -> dict:
         gold = task.ground_truth[turn] if turn < len(task.ground_truth) else ()
         if step == 0 and gold:
             calls = [parse_call_string(c) for c in gold]
-            return _usage({"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{turn}_{i}", "type": "function",
-                 "function": {"name": c.name, "arguments": json.dumps(named_arguments(task.tool(c.name), c))}}
-                for i, c in enumerate(calls)]})
+            return _usage(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{turn}_{i}",
+                            "type": "function",
+                            "function": {
+                                "name": c.name,
+                                "arguments": json.dumps(named_arguments(task.tool(c.name), c)),
+                            },
+                        }
+                        for i, c in enumerate(calls)
+                    ],
+                }
+            )
         return _usage({"role": "assistant", "content": closing(turn)})
 
     return respond
@@ -115,8 +153,18 @@ class LeaderboardPolicy:
     """A policy through one of BFCL's pipelines, one entry per thread: ``play(task, gold, edit_first_turn)`` plays
     an entry (`play_entry` for the FC handler, `local.play_entry_local` for a local handler)."""
 
-    def __init__(self, cfg, play: Callable, concurrency: int, description: dict, *, handler: str, pipeline: str,
-                 reward_token: bool | None = None, goal=None):
+    def __init__(
+        self,
+        cfg,
+        play: Callable,
+        concurrency: int,
+        description: dict,
+        *,
+        handler: str,
+        pipeline: str,
+        reward_token: bool | None = None,
+        goal=None,
+    ):
         self.cfg, self.play, self.concurrency = cfg, play, concurrency
         self.reward_token, self.goal = reward_token, goal
         differs = []
@@ -124,11 +172,17 @@ class LeaderboardPolicy:
             differs.append("the reward goal in the first user message")
         if cfg.max_steps != bfcl().max_steps:
             differs.append(f"max_steps={cfg.max_steps} (BFCL: {bfcl().max_steps})")
-        self.description = {**description, "pipeline": f"bfcl-eval {BFCL_VERSION} {pipeline}", "handler": handler,
-                            "temperature": request_temperature(cfg), "requests_differ_from_bfcl": differs}
+        self.description = {
+            **description,
+            "pipeline": f"bfcl-eval {BFCL_VERSION} {pipeline}",
+            "handler": handler,
+            "temperature": request_temperature(cfg),
+            "requests_differ_from_bfcl": differs,
+        }
 
-    def run(self, suite, task_ids: list[str], sample: int, seed: int, on_done: Callable,
-            only: set[str] | None = None) -> list[dict]:
+    def run(
+        self, suite, task_ids: list[str], sample: int, seed: int, on_done: Callable, only: set[str] | None = None
+    ) -> list[dict]:
         from nemo_rcgrpo.evaluation.records import episode_record
 
         for t in task_ids:
@@ -140,22 +194,38 @@ class LeaderboardPolicy:
             task = suite[task_id]
             gold = suite.gold(task)
             run = self.play(task, gold, edit)
-            reward = compute_reward(run.executor.instances, run.executor.executed, gold,
-                                    truncated=run.inference_error, reward=self.cfg.reward)
+            reward = compute_reward(
+                run.executor.instances,
+                run.executor.executed,
+                gold,
+                truncated=run.inference_error,
+                reward=self.cfg.reward,
+            )
             v = run.verdict
-            rec = episode_record(self.cfg, task, sample, seed + index, token, reward=reward.value,
-                                 official_valid=v.valid,
-                          official_error=None if v.valid else f"{v.error_type}: {v.error_message}",
-                          truncated=run.inference_error, details=reward.details, num_turns=run.requests,
-                          tool_errors=sum(o.startswith("Error") for step in run.observations for o in step),
-                          generated_tokens=sum(t for turn in run.output_token_count for t in turn
-                                               if isinstance(t, int)),
-                          calls=_calls(run.result),
-                          observations=run.observations,
-                          extra={"messages": run.messages, "force_quit": run.force_quit,
-                                 "bfcl_result": run.result_line(task_id),
-                                 # BFCL's local handlers: the first prompt (later ones extend it)
-                                 **({"prompt": run.prompts[0]} if run.prompts else {})})
+            rec = episode_record(
+                self.cfg,
+                task,
+                sample,
+                seed + index,
+                token,
+                reward=reward.value,
+                official_valid=v.valid,
+                official_error=None if v.valid else f"{v.error_type}: {v.error_message}",
+                truncated=run.inference_error,
+                details=reward.details,
+                num_turns=run.requests,
+                tool_errors=sum(o.startswith("Error") for step in run.observations for o in step),
+                generated_tokens=sum(t for turn in run.output_token_count for t in turn if isinstance(t, int)),
+                calls=_calls(run.result),
+                observations=run.observations,
+                extra={
+                    "messages": run.messages,
+                    "force_quit": run.force_quit,
+                    "bfcl_result": run.result_line(task_id),
+                    # BFCL's local handlers: the first prompt (later ones extend it)
+                    **({"prompt": run.prompts[0]} if run.prompts else {}),
+                },
+            )
             on_done(rec)
             return rec
 
@@ -180,8 +250,13 @@ def _calls(result: list | str) -> list[list[dict]]:
     """Per step, the calls a message wrote ({name, arguments} as sent), as episode records list them."""
     if not isinstance(result, list):
         return []
-    return [[{"name": n, "arguments": a} for d in step if isinstance(d, dict) for n, a in d.items()]
-            if isinstance(step, list) else [] for turn in result for step in turn]
+    return [
+        [{"name": n, "arguments": a} for d in step if isinstance(d, dict) for n, a in d.items()]
+        if isinstance(step, list)
+        else []
+        for turn in result
+        for step in turn
+    ]
 
 
 # ---------------------------------------------------------------------- BFCL's scores and files
@@ -195,12 +270,23 @@ def bfcl_scores(records: list[dict], samples: int = 1) -> dict[str, Any]:
     per_cat = {c: 100.0 * statistics.fmean(by_cat[c]) if c in by_cat else 0.0 for c in CATEGORIES}
     counts = {c: len({r["task_id"] for r in records if r["category"] == c}) for c in CATEGORIES}
     complete = all(n == ENTRIES_PER_CATEGORY for n in counts.values()) and samples == 1
-    note = None if complete else (
-        f"not the leaderboard's overall: {sum(counts.values())} of {ENTRIES_PER_CATEGORY * len(CATEGORIES)} entries "
-        f"({', '.join(f'{c} {n}' for c, n in counts.items())})" + (f", {samples} samples" if samples > 1 else "")
-        + "; categories not run count 0, as BFCL counts them")
-    return {"multi_turn_overall": statistics.fmean(per_cat.values()), "categories": per_cat, "entries": counts,
-            "leaderboard": complete, **({"note": note} if note else {})}
+    note = (
+        None
+        if complete
+        else (
+            f"not the leaderboard's overall: {sum(counts.values())} of {ENTRIES_PER_CATEGORY * len(CATEGORIES)} entries "
+            f"({', '.join(f'{c} {n}' for c, n in counts.items())})"
+            + (f", {samples} samples" if samples > 1 else "")
+            + "; categories not run count 0, as BFCL counts them"
+        )
+    )
+    return {
+        "multi_turn_overall": statistics.fmean(per_cat.values()),
+        "categories": per_cat,
+        "entries": counts,
+        "leaderboard": complete,
+        **({"note": note} if note else {}),
+    }
 
 
 def registry_name(cfg) -> str:
@@ -241,24 +327,43 @@ def _context(model_dir, tokenizer) -> int:
         return int(config.max_position_embeddings)
     if tokenizer.model_max_length is not None:
         return int(tokenizer.model_max_length)
-    raise ValueError(f"{model_dir}: neither max_position_embeddings nor a tokenizer model_max_length says the "
-                     "model's context (BFCL needs one)")
+    raise ValueError(
+        f"{model_dir}: neither max_position_embeddings nor a tokenizer model_max_length says the "
+        "model's context (BFCL needs one)"
+    )
 
 
-def _local_policy(cfg, complete, tokenizer, context: int, concurrency: int, description: dict,
-                  reward_token, goal) -> LeaderboardPolicy:
+def _local_policy(
+    cfg, complete, tokenizer, context: int, concurrency: int, description: dict, reward_token, goal
+) -> LeaderboardPolicy:
     from nemo_rcgrpo.envs.bfcl.local import BFCL_MODEL_NAMES, HANDLERS, play_entry_local
 
     name = local_handler(cfg)
 
     def play(task, gold, edit):
-        return play_entry_local(task, gold, complete, handler_name=name, model_name=BFCL_MODEL_NAMES[name],
-                                count_tokens=lambda text: len(tokenizer.tokenize(text)), context=context,
-                                max_steps=cfg.max_steps, edit_first_turn=edit, fatal=_fatal())
+        return play_entry_local(
+            task,
+            gold,
+            complete,
+            handler_name=name,
+            model_name=BFCL_MODEL_NAMES[name],
+            count_tokens=lambda text: len(tokenizer.tokenize(text)),
+            context=context,
+            max_steps=cfg.max_steps,
+            edit_first_turn=edit,
+            fatal=_fatal(),
+        )
 
-    return LeaderboardPolicy(cfg, play, concurrency, description, handler=HANDLERS[name][1],
-                             pipeline="multi-turn prompting (local model, /v1/completions)",
-                             reward_token=reward_token, goal=goal)
+    return LeaderboardPolicy(
+        cfg,
+        play,
+        concurrency,
+        description,
+        handler=HANDLERS[name][1],
+        pipeline="multi-turn prompting (local model, /v1/completions)",
+        reward_token=reward_token,
+        goal=goal,
+    )
 
 
 def endpoint_local_policy(cfg, folder, description: dict, reward_token, goal) -> LeaderboardPolicy:
@@ -267,16 +372,22 @@ def endpoint_local_policy(cfg, folder, description: dict, reward_token, goal) ->
     from nemo_rcgrpo.models.hf import load_tokenizer
 
     if folder is None:
-        raise FileNotFoundError(f"bfcl_handler={local_handler(cfg)} counts prompt tokens with the served model's "
-                                "tokenizer: set endpoint.model_path to its folder")
+        raise FileNotFoundError(
+            f"bfcl_handler={local_handler(cfg)} counts prompt tokens with the served model's "
+            "tokenizer: set endpoint.model_path to its folder"
+        )
     tokenizer = load_tokenizer(str(folder))
     context = _context(folder, tokenizer)
     agent = EndpointAgent(cfg.endpoint, temperature=BFCL_TEMPERATURE, top_p=1.0, max_new_tokens=1)
     agent.url = cfg.endpoint.url.rstrip("/") + "/completions"
 
     def complete(prompt: str, max_tokens: int, turn: int, step: int) -> tuple:
-        body = {"model": cfg.endpoint.model, "temperature": request_temperature(cfg), "prompt": prompt,
-                "max_tokens": max_tokens}
+        body = {
+            "model": cfg.endpoint.model,
+            "temperature": request_temperature(cfg),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+        }
         reply = _post(agent, body)
         try:
             usage = reply["usage"]
@@ -284,8 +395,7 @@ def endpoint_local_policy(cfg, folder, description: dict, reward_token, goal) ->
         except (KeyError, IndexError, TypeError) as e:
             raise InferenceError(f"the reply has no choices[0].text or usage ({type(e).__name__}: {e})") from None
 
-    return _local_policy(cfg, complete, tokenizer, context, cfg.endpoint.concurrency, description,
-                         reward_token, goal)
+    return _local_policy(cfg, complete, tokenizer, context, cfg.endpoint.concurrency, description, reward_token, goal)
 
 
 def checkpoint_local_policy(cfg, checkpoint) -> LeaderboardPolicy:
@@ -306,17 +416,20 @@ def checkpoint_local_policy(cfg, checkpoint) -> LeaderboardPolicy:
     def complete(prompt: str, max_tokens: int, turn: int, step: int) -> tuple:
         ids = tokenizer(prompt).input_ids
         if max_tokens < 1 or len(ids) + max_tokens > context:  # vLLM refuses it (HTTP 400): an inference error
-            raise InferenceError(f"the prompt is {len(ids)} tokens and max_tokens {max_tokens}; the model's context "
-                                 f"is {context}")
+            raise InferenceError(
+                f"the prompt is {len(ids)} tokens and max_tokens {max_tokens}; the model's context is {context}"
+            )
         seed[0] += 1
-        params = SamplingParams(max_new_tokens=max_tokens, temperature=request_temperature(cfg),
-                                stop_token_ids=stops, seed=seed[0])
+        params = SamplingParams(
+            max_new_tokens=max_tokens, temperature=request_temperature(cfg), stop_token_ids=stops, seed=seed[0]
+        )
         [done] = generator.generate([ids], params)
         text = tokenizer.decode(done.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         return text, len(ids), len(done.token_ids)
 
-    local = _local_policy(cfg, complete, tokenizer, context, 1, checkpoint.description,
-                          checkpoint.reward_token, checkpoint.goal)
+    local = _local_policy(
+        cfg, complete, tokenizer, context, 1, checkpoint.description, checkpoint.reward_token, checkpoint.goal
+    )
     local.close = checkpoint.close
     return local
 
@@ -353,8 +466,9 @@ def bfcl_table(scores: dict[str, Any]) -> str:
     """BFCL's own numbers: accuracy per category and Multi Turn Overall Acc (a category not run counts 0)."""
     lines = ["", "BFCL's scores (its definitions):", "", "| category | entries | accuracy (%) |", "|---|---:|---:|"]
     lines += [f"| {c} | {scores['entries'][c]} | {a:.2f} |" for c, a in scores["categories"].items()]
-    lines.append(f"| **Multi Turn Overall Acc** | {sum(scores['entries'].values())} | "
-                 f"**{scores['multi_turn_overall']:.2f}** |")
+    lines.append(
+        f"| **Multi Turn Overall Acc** | {sum(scores['entries'].values())} | **{scores['multi_turn_overall']:.2f}** |"
+    )
     if scores.get("note"):
         lines += ["", f"Note: {scores['note']}."]
     return "\n".join(lines) + "\n"
@@ -370,26 +484,42 @@ class BFCLPipeline:
             from nemo_rcgrpo.data.closing import ClosingTexts
 
             closing = ClosingTexts()
-            return fc_policy(cfg, lambda task: oracle_responder(
-                task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))), 1,
-                {"policy": "oracle"}, model_name="oracle")
+            return fc_policy(
+                cfg,
+                lambda task: oracle_responder(
+                    task, lambda turn: closing.for_turn(task, turn, len(task.ground_truth[turn]))
+                ),
+                1,
+                {"policy": "oracle"},
+                model_name="oracle",
+            )
         if name == "null":
             return fc_policy(cfg, null_responder, 1, {"policy": "null"}, model_name="null")
         if name == "endpoint":
             if local_handler(cfg) is not None:
-                return endpoint_local_policy(cfg, context["folder"], context["description"],
-                                             context["reward_token"], context["goal"])
+                return endpoint_local_policy(
+                    cfg, context["folder"], context["description"], context["reward_token"], context["goal"]
+                )
             respond = endpoint_responder(cfg)
-            return fc_policy(cfg, lambda task: respond, cfg.endpoint.concurrency, context["description"],
-                             model_name=cfg.endpoint.model, reward_token=context["reward_token"],
-                             goal=context["goal"])
+            return fc_policy(
+                cfg,
+                lambda task: respond,
+                cfg.endpoint.concurrency,
+                context["description"],
+                model_name=cfg.endpoint.model,
+                reward_token=context["reward_token"],
+                goal=context["goal"],
+            )
         if name == "checkpoint":
             if local_handler(cfg) is not None:
                 return checkpoint_local_policy(cfg, context["build"]())
             if cfg.bfcl_handler == "auto":
-                print(f"warning: chat.format={cfg.chat.format} has no BFCL local handler: the checkpoint plays the "
-                      "project's per-turn episodes, not BFCL's pipeline (its number is not the leaderboard's); "
-                      "bfcl_handler=llama3_1 or qwen_fc picks one", file=sys.stderr)
+                print(
+                    f"warning: chat.format={cfg.chat.format} has no BFCL local handler: the checkpoint plays the "
+                    "project's per-turn episodes, not BFCL's pipeline (its number is not the leaderboard's); "
+                    "bfcl_handler=llama3_1 or qwen_fc picks one",
+                    file=sys.stderr,
+                )
         return None
 
     def finish(self, records: list[dict], cfg, out_dir: Path) -> tuple[str, dict, str] | None:
@@ -399,5 +529,9 @@ class BFCLPipeline:
         scores = bfcl_scores(records, cfg.samples)
         files = write_result_files(out_dir / "bfcl_result", registry_name(cfg), records)
         scores["result_files"] = [str(f.relative_to(out_dir)) for f in files]
-        return "bfcl", scores, bfcl_table(scores) + (
-            "\nBFCL's result files: bfcl_result/ (`bfcl evaluate` scores them)\n" if files else "")
+        return (
+            "bfcl",
+            scores,
+            bfcl_table(scores)
+            + ("\nBFCL's result files: bfcl_result/ (`bfcl evaluate` scores them)\n" if files else ""),
+        )

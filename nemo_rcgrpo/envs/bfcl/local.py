@@ -84,9 +84,19 @@ def max_tokens(prompt_tokens: int, context: int) -> int:
 Complete = Callable[[str, int, int, int], tuple]
 
 
-def play_entry_local(task: BFCLTask, gold: GoldReplay, complete: Complete, *, handler_name: str, model_name: str,
-                     count_tokens: Callable[[str], int], context: int, max_steps: int | None = None,
-                     edit_first_turn: Callable[[list], list] | None = None, fatal: tuple[type, ...] = ()) -> EntryRun:
+def play_entry_local(
+    task: BFCLTask,
+    gold: GoldReplay,
+    complete: Complete,
+    *,
+    handler_name: str,
+    model_name: str,
+    count_tokens: Callable[[str], int],
+    context: int,
+    max_steps: int | None = None,
+    edit_first_turn: Callable[[list], list] | None = None,
+    fatal: tuple[type, ...] = (),
+) -> EntryRun:
     """``task`` through BFCL's prompting loop with its ``handler_name`` handler; ``complete`` answers each prompt.
     Whatever an entry raises (BFCL's handler too, on a reply it cannot format back) is BFCL's inference error
     for that entry, except the ``fatal`` exceptions (a dead server)."""
@@ -108,7 +118,8 @@ def play_entry_local(task: BFCLTask, gold: GoldReplay, complete: Complete, *, ha
             if turn == 0 and edit_first_turn is not None:
                 turn_messages = edit_first_turn(turn_messages)
             data = (h.add_first_turn_message_prompting if turn == 0 else h._add_next_turn_user_message_prompting)(
-                data, turn_messages)
+                data, turn_messages
+            )
             responses, inputs, outputs, latencies, results, decoded_steps, step = [], [], [], [], [], 0, 0
             while True:
                 prompt = h._format_prompt(data["message"], data["function"])
@@ -116,12 +127,16 @@ def play_entry_local(task: BFCLTask, gold: GoldReplay, complete: Complete, *, ha
                     run.prompts.append(prompt)
                 started = time.perf_counter()
                 text, prompt_tokens, completion_tokens = complete(
-                    prompt, max_tokens(count_tokens(prompt), context), turn, step)
+                    prompt, max_tokens(count_tokens(prompt), context), turn, step
+                )
                 run.requests += 1
                 latencies.append(time.perf_counter() - started)
-                reply = h._parse_query_response_prompting(SimpleNamespace(
-                    choices=[SimpleNamespace(text=text)],
-                    usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)))
+                reply = h._parse_query_response_prompting(
+                    SimpleNamespace(
+                        choices=[SimpleNamespace(text=text)],
+                        usage=SimpleNamespace(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+                    )
+                )
                 data = h._add_assistant_message_prompting(data, reply)
                 responses.append(reply["model_responses"])
                 inputs.append(reply["input_token"])
@@ -155,6 +170,7 @@ def play_entry_local(task: BFCLTask, gold: GoldReplay, complete: Complete, *, ha
         run.messages = data["message"]
         return inference_error(run, e)
     run.messages = data["message"]
-    run.verdict = checker.verdict(f"Model was force-terminated during inference phase after {max_steps} steps"
-                                  if run.force_quit else None)
+    run.verdict = checker.verdict(
+        f"Model was force-terminated during inference phase after {max_steps} steps" if run.force_quit else None
+    )
     return run

@@ -24,7 +24,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
-
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, ToolDoc
 
 SEED = 20261202
@@ -34,7 +33,9 @@ MATH_TOOLS = ("add", "subtract", "multiply", "power")
 
 # one small pool of names for both sides (a model trained from scratch in minutes learns to pick among a few names
 # it has seen, not to copy arbitrary strings); held-out tasks differ in wording and in combination (below)
-_FOLDERS = {side: ("reports", "photos", "drafts", "backup", "music", "travel", "games", "papers") for side in ("train", "test")}
+_FOLDERS = {
+    side: ("reports", "photos", "drafts", "backup", "music", "travel", "games", "papers") for side in ("train", "test")
+}
 _FILES = {side: ("todo", "summary", "plan", "ideas", "data", "notes", "agenda", "list") for side in ("train", "test")}
 _WORDS = {side: ("hello world", "buy milk", "call the bank", "all done") for side in ("train", "test")}
 
@@ -110,31 +111,77 @@ def _binary(tool: str) -> Callable:
         if tool == "power":
             b = rng.randint(2, 4)
         return {"a": a, "b": b}, [f"{tool}(a={a}, b={b})" if tool != "power" else f"power(base={a}, exponent={b})"], {}
+
     return make
 
 
 KINDS: tuple[_Kind, ...] = (
-    _Kind("mkdir", "GorillaFileSystem", ("Create a folder named {d}.", "Make a new directory called {d}.",
-                                         "I need a directory {d}; please create it."), _mkdir),
-    _Kind("touch", "GorillaFileSystem", ("Create an empty file called {f}.", "Make a new file named {f}.",
-                                         "Please add a blank file {f}."), _touch),
-    _Kind("cd_touch", "GorillaFileSystem", ("Go into the folder {d} and create a file named {f} there.",
-                                            "Open the {d} folder and make an empty file {f} in it.",
-                                            "Inside the existing folder {d}, add a new file {f}."), _cd_touch),
-    _Kind("mkdir_cd_touch", "GorillaFileSystem", ("Create a folder {d}, move into it and create a file {f}.",
-                                                  "Make a directory {d}, go into it, then make a file {f}.",
-                                                  "Set up a new folder {d} containing an empty file {f}."),
-          _mkdir_cd_touch),
-    _Kind("rm", "GorillaFileSystem", ("Delete the file {f}.", "Remove {f} from the current folder.",
-                                      "Get rid of the file {f}, please."), _rm),
-    _Kind("echo", "GorillaFileSystem", ("Write '{w}' into a new file named {f}.", "Put the text '{w}' in a file {f}.",
-                                        "Save the words '{w}' to the file {f}."), _echo),
-    _Kind("add", "MathAPI", ("What is {a} plus {b}?", "Add {a} and {b}.", "Compute the sum of {a} and {b}."),
-          _binary("add")),
-    _Kind("multiply", "MathAPI", ("What is {a} times {b}?", "Multiply {a} by {b}.",
-                                  "Compute the product of {a} and {b}."), _binary("multiply")),
-    _Kind("power", "MathAPI", ("What is {a} to the power of {b}?", "Raise {a} to the power {b}.",
-                                "Compute {a} raised to the exponent {b}."), _binary("power")),
+    _Kind(
+        "mkdir",
+        "GorillaFileSystem",
+        ("Create a folder named {d}.", "Make a new directory called {d}.", "I need a directory {d}; please create it."),
+        _mkdir,
+    ),
+    _Kind(
+        "touch",
+        "GorillaFileSystem",
+        ("Create an empty file called {f}.", "Make a new file named {f}.", "Please add a blank file {f}."),
+        _touch,
+    ),
+    _Kind(
+        "cd_touch",
+        "GorillaFileSystem",
+        (
+            "Go into the folder {d} and create a file named {f} there.",
+            "Open the {d} folder and make an empty file {f} in it.",
+            "Inside the existing folder {d}, add a new file {f}.",
+        ),
+        _cd_touch,
+    ),
+    _Kind(
+        "mkdir_cd_touch",
+        "GorillaFileSystem",
+        (
+            "Create a folder {d}, move into it and create a file {f}.",
+            "Make a directory {d}, go into it, then make a file {f}.",
+            "Set up a new folder {d} containing an empty file {f}.",
+        ),
+        _mkdir_cd_touch,
+    ),
+    _Kind(
+        "rm",
+        "GorillaFileSystem",
+        ("Delete the file {f}.", "Remove {f} from the current folder.", "Get rid of the file {f}, please."),
+        _rm,
+    ),
+    _Kind(
+        "echo",
+        "GorillaFileSystem",
+        (
+            "Write '{w}' into a new file named {f}.",
+            "Put the text '{w}' in a file {f}.",
+            "Save the words '{w}' to the file {f}.",
+        ),
+        _echo,
+    ),
+    _Kind(
+        "add",
+        "MathAPI",
+        ("What is {a} plus {b}?", "Add {a} and {b}.", "Compute the sum of {a} and {b}."),
+        _binary("add"),
+    ),
+    _Kind(
+        "multiply",
+        "MathAPI",
+        ("What is {a} times {b}?", "Multiply {a} by {b}.", "Compute the product of {a} and {b}."),
+        _binary("multiply"),
+    ),
+    _Kind(
+        "power",
+        "MathAPI",
+        ("What is {a} to the power of {b}?", "Raise {a} to the power {b}.", "Compute {a} raised to the exponent {b}."),
+        _binary("power"),
+    ),
 )
 
 
@@ -151,8 +198,12 @@ class MicroSuite(BFCLSuite):
         from nemo_rcgrpo.envs.splits import Split
 
         numbers = sorted(t.scenario for t in self)
-        return Split(SEED, NUM_TEST / (NUM_TRAIN + NUM_TEST), tuple(n for n in numbers if n < NUM_TRAIN),
-                     tuple(n for n in numbers if n >= NUM_TRAIN))
+        return Split(
+            SEED,
+            NUM_TEST / (NUM_TRAIN + NUM_TEST),
+            tuple(n for n in numbers if n < NUM_TRAIN),
+            tuple(n for n in numbers if n >= NUM_TRAIN),
+        )
 
 
 def generate(docs: dict[str, tuple[ToolDoc, ...]]) -> list[BFCLTask]:
@@ -181,15 +232,17 @@ def generate(docs: dict[str, tuple[ToolDoc, ...]]) -> list[BFCLTask]:
             seen.add((kind.name, index, tuple(sorted(values.items()))))
         phrasing = kind.phrasings[index]
         by_name = {d.name: d for d in docs[kind.api]}
-        tasks.append(BFCLTask(
-            id=f"micro_{number}",
-            category="base",
-            turns=((MappingProxyType({"role": "user", "content": phrasing.format(**values)}),),),
-            ground_truth=(tuple(calls),),
-            initial_config=MappingProxyType({kind.api: config} if config else {}),
-            involved_classes=(kind.api,),
-            tools=tuple(by_name[n] for n in offered[kind.api]),
-        ))
+        tasks.append(
+            BFCLTask(
+                id=f"micro_{number}",
+                category="base",
+                turns=((MappingProxyType({"role": "user", "content": phrasing.format(**values)}),),),
+                ground_truth=(tuple(calls),),
+                initial_config=MappingProxyType({kind.api: config} if config else {}),
+                involved_classes=(kind.api,),
+                tools=tuple(by_name[n] for n in offered[kind.api]),
+            )
+        )
     return tasks
 
 

@@ -40,11 +40,11 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, _resource_guard, format_result
 from nemo_rcgrpo.envs.bfcl.isolation import isolated
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, OfficialChecker
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.envs.calls import CallRejected
 from nemo_rcgrpo.types import OfficialVerdict, valid_text
 
 BFCL_VERSION = "2026.3.23"
@@ -58,17 +58,19 @@ def bfcl() -> SimpleNamespace:
     """BFCL's pure functions and constants. Importing bfcl_eval creates folders under BFCL_PROJECT_ROOT (else
     inside site-packages): unless the user set it, it points into the temp directory."""
     os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "nemo_rcgrpo-bfcl"))
+    from bfcl_eval import utils
     from bfcl_eval.constants import default_prompts
     from bfcl_eval.constants.enums import ModelStyle
     from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.model_handler import utils as handler_utils
-    from bfcl_eval import utils
 
     return SimpleNamespace(
-        load_dataset_entry=utils.load_dataset_entry, sort_key=utils.sort_key,
-        convert_to_tool=functools.partial(handler_utils.convert_to_tool, mapping=GORILLA_TO_OPENAPI,
-                                          model_style=ModelStyle.OPENAI_COMPLETIONS),
+        load_dataset_entry=utils.load_dataset_entry,
+        sort_key=utils.sort_key,
+        convert_to_tool=functools.partial(
+            handler_utils.convert_to_tool, mapping=GORILLA_TO_OPENAPI, model_style=ModelStyle.OPENAI_COMPLETIONS
+        ),
         convert_to_function_call=handler_utils.convert_to_function_call,
         is_empty_execute_response=multi_turn_utils.is_empty_execute_response,
         process_method_calls=multi_turn_utils._process_method_calls,
@@ -97,8 +99,20 @@ class _NotRun(Exception):
     """A call the safe executor will not run; its text is the observation."""
 
 
-_LITERAL_PARTS = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.UnaryOp, ast.Load, ast.USub, ast.UAdd,
-                  ast.BinOp, ast.Add, ast.Sub)
+_LITERAL_PARTS = (
+    ast.Constant,
+    ast.List,
+    ast.Tuple,
+    ast.Set,
+    ast.Dict,
+    ast.UnaryOp,
+    ast.Load,
+    ast.USub,
+    ast.UAdd,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+)
 
 
 def _first_name(node: ast.AST) -> str | None:
@@ -108,8 +122,11 @@ def _first_name(node: ast.AST) -> str | None:
         return node.id
     if not isinstance(node, _LITERAL_PARTS):
         return None
-    children = ([x for k, v in zip(node.keys, node.values) for x in (k, v)] if isinstance(node, ast.Dict)
-                else list(ast.iter_child_nodes(node)))
+    children = (
+        [x for k, v in zip(node.keys, node.values) for x in (k, v)]
+        if isinstance(node, ast.Dict)
+        else list(ast.iter_child_nodes(node))
+    )
     for child in children:
         if child is None or isinstance(child, (ast.Load, ast.USub, ast.UAdd, ast.Add, ast.Sub)):
             continue
@@ -197,23 +214,30 @@ class SafeExecutor:
             value = _arg_value(kw.value)
             if kw.arg is not None:
                 if kw.arg in kwargs:  # a keyword after **{...} that named it already
-                    raise TypeError(f"{method.__module__}.{method.__qualname__}() got multiple values for keyword "
-                                    f"argument '{kw.arg}'")
+                    raise TypeError(
+                        f"{method.__module__}.{method.__qualname__}() got multiple values for keyword "
+                        f"argument '{kw.arg}'"
+                    )
                 kwargs[kw.arg] = value
                 continue
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 raise _NotRun("Error: **kwargs unpacking of a value that is not a mapping of names is not run")
             for key, item in value.items():
                 if key in kwargs:
-                    raise TypeError(f"{method.__module__}.{method.__qualname__}() got multiple values for keyword "
-                                    f"argument '{key}'")
+                    raise TypeError(
+                        f"{method.__module__}.{method.__qualname__}() got multiple values for keyword argument '{key}'"
+                    )
                 kwargs[key] = item
         return args, kwargs
 
     def _resolve(self, node: ast.Call) -> tuple[Callable, str]:
         func = node.func
-        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.by_name
-                and self.methods.get(func.attr) == func.value.id):
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self.by_name
+            and self.methods.get(func.attr) == func.value.id
+        ):
             return getattr(self.by_name[func.value.id], func.attr), func.attr
         root = func
         while isinstance(root, ast.Attribute):  # functions.ls(): eval looks up `functions` first
@@ -307,8 +331,13 @@ class EntryRun:
         """The line BFCL's handler writes to its result file."""
         if self.inference_error is not None:
             return {"id": task_id, "result": self.result, "traceback": self.inference_error}
-        return {"id": task_id, "result": self.result, "input_token_count": self.input_token_count,
-                "output_token_count": self.output_token_count, "latency": self.latency}
+        return {
+            "id": task_id,
+            "result": self.result,
+            "input_token_count": self.input_token_count,
+            "output_token_count": self.output_token_count,
+            "latency": self.latency,
+        }
 
 
 def inference_error(run: EntryRun, error: Exception) -> EntryRun:
@@ -316,14 +345,25 @@ def inference_error(run: EntryRun, error: Exception) -> EntryRun:
     text = str(error)  # BFCL writes f"Error during inference: {str(e)}", whatever e is
     run.inference_error = text
     run.result = f"Error during inference: {text}"
-    run.verdict = OfficialVerdict(False, "multi_turn:inference_error",
-                                  "Error during inference phase. Model did not output a list of model responses.")
+    run.verdict = OfficialVerdict(
+        False,
+        "multi_turn:inference_error",
+        "Error during inference phase. Model did not output a list of model responses.",
+    )
     return run
 
 
-def play_entry(task: BFCLTask, gold: GoldReplay, respond: Respond, *, model_name: str,
-               temperature: float = BFCL_TEMPERATURE, max_steps: int | None = None,
-               edit_first_turn: Callable[[list], list] | None = None, fatal: tuple[type, ...] = ()) -> EntryRun:
+def play_entry(
+    task: BFCLTask,
+    gold: GoldReplay,
+    respond: Respond,
+    *,
+    model_name: str,
+    temperature: float = BFCL_TEMPERATURE,
+    max_steps: int | None = None,
+    edit_first_turn: Callable[[list], list] | None = None,
+    fatal: tuple[type, ...] = (),
+) -> EntryRun:
     """``task`` through BFCL's multi-turn FC loop; ``respond`` answers each request. ``edit_first_turn`` (the
     reward goal of a conditioned model) changes the first user turn, and only it. Whatever an entry raises is
     BFCL's inference error for that entry, as in BFCL, except the ``fatal`` exceptions (a dead server)."""
@@ -369,8 +409,9 @@ def play_entry(task: BFCLTask, gold: GoldReplay, respond: Respond, *, model_name
                 decoded_steps += 1
                 results += observed
                 run.observations.append(observed)
-                messages += [{"role": "tool", "content": r, "tool_call_id": i}
-                             for r, i in zip(observed, reply.tool_call_ids)]
+                messages += [
+                    {"role": "tool", "content": r, "tool_call_id": i} for r, i in zip(observed, reply.tool_call_ids)
+                ]
                 step += 1
                 if step > max_steps:
                     run.force_quit = True
@@ -386,6 +427,7 @@ def play_entry(task: BFCLTask, gold: GoldReplay, respond: Respond, *, model_name
         raise
     except Exception as e:  # noqa: BLE001 - as BFCL: the entry's inference error, the run goes on
         return inference_error(run, e)
-    run.verdict = checker.verdict(f"Model was force-terminated during inference phase after {max_steps} steps"
-                                  if run.force_quit else None)
+    run.verdict = checker.verdict(
+        f"Model was force-terminated during inference phase after {max_steps} steps" if run.force_quit else None
+    )
     return run

@@ -60,8 +60,10 @@ def _check_scripted(setup) -> None:
 
     s = setup.generation.scripted
     if not isinstance(setup.env.settings, BFCLSettings):
-        raise ConfigError(f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
-                          f"{setup.env.name} is another environment: use generation.backend=hf (or vllm)")
+        raise ConfigError(
+            f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
+            f"{setup.env.name} is another environment: use generation.backend=hf (or vllm)"
+        )
     lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
     for key in ("success_rate", "success_high", "success_low"):
         value = getattr(s, key)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state, snapshot, state_differences
-from nemo_rcgrpo.envs.calls import CallRejected, parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall, Toolbox
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLDataError, BFCLTask
+from nemo_rcgrpo.envs.calls import CallRejected, parse_call_string
 from nemo_rcgrpo.registry import lookup, register
 from nemo_rcgrpo.types import OfficialVerdict, RewardInfo
 

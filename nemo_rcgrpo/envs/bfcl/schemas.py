@@ -14,22 +14,24 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 # Gorilla type name -> JSON Schema type; None means "any value" (no type key).
-GORILLA_TO_JSON_SCHEMA: Mapping[str, str | None] = MappingProxyType({
-    "dict": "object",
-    "object": "object",
-    "float": "number",
-    "number": "number",
-    "integer": "integer",
-    "int": "integer",
-    "string": "string",
-    "str": "string",
-    "boolean": "boolean",
-    "bool": "boolean",
-    "array": "array",
-    "list": "array",
-    "tuple": "array",
-    "any": None,
-})
+GORILLA_TO_JSON_SCHEMA: Mapping[str, str | None] = MappingProxyType(
+    {
+        "dict": "object",
+        "object": "object",
+        "float": "number",
+        "number": "number",
+        "integer": "integer",
+        "int": "integer",
+        "string": "string",
+        "str": "string",
+        "boolean": "boolean",
+        "bool": "boolean",
+        "array": "array",
+        "list": "array",
+        "tuple": "array",
+        "any": None,
+    }
+)
 
 ResponseMode = Literal["description", "drop"]
 

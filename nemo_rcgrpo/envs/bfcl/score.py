@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +128,11 @@ def score_lines(suite: BFCLSuite, lines: Iterable[str], arg_types: str = "bfcl")
                 raise ScoreInputError("missing 'turns'")
             yield score_trajectory(suite, suite[record_id], record["turns"], arg_types)
         except ScoreInputError as e:  # bounded too: an id or a message can be as long as the line
-            shown = record_id if isinstance(record_id, str) and len(record_id) <= 200 else (
-                None if record_id is None else repr(record_id)[:200])
+            shown = (
+                record_id
+                if isinstance(record_id, str) and len(record_id) <= 200
+                else (None if record_id is None else repr(record_id)[:200])
+            )
             yield {"line": number, "id": shown, "error": str(e)[:1000]}
 
 
@@ -196,12 +199,19 @@ class Summary:
             self.bad += 1
             self.rows.append({"error": True})
         else:
-            self.rows.append({"id": r["id"], "category": r.get("category"), "reward": r["reward"],
-                              "official_valid": r["official_valid"]})
+            self.rows.append(
+                {
+                    "id": r["id"],
+                    "category": r.get("category"),
+                    "reward": r["reward"],
+                    "official_valid": r["official_valid"],
+                }
+            )
 
 
-def write_scores(records: Iterable[dict[str, Any]], out_path: Path | None,
-                 budget: OutputBudget | None = None) -> Summary:
+def write_scores(
+    records: Iterable[dict[str, Any]], out_path: Path | None, budget: OutputBudget | None = None
+) -> Summary:
     """Stream records to ``out_path`` through ``OUT.partial`` (renamed at the end); returns the summary.
     With ``budget`` (which counted the lines the records came from) OUT stays within its bound."""
     summary = Summary()
@@ -242,8 +252,7 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
         if "error" in r and "reward" not in r or r.get("error") is True:
             stats["(unscorable lines)"].errors += 1
             continue
-        category = r.get("category") or next((c for c in CATEGORIES if r["id"].startswith(f"multi_turn_{c}_")),
-                                             "other")
+        category = r.get("category") or next((c for c in CATEGORIES if r["id"].startswith(f"multi_turn_{c}_")), "other")
         for key in (category, "overall"):
             s = stats[key]
             s.n += 1
@@ -264,19 +273,30 @@ def summary_table(results: Iterable[dict[str, Any]]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rcgrpo score", description="score recorded tool calls with the paper's reward "
-                                "and BFCL's checker (docs/scoring.md)")
+    p = argparse.ArgumentParser(
+        prog="rcgrpo score",
+        description="score recorded tool calls with the paper's reward and BFCL's checker (docs/scoring.md)",
+    )
     p.add_argument("input", nargs="?", help='JSONL of {"id", "turns": [[call, ...], ...]}')
     p.add_argument("output", nargs="?", help="JSONL of per-line scores (omit to print only the summary)")
     p.add_argument("--ground-truth", action="store_true", help="score the ground truth itself (a self-check)")
     p.add_argument("--categories", nargs="+", help="restrict to these BFCL categories (default: all four)")
-    p.add_argument("--task-source", default="bfcl", help="the registered task source whose tasks the lines name "
-                   "(default bfcl: BFCL v4 multi-turn; bfcl_micro; a plugin's, with --plugins)")
-    p.add_argument("--plugins", nargs="+", metavar="MODULE", help="modules to import first (they may register a "
-                   "task source)")
-    p.add_argument("--arg-types", choices=("bfcl", "strict"), default="bfcl",
-                   help="argument type checking: 'bfcl' lets the API judge (leaderboard behaviour), "
-                   "'strict' rejects values that do not match the documented type")
+    p.add_argument(
+        "--task-source",
+        default="bfcl",
+        help="the registered task source whose tasks the lines name "
+        "(default bfcl: BFCL v4 multi-turn; bfcl_micro; a plugin's, with --plugins)",
+    )
+    p.add_argument(
+        "--plugins", nargs="+", metavar="MODULE", help="modules to import first (they may register a task source)"
+    )
+    p.add_argument(
+        "--arg-types",
+        choices=("bfcl", "strict"),
+        default="bfcl",
+        help="argument type checking: 'bfcl' lets the API judge (leaderboard behaviour), "
+        "'strict' rejects values that do not match the documented type",
+    )
     p.add_argument("--summary", action="store_true", help="print the per-category table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

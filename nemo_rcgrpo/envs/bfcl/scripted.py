@@ -41,13 +41,13 @@ from typing import Any, Iterable
 
 import torch
 
-from nemo_rcgrpo.envs.bfcl.failures import make_failure
 from nemo_rcgrpo.data.chat_format import one_call_per_message
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.envs.bfcl.env import merged_prompt
+from nemo_rcgrpo.envs.bfcl.failures import make_failure
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
 
 FINAL_TEXT = "I have completed the request."
@@ -64,9 +64,20 @@ class _Script:
 class ScriptedGenerator:
     shares_policy_weights = False  # weights are streamed to it (consumed and ignored), as to a server
 
-    def __init__(self, renderer: ChatRenderer, suite: BFCLSuite, *, mode: str = "merged", success_rate: float = 0.5,
-                 success_high: float = 1.0, success_low: float = 0.0, high_token: str = "<|high_reward|>",
-                 low_token: str = "<|low_reward|>", failure_type: str = "wrong_param", seed: int = 0):
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        suite: BFCLSuite,
+        *,
+        mode: str = "merged",
+        success_rate: float = 0.5,
+        success_high: float = 1.0,
+        success_low: float = 0.0,
+        high_token: str = "<|high_reward|>",
+        low_token: str = "<|low_reward|>",
+        failure_type: str = "wrong_param",
+        seed: int = 0,
+    ):
         for key, p in {"success_rate": success_rate, "success_high": success_high, "success_low": success_low}.items():
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"generation.scripted.{key}={p}: must be in [0, 1]")
@@ -95,8 +106,10 @@ class ScriptedGenerator:
         """The tasks whose first user message ``text`` holds (the longest match: one text may contain another)."""
         found = [opening for opening in self._opening if opening in text]
         if not found:
-            raise ValueError("scripted generator: the prompt holds no known task's first user message "
-                             "(are generation.scripted and env.categories / env.settings.mode those of the run?)")
+            raise ValueError(
+                "scripted generator: the prompt holds no known task's first user message "
+                "(are generation.scripted and env.categories / env.settings.mode those of the run?)"
+            )
         return self._opening[max(found, key=len)]
 
     def _script_for(self, tasks: list[BFCLTask], success: bool, variant: int) -> tuple[BFCLTask, list[dict]]:
@@ -106,9 +119,11 @@ class ScriptedGenerator:
         error."""
         plans = [self._plan(t, success, variant) for t in tasks]
         if any(p != plans[0] for p in plans[1:]):
-            raise ValueError(f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message "
-                             "but are played differently, so a prompt cannot tell them apart; restrict "
-                             "env.categories (e.g. [base]) for scripted runs")
+            raise ValueError(
+                f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message "
+                "but are played differently, so a prompt cannot tell them apart; restrict "
+                "env.categories (e.g. [base]) for scripted runs"
+            )
         return tasks[0], plans[0]
 
     def _plan(self, task: BFCLTask, success: bool, variant: int) -> list[dict[str, Any]]:
@@ -117,8 +132,9 @@ class ScriptedGenerator:
             gold = self.suite.gold(task)
             played = play(task, gold_plan(task), self.mode, gold=gold)
             if not success:
-                failure = make_failure(task, gold_plan(task), self.failure_type, random.Random(variant),
-                                       {"mode": self.mode, "gold": gold})
+                failure = make_failure(
+                    task, gold_plan(task), self.failure_type, random.Random(variant), {"mode": self.mode, "gold": gold}
+                )
                 if failure is None:
                     raise ValueError(f"scripted generator: no reward-0 perturbation of {task.id} could be built")
                 played = failure.played
@@ -173,7 +189,9 @@ class ScriptedGenerator:
             if len(ids) > params.max_new_tokens:
                 ids, reason = ids[: params.max_new_tokens], "length"
             live.setdefault(tuple(prompt) + tuple(ids), []).append(script)
-            out.append(Completion(ids, [0.0] * len(ids), reason, {"scripted": "success" if script.success else "failure"}))
+            out.append(
+                Completion(ids, [0.0] * len(ids), reason, {"scripted": "success" if script.success else "failure"})
+            )
         self._live = live  # every live rollout comes back in the next call; the rest have ended
         return out
 
@@ -194,13 +212,20 @@ class ScriptedGenerator:
 
 
 def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGenerator:
-    from nemo_rcgrpo.models.setup import make_renderer
     from nemo_rcgrpo.envs.sources import make_suite
+    from nemo_rcgrpo.models.setup import make_renderer
 
     s = cfg.generation.scripted
     # BFCL's env and settings: PolicySetup._validate_scripted refuses another env in one line at start
-    return ScriptedGenerator(make_renderer(cfg, tokenizer), make_suite(cfg.env.task_source, cfg.env.categories),
-                             mode=cfg.env.settings.mode,
-                             success_rate=s.success_rate, success_high=s.success_high, success_low=s.success_low,
-                             high_token=cfg.reward_tokens.high, low_token=cfg.reward_tokens.low,
-                             failure_type=s.failure_type, seed=s.seed)
+    return ScriptedGenerator(
+        make_renderer(cfg, tokenizer),
+        make_suite(cfg.env.task_source, cfg.env.categories),
+        mode=cfg.env.settings.mode,
+        success_rate=s.success_rate,
+        success_high=s.success_high,
+        success_low=s.success_low,
+        high_token=cfg.reward_tokens.high,
+        low_token=cfg.reward_tokens.low,
+        failure_type=s.failure_type,
+        seed=s.seed,
+    )

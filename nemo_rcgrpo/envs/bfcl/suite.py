@@ -12,11 +12,20 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Iterable
 
-from nemo_rcgrpo.envs.splits import split_by_scenario
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay, replay_gold
-from nemo_rcgrpo.envs.bfcl.tasks import (API_CLASSES, CATEGORIES, BFCLDataError, BFCLTask, ToolDoc, _holdout_schedule,
-                                         _public_method_signature, _read_jsonl, bfcl_data_dir,
-                                         category_order)
+from nemo_rcgrpo.envs.bfcl.tasks import (
+    API_CLASSES,
+    CATEGORIES,
+    BFCLDataError,
+    BFCLTask,
+    ToolDoc,
+    _holdout_schedule,
+    _public_method_signature,
+    _read_jsonl,
+    bfcl_data_dir,
+    category_order,
+)
+from nemo_rcgrpo.envs.splits import split_by_scenario
 
 
 class BFCLSuite:

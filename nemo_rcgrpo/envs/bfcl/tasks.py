@@ -22,13 +22,13 @@ from nemo_rcgrpo.envs.bfcl.schemas import ResponseMode, to_openai_tool
 from nemo_rcgrpo.envs.interfaces import DataError
 from nemo_rcgrpo.types import Message
 
-
 CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
 
 
 def category_order(category: str) -> tuple[int, str]:
     """Sort key: BFCL's categories in BFCL's order, then another task source's categories by name."""
     return (CATEGORIES.index(category), "") if category in CATEGORIES else (len(CATEGORIES), category)
+
 
 # The eight executable APIs of the multi-turn categories: class -> (module, doc file).
 _FUNC_SOURCE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"

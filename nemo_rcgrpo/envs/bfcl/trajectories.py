@@ -24,12 +24,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from nemo_rcgrpo.data.closing import ClosingTexts
 from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
-from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.envs.bfcl.executor import named_arguments
 from nemo_rcgrpo.envs.bfcl.reward import GoldReplay
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
-from nemo_rcgrpo.data.closing import ClosingTexts
+from nemo_rcgrpo.envs.calls import parse_call_string
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall
 
 Plan = list[list[ToolCall]]  # per BFCL turn, the calls (kwargs only) in order

@@ -56,8 +56,12 @@ def _gpt(model: torch.nn.Module) -> torch.nn.Module:
 def _layout(optimizer) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
-    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
-            "dp": ps.get_data_parallel_world_size(), "distributed_optimizer": bool(_distributed(optimizer))}
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+        "distributed_optimizer": bool(_distributed(optimizer)),
+    }
 
 
 def _words(layout: dict[str, Any]) -> str:
@@ -88,8 +92,9 @@ def save_sharded(model, optimizer, directory: Path, metadata: dict | None = None
         directory.mkdir(parents=True, exist_ok=True)
     torch.distributed.barrier()
     content = {_META: {"layout": _layout(optimizer), "metadata": dict(metadata or {})}}
-    dist_checkpointing.save(_sharded(model, optimizer, is_loading=False), str(directory), _save_strategy(),
-                            content_metadata=content)
+    dist_checkpointing.save(
+        _sharded(model, optimizer, is_loading=False), str(directory), _save_strategy(), content_metadata=content
+    )
 
 
 def _save_strategy():
@@ -99,8 +104,9 @@ def _save_strategy():
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 
-    return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(),
-                                            ps.get_data_parallel_group(with_context_parallel=True))
+    return FullyParallelSaveStrategyWrapper(
+        get_default_save_sharded_strategy(), ps.get_data_parallel_group(with_context_parallel=True)
+    )
 
 
 def saved_metadata(directory: Path) -> dict[str, Any]:
@@ -122,8 +128,10 @@ def load_sharded(model, optimizer, directory: Path) -> dict:
     saved = saved_metadata(directory)
     was, now = saved["layout"], _layout(optimizer)
     if was["distributed_optimizer"] != now["distributed_optimizer"]:
-        raise CheckpointLayoutError(f"{directory} was saved at {_words(was)}; its optimizer state loads only with "
-                                    f"distributed_optimizer={was['distributed_optimizer']} (now {_words(now)})")
+        raise CheckpointLayoutError(
+            f"{directory} was saved at {_words(was)}; its optimizer state loads only with "
+            f"distributed_optimizer={was['distributed_optimizer']} (now {_words(now)})"
+        )
     _init_empty_states(optimizer)
     state = dist_checkpointing.load(_sharded(model, optimizer, is_loading=True), str(directory))
     _gpt(model).load_state_dict(state["model"])
@@ -155,6 +163,7 @@ def _keep_torch_adam_steps(optimizer) -> Iterator[None]:
     of the Adam state, which for torch's Adam includes 'step': hand it the current one."""
     patched = []
     for o in _distributed(optimizer):
+
         def set_states(model_param, tensors, o=o, original=o._set_main_param_and_optimizer_states):
             current = o._get_main_param_and_optimizer_states(model_param)
             original(model_param, {**{k: v for k, v in current.items() if k == "step"}, **tensors})

@@ -20,9 +20,18 @@ import shutil
 from pathlib import Path
 
 META = "megatron.json"
-HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json",
-                 "nemo_rcgrpo_training.json")  # the training record: how evaluation conditions the model
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "nemo_rcgrpo_training.json",
+)  # the training record: how evaluation conditions the model
 
 
 def _load_hf_tensors(folder: Path) -> dict:
@@ -64,9 +73,14 @@ def hf_to_megatron_folder(src: str, out: Path, tp: int) -> Path:
     for name in HF_SIDE_FILES:
         if (folder / name).is_file():
             shutil.copy2(folder / name, out / name)
-    meta = {"format": "megatron-core GPTModel state dicts, one per TP rank", "tp": tp, "spec": "local",
-            "padded_vocab_size": padded_vocab_size(shape.vocab_size, tp), "shape": dataclasses.asdict(shape),
-            "source": str(folder)}
+    meta = {
+        "format": "megatron-core GPTModel state dicts, one per TP rank",
+        "tp": tp,
+        "spec": "local",
+        "padded_vocab_size": padded_vocab_size(shape.vocab_size, tp),
+        "shape": dataclasses.asdict(shape),
+        "source": str(folder),
+    }
     (out / META).write_text(json.dumps(meta, indent=1))
     return out
 
@@ -79,8 +93,9 @@ def megatron_to_hf_folder(src: Path, out: Path) -> Path:
 
     meta_file = src / META
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{src} is not a Megatron folder written by `rcgrpo convert hf-to-megatron` "
-                                f"(no {META})")
+        raise FileNotFoundError(
+            f"{src} is not a Megatron folder written by `rcgrpo convert hf-to-megatron` (no {META})"
+        )
     meta = json.loads(meta_file.read_text())
     shape = ModelShape(**meta["shape"])
     ranks = [torch.load(src / f"tp_rank_{r:02d}.pt", map_location="cpu", weights_only=True) for r in range(meta["tp"])]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
 import torch
 
 VOCAB_MULTIPLE = 128
@@ -71,9 +72,18 @@ class ModelShape:
             raise ConversionError("llama with attention_bias=true is not supported")
         if getattr(config, "mlp_bias", False):
             raise ConversionError("mlp_bias=true is not supported")
-        return cls(family, config.num_hidden_layers, config.hidden_size, heads, kv, head_dim,
-                   config.intermediate_size, config.vocab_size, bool(config.tie_word_embeddings),
-                   family == "qwen2")
+        return cls(
+            family,
+            config.num_hidden_layers,
+            config.hidden_size,
+            heads,
+            kv,
+            head_dim,
+            config.intermediate_size,
+            config.vocab_size,
+            bool(config.tie_word_embeddings),
+            family == "qwen2",
+        )
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = VOCAB_MULTIPLE) -> int:
@@ -85,21 +95,34 @@ def check_tp(shape: ModelShape, tp: int) -> None:
     """Refuse a tensor-parallel size that does not divide the heads, KV heads and FFN width."""
     if tp < 1:
         raise ConversionError(f"tensor-parallel size {tp}: must be >= 1")
-    bad = {k: v for k, v in {"attention heads": shape.num_heads, "KV heads": shape.num_kv_heads,
-                             "FFN width": shape.ffn_hidden_size}.items() if v % tp}
+    bad = {
+        k: v
+        for k, v in {
+            "attention heads": shape.num_heads,
+            "KV heads": shape.num_kv_heads,
+            "FFN width": shape.ffn_hidden_size,
+        }.items()
+        if v % tp
+    }
     if bad:
-        sizes = [t for t in range(1, shape.num_kv_heads + 1)
-                 if shape.num_heads % t == 0 and shape.num_kv_heads % t == 0 and shape.ffn_hidden_size % t == 0]
+        sizes = [
+            t
+            for t in range(1, shape.num_kv_heads + 1)
+            if shape.num_heads % t == 0 and shape.num_kv_heads % t == 0 and shape.ffn_hidden_size % t == 0
+        ]
         what = ", ".join(f"{k} ({v})" for k, v in bad.items())
-        raise ConversionError(f"tensor-parallel size {tp} does not divide the model's {what}; "
-                              f"possible sizes for this model: {sizes}")
+        raise ConversionError(
+            f"tensor-parallel size {tp} does not divide the model's {what}; possible sizes for this model: {sizes}"
+        )
 
 
 def stage_layers(num_layers: int, pp: int, pp_rank: int) -> range:
     """Global indices of the layers of pipeline stage ``pp_rank`` (megatron's even split)."""
     if pp < 1 or num_layers % pp:
-        raise ConversionError(f"pipeline-parallel size {pp} does not divide the model's {num_layers} layers; "
-                              f"possible sizes: {[p for p in range(1, num_layers + 1) if num_layers % p == 0]}")
+        raise ConversionError(
+            f"pipeline-parallel size {pp} does not divide the model's {num_layers} layers; "
+            f"possible sizes: {[p for p in range(1, num_layers + 1) if num_layers % p == 0]}"
+        )
     per = num_layers // pp
     return range(pp_rank * per, (pp_rank + 1) * per)
 
@@ -155,8 +178,9 @@ def _vocab_shards(weight: torch.Tensor, tp: int) -> list[torch.Tensor]:
     return [c.clone() for c in padded.chunk(tp, dim=0)]
 
 
-def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int,
-                   spec: str = "local") -> list[dict[str, torch.Tensor]]:
+def hf_to_megatron(
+    hf: dict[str, torch.Tensor], shape: ModelShape, tp: int, spec: str = "local"
+) -> list[dict[str, torch.Tensor]]:
     """One Megatron state dict per TP rank from an HF state dict (``model.*`` and ``lm_head.weight`` names)."""
     check_tp(shape, tp)
     names = _layer_names(spec)
@@ -183,11 +207,15 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: ModelShape, tp: int,
         put(dst + names["input_layernorm"], same(get(src + "input_layernorm.weight")))
         put(dst + names["post_attention_layernorm"], same(get(src + "post_attention_layernorm.weight")))
         att = src + "self_attn."
-        put(dst + "self_attention.linear_qkv.weight",
-            _qkv_shards(get(att + "q_proj.weight"), get(att + "k_proj.weight"), get(att + "v_proj.weight"), shape, tp))
+        put(
+            dst + "self_attention.linear_qkv.weight",
+            _qkv_shards(get(att + "q_proj.weight"), get(att + "k_proj.weight"), get(att + "v_proj.weight"), shape, tp),
+        )
         if shape.qkv_bias:
-            put(dst + "self_attention.linear_qkv.bias",
-                _qkv_shards(get(att + "q_proj.bias"), get(att + "k_proj.bias"), get(att + "v_proj.bias"), shape, tp))
+            put(
+                dst + "self_attention.linear_qkv.bias",
+                _qkv_shards(get(att + "q_proj.bias"), get(att + "k_proj.bias"), get(att + "v_proj.bias"), shape, tp),
+            )
         put(dst + "self_attention.linear_proj.weight", [c.clone() for c in get(att + "o_proj.weight").chunk(tp, dim=1)])
         gate, up = get(src + "mlp.gate_proj.weight").chunk(tp, dim=0), get(src + "mlp.up_proj.weight").chunk(tp, dim=0)
         put(dst + "mlp.linear_fc1.weight", [torch.cat([gate[r], up[r]], dim=0) for r in range(tp)])
@@ -205,8 +233,9 @@ def _cat(shards: list[torch.Tensor], dim: int) -> torch.Tensor:
     return shards[0] if len(shards) == 1 else torch.cat(shards, dim)  # one shard: no copy
 
 
-def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShape,
-                         spec: str = "local") -> list[tuple[str, torch.Tensor]]:
+def megatron_param_to_hf(
+    name: str, shards: list[torch.Tensor], shape: ModelShape, spec: str = "local"
+) -> list[tuple[str, torch.Tensor]]:
     """HF-named full tensors for one Megatron parameter, given its shard from every TP rank (in rank order).
     With one shard, tensors that need no reordering are views of it, not copies."""
     tp = len(shards)
@@ -234,15 +263,19 @@ def megatron_param_to_hf(name: str, shards: list[torch.Tensor], shape: ModelShap
         rest_dims = full.shape[1:]
         grouped = full.reshape(g, (per + 2) * d, *rest_dims)
         q, k, v = grouped.split([per * d, d, d], dim=1)
-        return [(hf + f"self_attn.q_proj.{kind}", q.reshape(-1, *rest_dims).contiguous()),
-                (hf + f"self_attn.k_proj.{kind}", k.reshape(-1, *rest_dims).contiguous()),
-                (hf + f"self_attn.v_proj.{kind}", v.reshape(-1, *rest_dims).contiguous())]
+        return [
+            (hf + f"self_attn.q_proj.{kind}", q.reshape(-1, *rest_dims).contiguous()),
+            (hf + f"self_attn.k_proj.{kind}", k.reshape(-1, *rest_dims).contiguous()),
+            (hf + f"self_attn.v_proj.{kind}", v.reshape(-1, *rest_dims).contiguous()),
+        ]
     if rest == "self_attention.linear_proj.weight":
         return [(hf + "self_attn.o_proj.weight", _cat(shards, 1))]
     if rest == "mlp.linear_fc1.weight":
         halves = [s.chunk(2, dim=0) for s in shards]
-        return [(hf + "mlp.gate_proj.weight", torch.cat([h[0] for h in halves], 0)),
-                (hf + "mlp.up_proj.weight", torch.cat([h[1] for h in halves], 0))]
+        return [
+            (hf + "mlp.gate_proj.weight", torch.cat([h[0] for h in halves], 0)),
+            (hf + "mlp.up_proj.weight", torch.cat([h[1] for h in halves], 0)),
+        ]
     if rest == "mlp.linear_fc2.weight":
         return [(hf + "mlp.down_proj.weight", _cat(shards, 1))]
     raise ConversionError(f"unknown Megatron parameter {name!r} (tp={tp})")
@@ -254,8 +287,9 @@ def replicated_over_tp(name: str, spec: str = "local") -> bool:
     return name.endswith(("final_layernorm.weight", names["input_layernorm"], names["post_attention_layernorm"]))
 
 
-def hf_meta(name: str, local: torch.Tensor, tp: int, shape: ModelShape,
-            spec: str = "local") -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+def hf_meta(
+    name: str, local: torch.Tensor, tp: int, shape: ModelShape, spec: str = "local"
+) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """The HF names, shapes and dtypes ``megatron_param_to_hf`` gives for a parameter whose TP-local shard looks
     like ``local``; computed on meta tensors, nothing is allocated."""
     shard = torch.empty(local.shape, dtype=local.dtype, device="meta")
@@ -268,7 +302,9 @@ def is_weight(name: str) -> bool:
     return not name.endswith("_extra_state") and not name.endswith("inv_freq")
 
 
-def megatron_to_hf(ranks: list[dict[str, torch.Tensor]], shape: ModelShape, spec: str = "local") -> dict[str, torch.Tensor]:
+def megatron_to_hf(
+    ranks: list[dict[str, torch.Tensor]], shape: ModelShape, spec: str = "local"
+) -> dict[str, torch.Tensor]:
     """An HF state dict from the Megatron state dicts of all TP ranks (rank order)."""
     if not ranks:
         raise ConversionError("no Megatron state dicts given")

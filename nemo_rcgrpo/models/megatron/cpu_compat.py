@@ -33,9 +33,25 @@ from torch.overrides import TorchFunctionMode
 
 _STATE: dict[str, object] = {}  # the installed mode (process-wide by nature; see the module docstring)
 
-_FACTORIES = {torch.tensor, torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.randn,
-              torch.rand, torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.as_tensor,
-              torch.randint, torch.randperm, torch.eye, torch.linspace}
+_FACTORIES = {
+    torch.tensor,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.randn,
+    torch.rand,
+    torch.zeros_like,
+    torch.ones_like,
+    torch.empty_like,
+    torch.full_like,
+    torch.as_tensor,
+    torch.randint,
+    torch.randperm,
+    torch.eye,
+    torch.linspace,
+}
 
 
 def _is_cuda(device) -> bool:
@@ -108,7 +124,8 @@ def enable() -> bool:
     import megatron.core.fusions.fused_softmax as fused_softmax
 
     fused_softmax.get_default_causal_mask = functools.lru_cache(maxsize=None)(
-        lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1))
+        lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+    )
     mode = _CudaToCpu()
     mode.__enter__()
     _STATE["mode"] = mode

@@ -15,8 +15,15 @@ from typing import Iterator
 import torch
 import torch.distributed as tdist
 
-from nemo_rcgrpo.models.megatron.convert import (ConversionError, global_layer_name, hf_meta, is_weight,
-                                                 megatron_param_to_hf, replicated_over_tp, stage_layers)
+from nemo_rcgrpo.models.megatron.convert import (
+    ConversionError,
+    global_layer_name,
+    hf_meta,
+    is_weight,
+    megatron_param_to_hf,
+    replicated_over_tp,
+    stage_layers,
+)
 from nemo_rcgrpo.utils.dist import DistInfo
 from nemo_rcgrpo.utils.weight_stream import nbytes, plan_buckets
 
@@ -27,8 +34,17 @@ class WeightExporter:
     """The export of one rank's model shard (``model``: its megatron GPTModel stage; ``parallel``: its TP / PP / DP
     place; the groups: megatron's TP and PP process groups)."""
 
-    def __init__(self, model: torch.nn.Module, shape, parallel, spec: str, tp_group, pp_group, dist: DistInfo,
-                 device: torch.device):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        shape,
+        parallel,
+        spec: str,
+        tp_group,
+        pp_group,
+        dist: DistInfo,
+        device: torch.device,
+    ):
         self.model, self.shape, self.parallel, self.spec = model, shape, parallel, spec
         self.tp_group, self.pp_group, self.dist, self.device = tp_group, pp_group, dist, device
         self._export_meta_cache: dict[int, list] | None = None  # each stage's HF meta (export_meta)
@@ -37,12 +53,18 @@ class WeightExporter:
         """This stage's weights in export order: (global Megatron name, this rank's shard). A tied model's
         ``output_layer.weight`` (the last stage's copy of the embedding at PP > 1) is left out."""
         offset = stage_layers(self.shape.num_layers, self.parallel.pp, self.parallel.pp_rank).start
-        return [(global_layer_name(name, offset), param.detach()) for name, param in self.model.state_dict().items()
-                if is_weight(name) and not (name == "output_layer.weight" and self.shape.tied_embeddings)]
+        return [
+            (global_layer_name(name, offset), param.detach())
+            for name, param in self.model.state_dict().items()
+            if is_weight(name) and not (name == "output_layer.weight" and self.shape.tied_embeddings)
+        ]
 
     def _stage_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        return [m for name, local in self._stage_params() for m in hf_meta(name, local, self.parallel.tp, self.shape,
-                                                                           self.spec)]
+        return [
+            m
+            for name, local in self._stage_params()
+            for m in hf_meta(name, local, self.parallel.tp, self.shape, self.spec)
+        ]
 
     def export_meta(self) -> list[tuple[str, tuple[int, ...], torch.dtype]] | None:
         """What ``export_weights`` yields on global rank 0 (HF names, shapes, dtypes, in order); None on other
@@ -121,7 +143,7 @@ class WeightExporter:
                 shards = [local]
                 if split[i]:
                     n = local.numel()
-                    shards = [g[offset:offset + n].view(local.shape) for g in gathered]
+                    shards = [g[offset : offset + n].view(local.shape) for g in gathered]
                     offset += n
                 yield from megatron_param_to_hf(name, shards, self.shape, self.spec)
 
@@ -134,10 +156,12 @@ class WeightExporter:
 
     def _receive_stage(self, meta, src: int, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
         for start, end in plan_buckets([(nbytes(s, d), d) for _, s, d in meta], bucket_bytes):
-            flat = torch.empty(sum(math.prod(s) for _, s, _ in meta[start:end]), dtype=meta[start][2], device=self.device)
+            flat = torch.empty(
+                sum(math.prod(s) for _, s, _ in meta[start:end]), dtype=meta[start][2], device=self.device
+            )
             tdist.recv(flat, src=src)
             offset = 0
             for name, shape, _ in meta[start:end]:
                 n = math.prod(shape)
-                yield name, flat[offset:offset + n].view(shape)
+                yield name, flat[offset : offset + n].view(shape)
                 offset += n

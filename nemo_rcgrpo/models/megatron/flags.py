@@ -61,7 +61,7 @@ def _imports(module: str) -> bool:
         return False
     try:
         importlib.import_module(module)
-    except Exception:  # present but unusable: treated as absent
+    except Exception:  # noqa: BLE001 - present but unusable: treated as absent
         return False
     return True
 
@@ -87,10 +87,13 @@ class Platform:
 
         cuda = torch.cuda.is_available()
         compiler = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
-        return Platform(cuda=cuda, transformer_engine=cuda and _imports("transformer_engine.pytorch"),
-                        apex_softmax=cuda and all(_imports(n) for n in APEX_SOFTMAX),
-                        apex_grad_accum=cuda and _imports(APEX_GRAD_ACCUM),
-                        compiles=compiler and (not cuda or _imports("triton")))
+        return Platform(
+            cuda=cuda,
+            transformer_engine=cuda and _imports("transformer_engine.pytorch"),
+            apex_softmax=cuda and all(_imports(n) for n in APEX_SOFTMAX),
+            apex_grad_accum=cuda and _imports(APEX_GRAD_ACCUM),
+            compiles=compiler and (not cuda or _imports("triton")),
+        )
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,19 @@ def choose_spec(platform: Platform, spec: str, fp8: str | None) -> str:
         raise FlagError(f"policy.megatron.spec={spec!r}: choose one of {list(SPECS)}")
     have_te = platform.cuda and platform.transformer_engine
     if spec == "te" and not have_te:
-        raise FlagError("policy.megatron.spec=te needs Transformer Engine on a GPU (the GPU container); "
-                        "use spec=auto or spec=local")
+        raise FlagError(
+            "policy.megatron.spec=te needs Transformer Engine on a GPU (the GPU container); use spec=auto or spec=local"
+        )
     if fp8 is not None:
         if not have_te:
-            raise FlagError(f"policy.megatron.fp8={fp8} needs Transformer Engine on a GPU; run in the GPU container "
-                            "(containers/Dockerfile) or set policy.megatron.fp8=null")
+            raise FlagError(
+                f"policy.megatron.fp8={fp8} needs Transformer Engine on a GPU; run in the GPU container "
+                "(containers/Dockerfile) or set policy.megatron.fp8=null"
+            )
         if spec == "local":
-            raise FlagError(f"policy.megatron.fp8={fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto")
+            raise FlagError(
+                f"policy.megatron.fp8={fp8} needs the Transformer Engine spec: set policy.megatron.spec=auto"
+            )
         return "te"
     if spec == "auto":
         return "te" if have_te else "local"
@@ -135,13 +143,21 @@ def decide(platform: Platform, mcfg, dp: int = 1) -> Flags:
     spec = choose_spec(platform, getattr(mcfg, "spec", "auto"), mcfg.fp8)
     sp_setting = getattr(mcfg, "sequence_parallel", None)
     if sp_setting and spec != "te":
-        raise FlagError("policy.megatron.sequence_parallel=true needs the Transformer Engine spec (GPU container); "
-                        "set sequence_parallel=null (on where TE is) or false")
+        raise FlagError(
+            "policy.megatron.sequence_parallel=true needs the Transformer Engine spec (GPU container); "
+            "set sequence_parallel=null (on where TE is) or false"
+        )
     sequence_parallel = mcfg.tp > 1 and spec == "te" and sp_setting is not False
     cuda = platform.cuda
-    recompute = {} if mcfg.recompute == "none" else (
-        {"recompute_granularity": "selective"} if mcfg.recompute == "selective" else
-        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1})
+    recompute = (
+        {}
+        if mcfg.recompute == "none"
+        else (
+            {"recompute_granularity": "selective"}
+            if mcfg.recompute == "selective"
+            else {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        )
+    )
     fp8 = {} if mcfg.fp8 is None else {"fp8": mcfg.fp8, "fp8_recipe": "delayed"}
     transformer = dict(
         use_cpu_initialization=not cuda,
@@ -153,17 +169,30 @@ def decide(platform: Platform, mcfg, dp: int = 1) -> Flags:
         apply_rope_fusion=cuda and spec == "te",
         gradient_accumulation_fusion=cuda and platform.apex_grad_accum,
         cross_entropy_loss_fusion=False,  # the losses here use megatron's vocab-parallel cross entropy directly
-        **recompute, **fp8)
+        **recompute,
+        **fp8,
+    )
     overlap = dp > 1
-    ddp = dict(grad_reduce_in_fp32=mcfg.grad_reduce_in_fp32, overlap_grad_reduce=overlap,
-               use_distributed_optimizer=mcfg.distributed_optimizer, check_for_nan_in_grad=False)
+    ddp = dict(
+        grad_reduce_in_fp32=mcfg.grad_reduce_in_fp32,
+        overlap_grad_reduce=overlap,
+        use_distributed_optimizer=mcfg.distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
     multiple = FP8_MULTIPLE if mcfg.fp8 is not None else 1
     if sequence_parallel:
         multiple *= mcfg.tp  # every TP rank's slice of the sequence keeps the multiple
     flat_off = flat_rows_off(spec, cuda, getattr(mcfg, "cp", 1))
-    return Flags(spec=spec, transformer=transformer, ddp=ddp, parallel={"create_gloo_process_groups": False},
-                 optimizer={"use_gloo_process_groups": False}, token_multiple=multiple,
-                 flat_rows=not flat_off, flat_rows_off=flat_off)
+    return Flags(
+        spec=spec,
+        transformer=transformer,
+        ddp=ddp,
+        parallel={"create_gloo_process_groups": False},
+        optimizer={"use_gloo_process_groups": False},
+        token_multiple=multiple,
+        flat_rows=not flat_off,
+        flat_rows_off=flat_off,
+    )
 
 
 def flat_rows_off(spec: str, cuda: bool, cp: int) -> str:

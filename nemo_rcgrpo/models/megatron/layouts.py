@@ -39,6 +39,7 @@ def rotary_at(model: torch.nn.Module, positions: torch.Tensor) -> Iterator[None]
     def at_positions(module):
         def forward(max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None):
             return module.get_emb(top, 0)[positions.to(module.inv_freq.device)]
+
         return forward
 
     for m in modules:

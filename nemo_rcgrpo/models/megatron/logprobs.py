@@ -30,8 +30,9 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_rank: int) -> to
     return logits
 
 
-def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, tp_rank: int, group,
-                            with_entropy: bool = False):
+def vocab_parallel_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, tp_rank: int, group, with_entropy: bool = False
+):
     """logits [B, T, V/tp] (padded rows already masked), targets [B, T] -> logprobs [B, T] (and entropy [B, T]).
 
     No autograd through the all-reduces: for evaluation (old / reference logprobs, entropies).

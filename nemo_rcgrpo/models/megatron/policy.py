@@ -38,16 +38,22 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as tdist
 
-from nemo_rcgrpo.models.megatron.builder import MegatronSetupError, build_gpt, init_parallel, load_hf_state, platform_flags
+from nemo_rcgrpo.data.batch import MicroBatch
+from nemo_rcgrpo.data.packing import DENSE, FlatRow, Layout, Packed, flat_row
+from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
+from nemo_rcgrpo.models.megatron.builder import (
+    MegatronSetupError,
+    build_gpt,
+    init_parallel,
+    load_hf_state,
+    platform_flags,
+)
 from nemo_rcgrpo.models.megatron.checkpointing import CheckpointLayoutError, load_sharded, save_sharded, saved_metadata
 from nemo_rcgrpo.models.megatron.convert import ConversionError, ModelShape, check_tp, stage_layers
 from nemo_rcgrpo.models.megatron.export import EXPORT_BUCKET_BYTES, WeightExporter
 from nemo_rcgrpo.models.megatron.flags import padded_length
 from nemo_rcgrpo.models.megatron.layouts import rotary_at
 from nemo_rcgrpo.models.megatron.logprobs import mask_padded_vocab, vocab_parallel_logprobs
-from nemo_rcgrpo.data.batch import MicroBatch
-from nemo_rcgrpo.data.packing import DENSE, FlatRow, Layout, Packed, flat_row
-from nemo_rcgrpo.models.interfaces import LossFn, TrainStepResult
 from nemo_rcgrpo.models.shared_prefix import share_layout
 from nemo_rcgrpo.models.torch_policy import lr_lambda
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
@@ -62,8 +68,9 @@ def pad_micro_batches(batches: list[MicroBatch], same_shape: bool = True, multip
     parallel)."""
     rows = max(b.rows for b in batches)
     length = padded_length(max(b.length for b in batches), multiple)
-    return [b.padded(rows, length) if same_shape else b.padded(b.rows, padded_length(b.length, multiple))
-            for b in batches]
+    return [
+        b.padded(rows, length) if same_shape else b.padded(b.rows, padded_length(b.length, multiple)) for b in batches
+    ]
 
 
 class MegatronPolicy:
@@ -101,10 +108,14 @@ class MegatronPolicy:
         self.share_prefix = bool(t.share_prefix and self.flags.flat_rows)
         self.packs = DENSE if t.pack_sequences and self.flags.flat_rows else None
         if (t.share_prefix or t.pack_sequences) and not self.flags.flat_rows and dist.is_main:
-            log.info("every micro-batch runs padded (trainer.share_prefix / pack_sequences are not used here): %s",
-                     self.flags.flat_rows_off)
+            log.info(
+                "every micro-batch runs padded (trainer.share_prefix / pack_sequences are not used here): %s",
+                self.flags.flat_rows_off,
+            )
         self.parallel = init_parallel(m.tp, m.pp, m.cp, build.seed)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.pp_group = ps.get_pipeline_model_parallel_group()
@@ -113,18 +124,29 @@ class MegatronPolicy:
         self.model, self.shape, self.config = build_gpt(hf_model.config, m, params_dtype=dtype, flags=self.flags)
         load_hf_state(self.model, hf_model.state_dict(), self.shape, self.parallel, self.spec)
         self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(**self.flags.ddp), self.model)
-        if self.flags.ddp["overlap_grad_reduce"]:  # the schedule holds gradient reduction back until the last micro-batch
+        if self.flags.ddp[
+            "overlap_grad_reduce"
+        ]:  # the schedule holds gradient reduction back until the last micro-batch
             self.config.no_sync_func = self.ddp.no_sync
         # clip_grad=0 would skip the norm; a huge threshold reports it without clipping (as the torch backend)
-        opt = OptimizerConfig(optimizer="adam", lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.betas[0],
-                              adam_beta2=t.betas[1], adam_eps=1e-8, clip_grad=t.grad_clip if t.grad_clip > 0 else 1e30,
-                              bf16=dtype == torch.bfloat16, params_dtype=dtype,
-                              use_distributed_optimizer=m.distributed_optimizer)
+        opt = OptimizerConfig(
+            optimizer="adam",
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.betas[0],
+            adam_beta2=t.betas[1],
+            adam_eps=1e-8,
+            clip_grad=t.grad_clip if t.grad_clip > 0 else 1e30,
+            bf16=dtype == torch.bfloat16,
+            params_dtype=dtype,
+            use_distributed_optimizer=m.distributed_optimizer,
+        )
         self.optimizer = get_megatron_optimizer(opt, [self.ddp], **self.flags.optimizer)
         self.base_lr = t.lr
         self.export_bucket_bytes = EXPORT_BUCKET_BYTES
-        self.exporter = WeightExporter(self.model, self.shape, self.parallel, self.spec, self.tp_group, self.pp_group,
-                                       dist, self.device)
+        self.exporter = WeightExporter(
+            self.model, self.shape, self.parallel, self.spec, self.tp_group, self.pp_group, dist, self.device
+        )
         self.lr_at = lr_lambda(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
         self.optimizer_step = 0
         # rank 0 keeps an HF copy for exports and rollouts (an in-process generator moves it to its device)
@@ -140,9 +162,9 @@ class MegatronPolicy:
         layout = share_layout(batch.input_ids, batch.attention_mask, self.share_prefix, self.packs)
         if layout is None and self.parallel.pp > 1 and (self.share_prefix or self.packs):
             lengths = batch.attention_mask.sum(1)
-            if torch.equal(batch.attention_mask.bool(),
-                           torch.arange(batch.length, device=lengths.device)[None] < lengths[:, None]) \
-                    and bool((lengths > 0).all()):
+            if torch.equal(
+                batch.attention_mask.bool(), torch.arange(batch.length, device=lengths.device)[None] < lengths[:, None]
+            ) and bool((lengths > 0).all()):
                 layout = Packed(tuple(lengths.tolist()))
         return layout
 
@@ -154,8 +176,13 @@ class MegatronPolicy:
         return info, lambda value: all_reduce_sum(value, info, group=self.dp_group)
 
     # ------------------------------------------------------------------ forward
-    def _schedule(self, model, batches: list[MicroBatch], on_logits: Callable[[torch.Tensor, MicroBatch], torch.Tensor],
-                  forward_only: bool) -> None:
+    def _schedule(
+        self,
+        model,
+        batches: list[MicroBatch],
+        on_logits: Callable[[torch.Tensor, MicroBatch], torch.Tensor],
+        forward_only: bool,
+    ) -> None:
         """Run micro-batches through megatron's schedule (1F1B across pipeline stages; a plain loop at PP=1).
 
         ``on_logits(logits, batch)`` runs on the last stage with this rank's [B, T, V_pad/tp] fp32 logits (padded
@@ -176,8 +203,9 @@ class MegatronPolicy:
             rows, seq = 1, max(f.length for f in flats)
         else:
             if self.parallel.pp > 1 or self.flags.token_multiple > 1:  # fixed-shape stage exchange; FP8 / SP lengths
-                batches = pad_micro_batches(batches, same_shape=self.parallel.pp > 1,
-                                            multiple=self.flags.token_multiple)
+                batches = pad_micro_batches(
+                    batches, same_shape=self.parallel.pp > 1, multiple=self.flags.token_multiple
+                )
             rows, seq = batches[0].input_ids.shape
 
         def forward_step(data_iterator, module):
@@ -198,9 +226,15 @@ class MegatronPolicy:
 
             return output, loss_func
 
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(list(zip(batches, flats))),
-                                    model=model, num_microbatches=n, seq_length=seq, micro_batch_size=rows,
-                                    forward_only=forward_only)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(list(zip(batches, flats))),
+            model=model,
+            num_microbatches=n,
+            seq_length=seq,
+            micro_batch_size=rows,
+            forward_only=forward_only,
+        )
 
     def _flat(self, batch: MicroBatch) -> FlatRow | None:
         """``batch``'s flat row (`data/packing.py: flat_row`), None where it runs padded."""
@@ -226,8 +260,11 @@ class MegatronPolicy:
         def on_logits(logits: torch.Tensor, b: MicroBatch) -> torch.Tensor:
             rows, length = ids.shape  # pipeline padding may add rows and positions; they are dropped here
             logits, targets = logits[:rows, : length - 1], b.input_ids[:rows, 1:length]
-            ent = vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1] \
-                if with_entropy else None
+            ent = (
+                vocab_parallel_logprobs(logits, targets, self.parallel.tp_rank, self.tp_group, True)[1]
+                if with_entropy
+                else None
+            )
             # the training path's function, so that old logprobs equal the first update's (ratio 1, KL 0; exactly
             # where the shapes match: at PP > 1 training pads micro-batches, which on a GPU may change rounding);
             # it works in place on the logits (a contiguous slice is the logits themselves), so it comes last
@@ -346,8 +383,11 @@ class MegatronPolicy:
         model = {}
         for name, tensor in self.export_weights():  # every rank takes part; rank 0 gets the full model
             model[name] = tensor.to("cpu", copy=True)
-        return {"model": model, "optimizer": {"backend": "megatron", "format": "dist_checkpointing", "dir": SHARDED_DIR},
-                "scheduler": {"optimizer_step": self.optimizer_step}}
+        return {
+            "model": model,
+            "optimizer": {"backend": "megatron", "format": "dist_checkpointing", "dir": SHARDED_DIR},
+            "scheduler": {"optimizer_step": self.optimizer_step},
+        }
 
     def save_sharded(self, directory: Path) -> None:
         """A collective: megatron ``dist_checkpointing`` of the model and optimizer state (any layout on load)."""
@@ -357,16 +397,22 @@ class MegatronPolicy:
         """A collective. Weights and optimizer state come from the sharded checkpoint (``optimizer['path']``),
         which reshards to this run's TP x PP x DP; ``model`` (the HF-named copy) is not needed."""
         if optimizer.get("backend") != "megatron":
-            raise MegatronSetupError("this checkpoint's optimizer state comes from the torch backend; resume with "
-                                     "policy.backend=torch, or start over (a new run_dir, or trainer.resume=false overwrite=true)")
+            raise MegatronSetupError(
+                "this checkpoint's optimizer state comes from the torch backend; resume with "
+                "policy.backend=torch, or start over (a new run_dir, or trainer.resume=false overwrite=true)"
+            )
         if optimizer.get("format") != "dist_checkpointing" or "path" not in optimizer:
-            raise MegatronSetupError("this checkpoint has no sharded Megatron state (written by an older version); "
-                                     "start over from its model (a new run_dir, or trainer.resume=false overwrite=true)")
+            raise MegatronSetupError(
+                "this checkpoint has no sharded Megatron state (written by an older version); "
+                "start over from its model (a new run_dir, or trainer.resume=false overwrite=true)"
+            )
         # the local and Transformer Engine specs name their tensors differently (TE fuses the norms into the linears)
         was = saved_metadata(Path(optimizer["path"]))["metadata"].get("spec", "local")
         if was != self.spec:
-            raise MegatronSetupError(f"this checkpoint was saved with the {was!r} layer spec and this run builds "
-                                     f"{self.spec!r}: resume with policy.megatron.spec={was}")
+            raise MegatronSetupError(
+                f"this checkpoint was saved with the {was!r} layer spec and this run builds "
+                f"{self.spec!r}: resume with policy.megatron.spec={was}"
+            )
         try:
             load_sharded(self.ddp, self.optimizer, Path(optimizer["path"]))
         except CheckpointLayoutError as e:

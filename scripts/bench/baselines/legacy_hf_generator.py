@@ -4,10 +4,8 @@ It decodes with ``model.generate`` and transformers' dynamic KV cache (every ste
 cache) and samples with ``torch.multinomial`` from transformers' defaults, top-k 50 among them. Only the
 benchmark uses it; the package's generator is ``nemo_rcgrpo.generation.hf_local.HFGenerator``.
 """
-from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterable
+from __future__ import annotations
 
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
@@ -40,8 +38,9 @@ class _SampledLogprobs:
 
 
 class LegacyHFGenerator:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64,
-                 share_prefixes: bool = True):
+    def __init__(
+        self, model: torch.nn.Module, pad_token_id: int, *, max_batch_size: int = 64, share_prefixes: bool = True
+    ):
         self.model = model
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -54,7 +53,7 @@ class LegacyHFGenerator:
         out: list[Completion] = []
         for start in range(0, len(prompts), self.max_batch_size):
             seed = None if params.seed is None else params.seed + start
-            out += self._generate_batch(prompts[start:start + self.max_batch_size], params, seed)
+            out += self._generate_batch(prompts[start : start + self.max_batch_size], params, seed)
         return out
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seed: int | None) -> list[Completion]:
@@ -65,8 +64,8 @@ class LegacyHFGenerator:
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.tensor(p)
-            attn[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(p)
+            attn[row, width - len(p) :] = 1
         greedy = params.temperature == 0
         recorder = _SampledLogprobs(width)
         # temperature and top-p are applied here, ahead of the recorder, so it sees the sampling distribution
@@ -74,9 +73,16 @@ class LegacyHFGenerator:
         chain = [] if greedy else [TemperatureLogitsWarper(params.temperature)]
         if not greedy and params.top_p < 1.0:
             chain.append(TopPLogitsWarper(params.top_p))
-        kwargs = dict(max_new_tokens=params.max_new_tokens, do_sample=not greedy, pad_token_id=self.pad_token_id,
-                      eos_token_id=list(params.stop_token_ids) or None, return_dict_in_generate=True,
-                      logits_processor=LogitsProcessorList(chain + [recorder]), temperature=1.0, top_p=1.0)
+        kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.pad_token_id,
+            eos_token_id=list(params.stop_token_ids) or None,
+            return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList(chain + [recorder]),
+            temperature=1.0,
+            top_p=1.0,
+        )
         was_training = self.model.training
         self.model.eval()
         try:
@@ -115,10 +121,10 @@ class LegacyHFGenerator:
         where = {row: k for k, row in enumerate(unique)}
         u_ids, u_attn = ids[unique, :-1], attn[unique, :-1]
         positions = (u_attn.long().cumsum(-1) - 1).masked_fill(u_attn == 0, 0)  # as generate numbers left padding
-        out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)  # the cache is what is needed, not [U, W, V] logits
+        out = self.model(
+            input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True, logits_to_keep=1
+        )  # the cache is what is needed, not [U, W, V] logits
         cache = out.past_key_values
         cache.reorder_cache(torch.tensor([where[r] for r in rows], device=ids.device))  # one row per prompt
         self.prefilled["shared"] += len(prompts) - len(unique)
         return cache
-

@@ -13,10 +13,10 @@ import random
 from types import MappingProxyType
 
 from nemo_rcgrpo import register
-from nemo_rcgrpo.envs.splits import Split
 from nemo_rcgrpo.envs.bfcl.micro import FS_TOOLS
 from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask
+from nemo_rcgrpo.envs.splits import Split
 
 TRAIN, HELD_OUT = 24, 12
 WORDINGS = ("Create a folder named reports.", "Make a new directory called reports.",

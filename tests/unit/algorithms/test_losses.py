@@ -16,7 +16,6 @@ import torch
 from nemo_rcgrpo.algorithms.losses import GRPOLoss, NLLStats, PolicyLossStats, sft_loss
 from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.registry import names
-
 from tests.conftest import rl_batch
 
 L = math.log(2)
@@ -31,8 +30,9 @@ LENGTHS = [3, 2, 4]  # sum 9 tokens
 
 
 def _batch():
-    logp = torch.tensor([[-0.5, -1.2, -0.8, -0.3], [-2.0, -0.1, -0.7, -1.1], [-0.4, -0.9, -1.6, -0.2]],
-                        dtype=torch.float64)
+    logp = torch.tensor(
+        [[-0.5, -1.2, -0.8, -0.3], [-2.0, -0.1, -0.7, -1.1], [-0.4, -0.9, -1.6, -0.2]], dtype=torch.float64
+    )
     old, ref, mask = logp.clone(), logp.clone(), torch.zeros(3, 4, dtype=torch.long)
     for b in range(3):
         for t in range(4):
@@ -113,8 +113,9 @@ HAND_LOSS = {
 @pytest.mark.parametrize("est, aggregation", sorted(HAND_LOSS))
 def test_loss_and_metrics_by_hand(est, aggregation):
     logp, batch = _batch()
-    loss, stats = GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est,
-                           aggregation=aggregation, num_sequences=3)(logp, batch, 9.0)
+    loss, stats = GRPOLoss(
+        clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation=aggregation, num_sequences=3
+    )(logp, batch, 9.0)
     m = stats.as_dict()
     want_loss, want_m = _by_hand(est, aggregation)
     assert want_loss == pytest.approx(HAND_LOSS[est, aggregation], rel=1e-12)  # the loops agree with the comments
@@ -126,7 +127,9 @@ def test_loss_and_metrics_by_hand(est, aggregation):
 
 def test_the_estimators_give_different_losses():
     logp, batch = _batch()
-    losses = {est: GRPOLoss(kl_beta=BETA, kl_estimator=est)(logp, batch, 9.0)[0].item() for est in names("kl_estimator")}
+    losses = {
+        est: GRPOLoss(kl_beta=BETA, kl_estimator=est)(logp, batch, 9.0)[0].item() for est in names("kl_estimator")
+    }
     assert len({round(v, 9) for v in losses.values()}) == 3, losses
 
 
@@ -164,8 +167,12 @@ def test_gradient_by_hand_k3_token():
     #        r=1.1: -2.2 + 0.05 = -2.15;  padding 0                         (all / 9 tokens)
     # seq 1: padding 0; r=0.5 clipped: -0.1; r=1.5: 1.5 - 0.1 = 1.4; padding 0
     # seq 2: r=0.9: -0.45; r=2 clipped: +0.05; r=0.7: -0.35; r=1: -0.5 - 0.1 = -0.6
-    want = torch.tensor([[-0.1, -0.95, -2.15, 0.0], [0.0, -0.1, 1.4, 0.0], [-0.45, 0.05, -0.35, -0.6]],
-                        dtype=torch.float64) / 9
+    want = (
+        torch.tensor(
+            [[-0.1, -0.95, -2.15, 0.0], [0.0, -0.1, 1.4, 0.0], [-0.45, 0.05, -0.35, -0.6]], dtype=torch.float64
+        )
+        / 9
+    )
     assert torch.allclose(_hand_grad("k3", "token"), want, atol=1e-12)
     assert torch.allclose(x.grad, want, atol=1e-10), x.grad
 
@@ -174,8 +181,9 @@ def test_gradient_by_hand_k3_token():
 def test_gradient_by_hand_other_cases(est, aggregation):
     logp, batch = _batch()
     x = logp.clone().requires_grad_(True)
-    GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation=aggregation,
-             num_sequences=3)(x, batch, 9.0)[0].backward()
+    GRPOLoss(
+        clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation=aggregation, num_sequences=3
+    )(x, batch, 9.0)[0].backward()
     # e.g. k1/sequence, seq 1 (2 tokens of 3 sequences): r=1.5 -> (1.5 + 0.1) / (2 * 3) = 0.2667
     assert torch.allclose(x.grad, _hand_grad(est, aggregation), atol=1e-10), x.grad
 
@@ -183,8 +191,9 @@ def test_gradient_by_hand_other_cases(est, aggregation):
 @pytest.mark.parametrize("est", ["k1", "k3"])
 def test_sequence_aggregation_is_microbatch_invariant(est):
     logp, batch = _batch()
-    loss = GRPOLoss(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation="sequence",
-                    num_sequences=3)
+    loss = GRPOLoss(
+        clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_beta=BETA, kl_estimator=est, aggregation="sequence", num_sequences=3
+    )
     x = logp.clone().requires_grad_(True)
     whole, _ = loss(x, batch, 9.0)
     whole.backward()
@@ -193,8 +202,12 @@ def test_sequence_aggregation_is_microbatch_invariant(est):
     # halves of 1 and 2 sequences (3 and 6 tokens); num_sequences stays the global 3, and the
     # token count passed is each half's own (it must not matter for "sequence")
     for rows, n_tok in ((slice(0, 1), 3.0), (slice(1, 3), 6.0)):
-        sub = rl_batch(batch.loss_mask[rows], batch.advantages[rows], batch.ref_logprobs[rows],
-                       old_logprobs=batch.old_logprobs[rows])
+        sub = rl_batch(
+            batch.loss_mask[rows],
+            batch.advantages[rows],
+            batch.ref_logprobs[rows],
+            old_logprobs=batch.old_logprobs[rows],
+        )
         part, _ = loss(y[rows], sub, n_tok)
         part.backward()
         total += part.item()
@@ -206,7 +219,9 @@ def test_unknown_aggregation_and_estimator():
     logp, batch = _batch()
     with pytest.raises(ValueError, match="aggregation='mean'"):
         GRPOLoss(aggregation="mean")(logp, batch, 9.0)
-    with pytest.raises(ValueError, match="kl_estimator='k4': no kl_estimator of that name; registered: \\['k1', 'k2', 'k3'"):
+    with pytest.raises(
+        ValueError, match="kl_estimator='k4': no kl_estimator of that name; registered: \\['k1', 'k2', 'k3'"
+    ):
         GRPOLoss(kl_estimator="k4")(logp, batch, 9.0)
     with pytest.raises(ValueError, match="'sequence' needs the update's sequence count"):
         GRPOLoss(aggregation="sequence")(logp, batch, 9.0)
@@ -264,11 +279,28 @@ def test_the_loss_is_built_from_its_settings():
     """GRPOLoss.from_config takes every field of the rl.loss section, and the ratio the loop chose."""
     from nemo_rcgrpo.config_schema import LossConfig
 
-    section = LossConfig(policy_loss="unclipped", clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1",
-                         aggregation="sequence", correction="geometric_mask", correction_cap=2.5)
+    section = LossConfig(
+        policy_loss="unclipped",
+        clip_low=0.1,
+        clip_high=0.3,
+        kl_beta=0.05,
+        kl_estimator="k1",
+        aggregation="sequence",
+        correction="geometric_mask",
+        correction_cap=2.5,
+    )
     loss = GRPOLoss.from_config(section, ratio="current")
-    assert loss == GRPOLoss(clip_low=0.1, clip_high=0.3, kl_beta=0.05, kl_estimator="k1", aggregation="sequence",
-                            correction="geometric_mask", correction_cap=2.5, policy_loss="unclipped", ratio="current")
+    assert loss == GRPOLoss(
+        clip_low=0.1,
+        clip_high=0.3,
+        kl_beta=0.05,
+        kl_estimator="k1",
+        aggregation="sequence",
+        correction="geometric_mask",
+        correction_cap=2.5,
+        policy_loss="unclipped",
+        ratio="current",
+    )
     assert {f for f in dataclasses.asdict(section)} <= set(dataclasses.asdict(loss))  # no setting left behind
     # the loss's defaults are the section's
     assert GRPOLoss.from_config(LossConfig(), ratio="old") == GRPOLoss()
@@ -374,8 +406,13 @@ TWO_ROWS_MASK = [[0, 1, 1, 1], [0, 1, 1, 0]]  # two sequences: 3 and 2 generated
 
 
 def _two_rows(old_logprobs=None, sampler_logprobs=None):
-    return rl_batch(TWO_ROWS_MASK, [1.0, -0.5], torch.full((2, 4), -1.0), old_logprobs=old_logprobs,
-                    sampler_logprobs=sampler_logprobs)
+    return rl_batch(
+        TWO_ROWS_MASK,
+        [1.0, -0.5],
+        torch.full((2, 4), -1.0),
+        old_logprobs=old_logprobs,
+        sampler_logprobs=sampler_logprobs,
+    )
 
 
 def test_without_old_logprobs_the_ratio_is_one_with_the_on_policy_gradient():
@@ -456,11 +493,14 @@ def test_the_corrections_by_themselves_and_at_their_edges():
     assert lookup("sampler_correction", "token_mask")(gaps, torch.ones_like(gaps), 1.5).tolist() == [[1, 1, 0, 0]]
     for g, kept in ((edge, 1.0), (-edge, 1.0), (beyond, 0.0)):
         rows = torch.tensor([[g, g, 0.0]], dtype=torch.float64)
-        assert lookup("sampler_correction", "geometric_mask")(rows, torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64),
-                                                              1.5).tolist() == [[kept] * 3], g
+        assert lookup("sampler_correction", "geometric_mask")(
+            rows, torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64), 1.5
+        ).tolist() == [[kept] * 3], g
     # the masks declare that their cap must exceed 1 (the config refuses C <= 1 for them); the truncations do not
     assert {n for n in HAND_WEIGHTS if getattr(lookup("sampler_correction", n), "keeps_within_cap", False)} == {
-        "token_mask", "geometric_mask"}
+        "token_mask",
+        "geometric_mask",
+    }
     one = torch.tensor([[0.6, 0.0], [0.0, 0.0]], dtype=torch.float64)
     one_mask = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
     assert lookup("sampler_correction", "geometric_mask")(one, one_mask, 1.5).tolist() == [[0, 0], [1, 1]]
@@ -489,8 +529,11 @@ def test_a_registered_correction_is_used_and_a_wrong_shape_refused():
         register("sampler_correction", "row_example")(lambda gap, mask, cap: gap[:, :1])
         loss, _ = GRPOLoss(kl_beta=0.0, correction="halve_example")(lp, batch, 5.0)
         assert loss.item() == pytest.approx(0.5 * -(3 - 0.5 * 2) / 5)
-        with pytest.raises(ValueError, match=r"sampler_correction row_example returned torch.Size\(\[2, 1\]\), not "
-                                             r"weights of shape \(2, 4\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"sampler_correction row_example returned torch.Size\(\[2, 1\]\), not "
+            r"weights of shape \(2, 4\)",
+        ):
             GRPOLoss(correction="row_example")(lp, batch, 5.0)
     finally:
         table("sampler_correction").pop("halve_example", None)

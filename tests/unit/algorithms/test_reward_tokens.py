@@ -19,8 +19,10 @@ def test_iid_frequencies():
     assert abs(one_type - expected) < 4 * math.sqrt(expected * (1 - expected) / len(groups))
 
 
-@pytest.mark.parametrize("g, p, counts", [(5, 0.5, {2, 3}), (4, 0.5, {2}), (5, 0.1, {1}), (5, 0.9, {4}),
-                                          (8, 0.25, {2}), (2, 0.0, {1}), (5, 0.3, {1, 2})])
+@pytest.mark.parametrize(
+    "g, p, counts",
+    [(5, 0.5, {2, 3}), (4, 0.5, {2}), (5, 0.1, {1}), (5, 0.9, {4}), (8, 0.25, {2}), (2, 0.0, {1}), (5, 0.3, {1, 2})],
+)
 def test_stratified_counts_and_mean_share(g, p, counts):
     groups = lookup("reward_token_sampler", "stratified")(4000, g, p, random.Random(1))
     assert {sum(grp) for grp in groups} == counts  # both tokens in every group

@@ -2,7 +2,6 @@
 trainer whose speeds are set: the collection of step t never starts before t - 1 - k steps are trained, goes as far
 ahead as that allows, keeps the task cursor's order, and hands its errors to the trainer."""
 
-import threading
 import time
 
 import pytest

@@ -9,21 +9,38 @@ import pytest
 import torch
 
 from nemo_rcgrpo.algorithms.losses import PolicyLossStats
-from nemo_rcgrpo.algorithms.rl_batch import (UpdateTotals, pearson, rl_micro_batch, step_metrics, token_batches,
-                                             write_rollouts)
+from nemo_rcgrpo.algorithms.rl_batch import (
+    UpdateTotals,
+    pearson,
+    rl_micro_batch,
+    step_metrics,
+    token_batches,
+    write_rollouts,
+)
 from nemo_rcgrpo.rollout.multi_turn import Trajectory
 
 
 def _traj(ids, mask, reward, token, group=0, lp=None):
-    return Trajectory(task_id=f"t{group}", category="base", group=group, reward_token=token, token_ids=ids,
-                      loss_mask=mask, sampler_logprobs=lp or [0.0] * len(ids), prompt_length=2, reward=reward,
-                      num_turns=1)
+    return Trajectory(
+        task_id=f"t{group}",
+        category="base",
+        group=group,
+        reward_token=token,
+        token_ids=ids,
+        loss_mask=mask,
+        sampler_logprobs=lp or [0.0] * len(ids),
+        prompt_length=2,
+        reward=reward,
+        num_turns=1,
+    )
 
 
 def test_micro_batches_carry_their_rows_advantages_and_logprobs():
-    trajs = [_traj([1, 2, 3], [0, 0, 1], 1.0, "high", lp=[0, 0, -0.5]),
-             _traj([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 0.0, "low", lp=[0, 0, -1, -2, -3]),
-             _traj([1, 2], [0, 1], 0.0, None)]
+    trajs = [
+        _traj([1, 2, 3], [0, 0, 1], 1.0, "high", lp=[0, 0, -0.5]),
+        _traj([1, 2, 3, 4, 5], [0, 0, 1, 1, 1], 0.0, "low", lp=[0, 0, -1, -2, -3]),
+        _traj([1, 2], [0, 1], 0.0, None),
+    ]
     adv = torch.tensor([0.5, -0.25, 2.0])
     t1, t2 = token_batches(trajs, pad_id=0, micro=2)
     assert t1.input_ids.tolist() == [[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]] and t2.input_ids.tolist() == [[1, 2]]
@@ -53,14 +70,23 @@ def test_a_micro_batch_moves_and_pads_whole():
     from nemo_rcgrpo.data.batch import MicroBatch
 
     t = MicroBatch(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long), torch.tensor([[0, 1, 1]]))
-    b = rl_micro_batch(t, [_traj([5, 6, 7], [0, 1, 1], 1.0, None, lp=[0, -1, -2])], 0, torch.tensor([1.5]),
-                       torch.full((1, 3), -0.5), None)
+    b = rl_micro_batch(
+        t,
+        [_traj([5, 6, 7], [0, 1, 1], 1.0, None, lp=[0, -1, -2])],
+        0,
+        torch.tensor([1.5]),
+        torch.full((1, 3), -0.5),
+        None,
+    )
     p = b.padded(2, 4)
     assert p.input_ids.tolist() == [[5, 6, 7, 0], [0, 0, 0, 0]] and p.advantages.tolist() == [1.5, 0.0]
     assert p.sampler_logprobs.tolist() == [[0, -1, -2, 0], [0, 0, 0, 0]] and p.old_logprobs is None and p.first == 0
     assert int(p.loss_mask.sum()) == 2  # padding trains nothing
-    assert b.to("cpu").tensors().keys() == b.tensors().keys() == {
-        "input_ids", "attention_mask", "loss_mask", "advantages", "ref_logprobs", "sampler_logprobs"}
+    assert (
+        b.to("cpu").tensors().keys()
+        == b.tensors().keys()
+        == {"input_ids", "attention_mask", "loss_mask", "advantages", "ref_logprobs", "sampler_logprobs"}
+    )
     with pytest.raises(ValueError, match="cannot pad a 1 x 3 batch to 1 x 2"):
         b.padded(1, 2)
 
@@ -70,12 +96,15 @@ def test_step_metrics_by_hand():
     g1 = [_traj([1, 2, 3], [0, 0, 1], 0.0, "high", 1), _traj([1, 2, 3], [0, 0, 1], 0.0, "low", 1)]
     rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
     adv = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
-    out = UpdateTotals(PolicyLossStats(loss=0.3, kl_sum=0.6, clipped_tokens=3.0, tokens=6.0), updates=1,
-                       grad_norm=1.5, lr=1e-6)
+    out = UpdateTotals(
+        PolicyLossStats(loss=0.3, kl_sum=0.6, clipped_tokens=3.0, tokens=6.0), updates=1, grad_norm=1.5, lr=1e-6
+    )
     m = step_metrics([g0, g1], rewards, adv, [0.4, 1.2, 0.3, 0.3], out, num_valid=6.0)
     assert m["reward_mean"] == 0.25 and m["zero_variance_fraction"] == 0.5
     assert m["reward_mean_high"] == 0.5 and m["reward_mean_low"] == 0.0
-    assert m["entropy"] == pytest.approx(2.2 / 6) and m["entropy_seq_mean"] == pytest.approx((0.2 + 0.6 + 0.3 + 0.3) / 4)
+    assert m["entropy"] == pytest.approx(2.2 / 6) and m["entropy_seq_mean"] == pytest.approx(
+        (0.2 + 0.6 + 0.3 + 0.3) / 4
+    )
     assert m["kl"] == pytest.approx(0.1) and m["clip_fraction"] == 0.5
     assert m["nonzero_advantage_share"] == 0.5 and m["advantage_abs_mean"] == 0.5
     assert m["loss"] == 0.3 and m["grad_norm"] == 1.5 and m["lr"] == 1e-6 and m["updates"] == 1.0  # one update
@@ -98,8 +127,13 @@ def test_pearson():
 
 
 def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
-    groups = [[_traj([7, 8, 9], [0, 0, 1], 1.0, "high"), _traj([7, 8, 9], [0, 0, 1], 0.0, "high"),
-               _traj([5, 8, 9], [0, 0, 1], 0.0, "low")]]
+    groups = [
+        [
+            _traj([7, 8, 9], [0, 0, 1], 1.0, "high"),
+            _traj([7, 8, 9], [0, 0, 1], 0.0, "high"),
+            _traj([5, 8, 9], [0, 0, 1], 0.0, "low"),
+        ]
+    ]
     path = tmp_path / "rollouts" / "step_3.jsonl"
     write_rollouts(path, 3, groups, torch.tensor([[0.5, -0.5, 0.0]]), decode=lambda ids: " ".join(map(str, ids)))
     lines = [json.loads(l) for l in path.read_text().splitlines()]
@@ -120,14 +154,22 @@ def test_step_metrics_of_errors_truncation_categories_and_the_sampler_gap():
     put: 0, 0 -> 0; the sums 0.8 and 4.4 over 8 tokens -> 0.1 and 0.55."""
     import dataclasses
 
-    t = [_traj([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "high"), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low"),
-         _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "high", 1), _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low", 1)]
+    t = [
+        _traj([1, 2, 3, 4], [0, 0, 1, 1], 1.0, "high"),
+        _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low"),
+        _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "high", 1),
+        _traj([1, 2, 3, 4], [0, 0, 1, 1], 0.0, "low", 1),
+    ]
     t[0] = dataclasses.replace(t[0], calls=[[{"name": "ls"}, {"error": "bad"}]], tool_errors=1)
     t[1] = dataclasses.replace(t[1], calls=[[{"name": "cd"}]], rejected_messages=1)
     t[2] = dataclasses.replace(t[2], category="put", truncated="context budget")
     t[3] = dataclasses.replace(t[3], category="put", calls=[[], [{"name": "rm"}]], tool_errors=1)
-    out = UpdateTotals(PolicyLossStats(tokens=8.0, sampler_mult_err_sum=4.4, sampler_abs_diff_sum=0.8), updates=1,
-                       grad_norm=0.0, lr=1e-6)
+    out = UpdateTotals(
+        PolicyLossStats(tokens=8.0, sampler_mult_err_sum=4.4, sampler_abs_diff_sum=0.8),
+        updates=1,
+        grad_norm=0.0,
+        lr=1e-6,
+    )
     m = step_metrics([t[:2], t[2:]], torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), [0.1] * 4, out, 8.0)
     assert m["tool_error_rate"] == 0.5 and m["truncated_share"] == 0.25
     assert m["rejected_message_rate"] == 0.25  # 1 rejected message of 4 turns
@@ -140,8 +182,9 @@ def test_step_metrics_average_the_updates():
     fraction are per token over every update's tokens."""
     g = [_traj([1, 2, 3], [0, 0, 1], 1.0, None), _traj([1, 2, 3], [0, 0, 1], 0.0, None)]
     # 4 updates whose losses add up to 2.0; each update saw the 2 generated tokens (8 in all), 0.8 KL, 2 clipped
-    out = UpdateTotals(PolicyLossStats(loss=2.0, kl_sum=0.8, clipped_tokens=2.0, tokens=8.0), updates=4,
-                       grad_norm=0.75, lr=1e-5)
+    out = UpdateTotals(
+        PolicyLossStats(loss=2.0, kl_sum=0.8, clipped_tokens=2.0, tokens=8.0), updates=4, grad_norm=0.75, lr=1e-5
+    )
     m = step_metrics([g], torch.tensor([[1.0, 0.0]]), torch.tensor([[0.7, -0.7]]), [0.2, 0.4], out, num_valid=2.0)
     assert m["loss"] == pytest.approx(0.5) and m["updates"] == 4.0
     assert m["grad_norm"] == 0.75 and m["lr"] == 1e-5
@@ -153,15 +196,27 @@ def test_step_metrics_average_the_updates():
 def test_step_metrics_of_one_token_one_rollout_and_one_call():
     """The smallest step: one rollout of one generated token, one turn and one call (every per-token, per-turn and
     per-call rate is a division by 1, never by a floor above it)."""
-    t = dataclasses.replace(_traj([1, 2, 3], [0, 0, 1], 1.0, None), calls=[[{"name": "ls"}]], tool_errors=1,
-                            num_turns=1, rejected_messages=1)
+    t = dataclasses.replace(
+        _traj([1, 2, 3], [0, 0, 1], 1.0, None),
+        calls=[[{"name": "ls"}]],
+        tool_errors=1,
+        num_turns=1,
+        rejected_messages=1,
+    )
     # the generator agreed with the trainer on the token: |gap| 0, exp(0) = 1 (the gap metrics are reported still)
-    out = UpdateTotals(PolicyLossStats(loss=0.4, kl_sum=0.3, clipped_tokens=1.0, tokens=1.0, sampler_abs_diff_sum=0.0,
-                                       sampler_mult_err_sum=1.0), updates=1, grad_norm=1.0, lr=1e-6)
+    out = UpdateTotals(
+        PolicyLossStats(
+            loss=0.4, kl_sum=0.3, clipped_tokens=1.0, tokens=1.0, sampler_abs_diff_sum=0.0, sampler_mult_err_sum=1.0
+        ),
+        updates=1,
+        grad_norm=1.0,
+        lr=1e-6,
+    )
     m = step_metrics([[t]], torch.tensor([[1.0]]), torch.tensor([[0.25]]), [0.7], out, num_valid=1.0)
     assert m["sampler_logprob_abs_diff"] == 0.0 and m["token_mult_prob_error"] == 1.0
-    gap = dataclasses.replace(out, stats=dataclasses.replace(out.stats, sampler_abs_diff_sum=0.5,
-                                                             sampler_mult_err_sum=math.exp(0.5)))  # |gap| 0.5
+    gap = dataclasses.replace(
+        out, stats=dataclasses.replace(out.stats, sampler_abs_diff_sum=0.5, sampler_mult_err_sum=math.exp(0.5))
+    )  # |gap| 0.5
     m = step_metrics([[t]], torch.tensor([[1.0]]), torch.tensor([[0.25]]), [0.7], gap, num_valid=1.0)
     assert m["sampler_logprob_abs_diff"] == 0.5 and m["token_mult_prob_error"] == pytest.approx(math.exp(0.5))
     assert m["loss"] == 0.4 and m["entropy"] == pytest.approx(0.7)

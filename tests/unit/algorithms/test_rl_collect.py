@@ -31,8 +31,11 @@ class FakeEngine:
             flat = getattr(self, "flat_by_task", {}).get(s.task.id, self.flat)
             reward = float(i % 2 == 0) if s.task.id in self.varied else flat
             error = "boom" if s.task.id in self.failing else None
-            trajs.append(SimpleNamespace(task_id=s.task.id, group=s.group, reward_token=s.reward_token,
-                                         reward=reward, error=error))
+            trajs.append(
+                SimpleNamespace(
+                    task_id=s.task.id, group=s.group, reward_token=s.reward_token, reward=reward, error=error
+                )
+            )
         return trajs, {"generation": 1.0, "env": 0.5, "reward": 0.25}
 
 
@@ -41,8 +44,9 @@ def _rl(**kw):
 
 
 def _collect(engine, stage="grpo", cursor=0, step=0, seed=3, **kw):
-    return collect_groups(_rl(**kw), stage_of(stage), engine, SUITE, TASKS, cursor, step, random.Random(0), seed,
-                          stage=stage)
+    return collect_groups(
+        _rl(**kw), stage_of(stage), engine, SUITE, TASKS, cursor, step, random.Random(0), seed, stage=stage
+    )
 
 
 def test_the_cursor_flows_in_and_out_and_a_resumed_step_draws_the_same_tasks():
@@ -55,7 +59,11 @@ def test_the_cursor_flows_in_and_out_and_a_resumed_step_draws_the_same_tasks():
     again = _collect(resumed, cursor=first.cursor, step=1)
     assert resumed.calls == engine.calls[1:] and again.cursor == second.cursor
     # the timings are the engine's returned ones, summed over rounds
-    assert (first.stats["generation_seconds"], first.stats["env_seconds"], first.stats["reward_seconds"]) == (1.0, 0.5, 0.25)
+    assert (first.stats["generation_seconds"], first.stats["env_seconds"], first.stats["reward_seconds"]) == (
+        1.0,
+        0.5,
+        0.25,
+    )
     # one engine call for a step without a filter; groups numbered 0, 1, ... in the order drawn
     assert len(engine.calls) == 2 and [g for _, g, _ in engine.calls[0][0]] == [0, 0, 1, 1]
     assert [[t.group for t in g] for g in first.groups] == [[0, 0], [1, 1]]
@@ -137,13 +145,17 @@ def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed(
     trajs[2].error = "RuntimeError: boom"
     assert check_failures("rcgrpo", 3, trajs, 0.25) == (  # 2 of 4 = 0.5 > 0.25
         "WARNING: rcgrpo step 3: 2 of 4 rollouts failed (more than rl.max_failed_share=0.25) and pay reward 0; "
-        "first: task t1: PluginContractError: env x: reward().value is None")
+        "first: task t1: PluginContractError: env x: reward().value is None"
+    )
     assert check_failures("rcgrpo", 3, trajs, 0.5) is None
     for t in trajs:
         t.error = t.error or "KeyError: 'function'"
-    with pytest.raises(RolloutsFailed, match=r"^rcgrpo step 3: all 4 rollouts failed, nothing to train on \(first: "
-                                             r"task t0: KeyError: 'function'\); every rollout's error is in "
-                                             r"rollouts/step_3.jsonl$") as e:
+    with pytest.raises(
+        RolloutsFailed,
+        match=r"^rcgrpo step 3: all 4 rollouts failed, nothing to train on \(first: "
+        r"task t0: KeyError: 'function'\); every rollout's error is in "
+        r"rollouts/step_3.jsonl$",
+    ) as e:
         check_failures("rcgrpo", 3, trajs, 1.0)
     assert e.value.trajectories == trajs
 
@@ -173,9 +185,7 @@ def test_collection_takes_the_stages_spec_registered_or_not():
     drawn = shuffled_tasks(TASKS, 0, 2, 3)
     engine = FakeEngine(varied=drawn[:1], flat=1.0)  # the first drawn task's group has a failure; the other pays 1
     picky = Stage("rl", keep_group=lambda rewards: min(rewards) == 1.0, description="only all-successful groups")
-    out = collect_groups(_rl(dapo_max_rounds=0), picky, engine, SUITE, TASKS, 0, 0, random.Random(0), 3,
-                         stage="picky")
+    out = collect_groups(_rl(dapo_max_rounds=0), picky, engine, SUITE, TASKS, 0, 0, random.Random(0), 3, stage="picky")
     assert [g[0].task_id for g in out.groups] == drawn[1:] and out.stats["dropped_groups"] == 1.0
     with pytest.raises(RolloutsFailed, match="^picky step 1: all 4 rollouts failed"):
-        collect_groups(_rl(), picky, FakeEngine(failing=TASKS), SUITE, TASKS, 0, 0, random.Random(0), 3,
-                       stage="picky")
+        collect_groups(_rl(), picky, FakeEngine(failing=TASKS), SUITE, TASKS, 0, 0, random.Random(0), 3, stage="picky")

@@ -4,16 +4,20 @@ from collections import Counter
 import pytest
 
 from nemo_rcgrpo.data.chat_format import TokenCounter, render_hermes
-from nemo_rcgrpo.envs.bfcl.failures import assign_types, premature_termination, wrong_param, wrong_tool
 from nemo_rcgrpo.data.reward_goal import RewardGoal
-from nemo_rcgrpo.envs.splits import split_by_scenario
+from nemo_rcgrpo.envs.bfcl.failures import assign_types, premature_termination, wrong_param, wrong_tool
 from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play, replay_messages
+from nemo_rcgrpo.envs.splits import split_by_scenario
 from nemo_rcgrpo.types import ToolCall
 
 
 def test_reward_goal_goes_into_the_first_user_message_only():
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "do it"},
-            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "do it"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "again"},
+    ]
     out = RewardGoal().apply(msgs, success=True)
     assert out[1]["content"] == "do it [Reward Goal: <|high_reward|>]"
     assert [m["content"] for m in out[2:]] == ["ok", "again"] and msgs[1]["content"] == "do it"  # input untouched
@@ -29,8 +33,14 @@ def test_assign_types_largest_remainder():
     types = assign_types(10, {"wrong_tool": 1, "wrong_param": 1, "premature_termination": 1}, random.Random(0))
     # 10/3 = 3.33 each: one type gets the leftover (ties broken by name: premature_termination)
     assert Counter(types) == {"premature_termination": 4, "wrong_param": 3, "wrong_tool": 3}
-    assert Counter(assign_types(4, {"wrong_tool": 3, "wrong_param": 1}, random.Random(0))) == {"wrong_tool": 3, "wrong_param": 1}
-    with pytest.raises(ValueError, match=r"failures.types \(prepare-data\), generation.scripted.failure_type='typo': no failure of that name"):
+    assert Counter(assign_types(4, {"wrong_tool": 3, "wrong_param": 1}, random.Random(0))) == {
+        "wrong_tool": 3,
+        "wrong_param": 1,
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"failures.types \(prepare-data\), generation.scripted.failure_type='typo': no failure of that name",
+    ):
         assign_types(3, {"typo": 1}, random.Random(0))
 
 
@@ -93,10 +103,16 @@ def test_split_groups_scenarios(suite):
 
 
 def test_render_hermes_by_hand():
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c0", "type": "function", "function": {"name": "ls", "arguments": '{"a": true}'}}]},
-            {"role": "tool", "tool_call_id": "c0", "content": "R"}]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c0", "type": "function", "function": {"name": "ls", "arguments": '{"a": true}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": "R"},
+    ]
     tools = [{"type": "function", "function": {"name": "ls"}}]
     text = render_hermes(msgs, tools)
     assert text.startswith("<|im_start|>system\nS\n\n# Tools\n")

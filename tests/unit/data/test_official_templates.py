@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from nemo_rcgrpo.data.chat_format import format_spec, OneCallPerMessageError, one_call_per_message, render_pieces, render_text
+from nemo_rcgrpo.data.chat_format import (
+    OneCallPerMessageError,
+    format_spec,
+    one_call_per_message,
+    render_pieces,
+    render_text,
+)
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer, ensure_format_tokens
 from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
@@ -43,8 +49,13 @@ def official(fmt, messages, tools, add_generation_prompt=False):
         if m.get("content") is None:
             m["content"] = ""
         served.append(m)
-    rendered, _ = render_jinja_template([served], tools=tools, chat_template=(TEMPLATES / OFFICIAL[fmt]).read_text(),
-                                        add_generation_prompt=add_generation_prompt, bos_token=BOS[fmt])
+    rendered, _ = render_jinja_template(
+        [served],
+        tools=tools,
+        chat_template=(TEMPLATES / OFFICIAL[fmt]).read_text(),
+        add_generation_prompt=add_generation_prompt,
+        bos_token=BOS[fmt],
+    )
     return rendered[0]
 
 
@@ -74,7 +85,8 @@ def test_renderings_are_byte_identical_to_the_official_template(suite, fmt):
         for k in range(1, len(served)):  # every prompt a rollout is generated from
             if served[k]["role"] == "assistant":
                 prompt = render_text(served[:k], tools, fmt, "full") + "".join(
-                    p.text for p in format_spec(fmt).generation_prompt())
+                    p.text for p in format_spec(fmt).generation_prompt()
+                )
                 assert prompt == official(fmt, served[:k], tools, add_generation_prompt=True), (task_id, mode, k)
     assert parallel > 10  # the sample holds parallel-call turns (split for llama3_json)
 
@@ -92,10 +104,12 @@ def test_project_tokens_are_the_servers_tokenization(suite, tokenizer, fmt):
         id_runs, pos = [], 0
         for m, g in groupby(tok.mask):
             n = len(list(g))
-            id_runs.append((m, tok.ids[pos:pos + n]))
+            id_runs.append((m, tok.ids[pos : pos + n]))
             pos += n
-        text_runs = [(t, "".join(p.text for p in g))
-                     for t, g in groupby(render_pieces(messages, tools, fmt, "full"), key=lambda p: p.train)]
+        text_runs = [
+            (t, "".join(p.text for p in g))
+            for t, g in groupby(render_pieces(messages, tools, fmt, "full"), key=lambda p: p.train)
+        ]
         assert [m for m, _ in id_runs] == [t for t, _ in text_runs]
         for (trained, ids), (_, text) in zip(id_runs, text_runs):
             if trained:
@@ -110,10 +124,20 @@ def test_project_tokens_are_the_servers_tokenization(suite, tokenizer, fmt):
 def test_edge_cases_match_the_official_templates():
     """Non-ASCII text and arguments (tojson writes them unescaped), whitespace the Llama template trims,
     consecutive tool results (one user block in Qwen's), content beside a call, a plain-text reply."""
-    tools = [{"type": "function", "function": {"name": "café", "description": "ünïcode — “quotes” <b>",
-                                               "parameters": {"type": "object", "properties": {"x": {"type": "string"}},
-                                                              "required": ["x"]}}}]
-    call = lambda x: {"id": "c", "type": "function", "function": {"name": "café", "arguments": json.dumps({"x": x})}}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "café",
+                "description": "ünïcode — “quotes” <b>",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+            },
+        }
+    ]
+
+    def call(x):
+        return {"id": "c", "type": "function", "function": {"name": "café", "arguments": json.dumps({"x": x})}}
+
     messages = [
         {"role": "system", "content": "  Be brief.\n"},
         {"role": "user", "content": "  Ça va? <|im_end|> 日本\n\n"},
@@ -150,16 +174,28 @@ def test_the_7b_and_8b_recipes_use_the_official_renderings():
 def test_parallel_turns_split_by_call_id():
     """Results follow their own call (matched by id); a call without a result (done) stays a message of its own;
     a result that answers no call (a parse error's) follows the last pair."""
-    call = lambda i, name: {"id": i, "type": "function", "function": {"name": name, "arguments": "{}"}}
-    messages = [{"role": "user", "content": "u"},
-                {"role": "assistant", "content": None, "tool_calls": [call("a", "ls"), call("b", "pwd"), call("c", "done")]},
-                {"role": "tool", "tool_call_id": "b", "content": "B"},
-                {"role": "tool", "tool_call_id": "a", "content": "A"},
-                {"role": "tool", "tool_call_id": "call_x", "content": "Error: could not parse tool call"}]
+
+    def call(i, name):
+        return {"id": i, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    messages = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a", "ls"), call("b", "pwd"), call("c", "done")]},
+        {"role": "tool", "tool_call_id": "b", "content": "B"},
+        {"role": "tool", "tool_call_id": "a", "content": "A"},
+        {"role": "tool", "tool_call_id": "call_x", "content": "Error: could not parse tool call"},
+    ]
     out = one_call_per_message(messages)
     shape = [(m["role"], [c["id"] for c in m.get("tool_calls") or []] or m.get("tool_call_id")) for m in out]
-    assert shape == [("user", None), ("assistant", ["a"]), ("tool", "a"), ("assistant", ["b"]), ("tool", "b"),
-                     ("assistant", ["c"]), ("tool", "call_x")]
+    assert shape == [
+        ("user", None),
+        ("assistant", ["a"]),
+        ("tool", "a"),
+        ("assistant", ["b"]),
+        ("tool", "b"),
+        ("assistant", ["c"]),
+        ("tool", "call_x"),
+    ]
     assert render_text(messages, None, "llama3_json") == official("llama3_json", out, None)
 
 
@@ -187,8 +223,13 @@ def test_llama3_json_rollouts_refuse_parallel_calls(suite):
         def update_weights(self, weights, version):
             pass
 
-    engine = RolloutEngine(Two(), renderer, make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
-                           SamplingParams(max_new_tokens=64), max_turns=1)
+    engine = RolloutEngine(
+        Two(),
+        renderer,
+        make_opener(EnvConfig(settings=BFCLSettings(mode="merged")), suite),
+        SamplingParams(max_new_tokens=64),
+        max_turns=1,
+    )
     (traj,) = engine.rollout([RolloutSpec(suite["multi_turn_base_0"], 0)])
     assert traj.calls[0] == [{"error": traj.calls[0][0]["error"], "raw": traj.calls[0][0]["raw"]}]
     assert "one tool call per assistant message" in traj.calls[0][0]["error"] and traj.reward == 0.0

@@ -3,8 +3,16 @@
 import pytest
 import torch
 
-from nemo_rcgrpo.data.packing import (Packed, budget_batches, choose_layout, forward_cost, packed_index,
-                                      packed_positions, positions, positions_saved)
+from nemo_rcgrpo.data.packing import (
+    Packed,
+    budget_batches,
+    choose_layout,
+    forward_cost,
+    packed_index,
+    packed_positions,
+    positions,
+    positions_saved,
+)
 from nemo_rcgrpo.data.prefix_tree import GroupLayout
 
 
@@ -55,7 +63,6 @@ def test_a_dense_mask_packs_only_where_it_computes_no_more_scores_than_padded_ro
     edge = [[1] * 4, [2] * 4, [3] * 4, [4] * 4, [5] * 4, [6] * 4, [7] * 4, [8] * 4, [9] * 16]  # N = 48, 9 x 16
     assert choose_layout(edge, share=False, pack="dense") == Packed((4,) * 8 + (16,))  # 2304 = 9 x 256: the edge
     assert forward_cost(two_long, False, "dense") == 80 and forward_cost(long_short, False, "dense") == 45
-
 
 
 def _lengths_cost(lengths):

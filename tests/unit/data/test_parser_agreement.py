@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vllm
 CALLS = [
     ("cd", {"folder": "document"}),
     ("mv", {"source": "a b.txt", "destination": "x/y"}),
-    ("post_tweet", {"content": "Hi \"there\" {braces} ; , <|eot_id|>", "tags": ["#a", "#b"], "mentions": []}),
+    ("post_tweet", {"content": 'Hi "there" {braces} ; , <|eot_id|>', "tags": ["#a", "#b"], "mentions": []}),
     ("ls", {}),
     ("echo", {"content": "line1\nline2\tü 中文 🙂", "file_name": "f.txt"}),
     ("set_budget", {"amount": 1.5e3, "limit": -2, "ok": True, "none": None, "nested": {"a": {"b": [1, {"c": 2}]}}}),
@@ -32,15 +32,25 @@ def hermes_corpus() -> list[str]:
     for n in (1, 2, 3):  # well-formed messages, several separators and surroundings
         for combo in itertools.islice(itertools.permutations(CALLS, n), 6):
             blocks = [block(*c) for c in combo]
-            out += ["\n".join(blocks), "Sure, I will do that.\n" + "\n".join(blocks), "".join(blocks) + "\nDone.",
-                    "  " + "  ".join(blocks) + "  "]
+            out += [
+                "\n".join(blocks),
+                "Sure, I will do that.\n" + "\n".join(blocks),
+                "".join(blocks) + "\nDone.",
+                "  " + "  ".join(blocks) + "  ",
+            ]
     good = block("cd", {"folder": "a"})
     out += [
         good[: -len("</tool_call>")],  # last block unclosed
         good + "\n<tool_call>\n" + _j({"name": "ls", "arguments": {}}),  # second one unclosed
         _j({"name": "ls", "arguments": {}}),  # bare JSON, no tags
-        "I cannot do that.", "", "<tool_call>", "<tool_call></tool_call>", "<tool_call>\n\n</tool_call>",
-        "<tool_call>{name: cd}</tool_call>", "<tool_call>[1, 2]</tool_call>", '<tool_call>"cd"</tool_call>',
+        "I cannot do that.",
+        "",
+        "<tool_call>",
+        "<tool_call></tool_call>",
+        "<tool_call>\n\n</tool_call>",
+        "<tool_call>{name: cd}</tool_call>",
+        "<tool_call>[1, 2]</tool_call>",
+        '<tool_call>"cd"</tool_call>',
         block("cd", {"folder": "a"}, key="parameters"),  # parameters inside a hermes block
         "<tool_call>" + _j({"name": "cd"}) + "</tool_call>",  # no arguments
         "<tool_call>" + _j({"name": "cd", "args": {"folder": "a"}}) + "</tool_call>",  # unknown key
@@ -49,7 +59,9 @@ def hermes_corpus() -> list[str]:
         "<tool_call>" + _j({"name": "cd", "arguments": [1]}) + "</tool_call>",
         "<tool_call>" + _j({"name": 5, "arguments": {}}) + "</tool_call>",
         "<tool_call>" + _j({"name": "", "arguments": {}}) + "</tool_call>",
-        "<tool_call>" + _j({"type": "function", "function": {"name": "cd", "arguments": {"folder": "a"}}}) + "</tool_call>",
+        "<tool_call>"
+        + _j({"type": "function", "function": {"name": "cd", "arguments": {"folder": "a"}}})
+        + "</tool_call>",
         "<tool_call>" + _j({"id": "x", "name": "cd", "arguments": {"folder": "a"}}) + "</tool_call>",  # extra key
         good + "\n<tool_call>{broken</tool_call>",  # one good and one bad call
         good + "\n" + block("cd", {"folder": "a"}, key="parameters"),
@@ -79,15 +91,34 @@ def llama_corpus() -> list[str]:
     out += [
         one + two,  # adjacent, no separator
         "<|python_tag|>" + one + "<|python_tag|>" + two,  # a second python tag
-        "Sure: " + one, one + " and that is all", one + "; then " + two, "Here {is} prose",
-        "The answer is 4.", "", "{", "}", "{}", "{\"name\": \"cd\"}", call("cd", None), call("cd", [1]),
-        call("cd", _j({"folder": "a"})), _j({"name": "cd", "args": {}}), _j({"name": 3, "parameters": {}}),
+        "Sure: " + one,
+        one + " and that is all",
+        one + "; then " + two,
+        "Here {is} prose",
+        "The answer is 4.",
+        "",
+        "{",
+        "}",
+        "{}",
+        '{"name": "cd"}',
+        call("cd", None),
+        call("cd", [1]),
+        call("cd", _j({"folder": "a"})),
+        _j({"name": "cd", "args": {}}),
+        _j({"name": 3, "parameters": {}}),
         _j({"name": "cd", "arguments": {"folder": "a"}, "parameters": {"folder": "b"}}),
         _j({"type": "function", "function": {"name": "cd", "arguments": {}}}),
-        one + "; {broken", one + "; " + _j({"name": "cd"}), '{"name": "cd", "parameters": {"folder": "a"',
-        '{"name": "cd", "parameters": {"folder": "a", "folder": "b"}}', '{"name": "f", "parameters": {"x": NaN}}',
-        "[" + one + "]", '{"name": "cd", "parameters": {"folder": "{nested}"}}', one + ";",
-        "; ".join([call("ls", {})] * 129), one + "<|eot_id|>", '{"name": "cd", "parameters": {"folder": "\\ud800"}}',
+        one + "; {broken",
+        one + "; " + _j({"name": "cd"}),
+        '{"name": "cd", "parameters": {"folder": "a"',
+        '{"name": "cd", "parameters": {"folder": "a", "folder": "b"}}',
+        '{"name": "f", "parameters": {"x": NaN}}',
+        "[" + one + "]",
+        '{"name": "cd", "parameters": {"folder": "{nested}"}}',
+        one + ";",
+        "; ".join([call("ls", {})] * 129),
+        one + "<|eot_id|>",
+        '{"name": "cd", "parameters": {"folder": "\\ud800"}}',
     ]
     return out
 
@@ -123,8 +154,10 @@ def _served(parser, text):
     return [(c.function.name, json.loads(c.function.arguments)) for c in info.tool_calls]
 
 
-@pytest.mark.parametrize("fmt, parse, corpus", [("hermes", parse_hermes, hermes_corpus()),
-                                               ("llama3_json", parse_llama3_json, llama_corpus())])
+@pytest.mark.parametrize(
+    "fmt, parse, corpus",
+    [("hermes", parse_hermes, hermes_corpus()), ("llama3_json", parse_llama3_json, llama_corpus())],
+)
 def test_no_call_is_accepted_that_vllm_serves_differently(vllm_parsers, fmt, parse, corpus):
     assert len(corpus) >= 100
     counts = {"same calls": 0, "no call in either": 0, "rejected here": 0}
@@ -145,14 +178,17 @@ def test_no_call_is_accepted_that_vllm_serves_differently(vllm_parsers, fmt, par
 
 def test_known_disagreements_are_rejected():
     """Cases where vLLM hands a client something else than the text seems to say: rejected here."""
-    for text in ('<tool_call>{"name": "cd", "arguments": "{\\"folder\\": \\"a\\"}"}</tool_call>',  # string args
-                 '<tool_call>{"name": "cd", "parameters": {"folder": "a"}}</tool_call>',
-                 '<tool_call>{"name": "cd", "arguments": {}}</tool_call><tool_call>{bad</tool_call>'):
+    for text in (
+        '<tool_call>{"name": "cd", "arguments": "{\\"folder\\": \\"a\\"}"}</tool_call>',  # string args
+        '<tool_call>{"name": "cd", "parameters": {"folder": "a"}}</tool_call>',
+        '<tool_call>{"name": "cd", "arguments": {}}</tool_call><tool_call>{bad</tool_call>',
+    ):
         calls = parse_hermes(text).calls
         assert calls and all(isinstance(c, ToolCallError) for c in calls), text
     assert parse_hermes('{"name": "ls", "arguments": {}}').calls == []  # no tags: content, as vLLM reads it
     adjacent = parse_llama3_json('{"name": "cd", "parameters": {}}{"name": "ls", "parameters": {}}').calls
     assert all(isinstance(c, ToolCallError) for c in adjacent) and "separated" in adjacent[0].message
     # what vLLM serves, accepted as it serves it: calls after text, ', ' separators, a second python tag
-    assert parse_llama3_json('Sure: {"name": "cd", "parameters": {"folder": "a"}}, {"name": "ls", "arguments": {}}')\
-        .calls == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {})]
+    assert parse_llama3_json(
+        'Sure: {"name": "cd", "parameters": {"folder": "a"}}, {"name": "ls", "arguments": {}}'
+    ).calls == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {})]

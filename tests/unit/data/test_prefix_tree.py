@@ -2,10 +2,17 @@
 attention scores, by hand."""
 
 import pytest
-import torch
 
-from nemo_rcgrpo.data.prefix_tree import (Branch, attention_scores, common_prefix_length, forward_flops,
-                                          group_layout, hidden_index, layout_flops, padded_tokens)
+from nemo_rcgrpo.data.prefix_tree import (
+    Branch,
+    attention_scores,
+    common_prefix_length,
+    forward_flops,
+    group_layout,
+    hidden_index,
+    layout_flops,
+    padded_tokens,
+)
 
 
 def test_common_prefix_length():
@@ -49,9 +56,7 @@ def test_hidden_index_points_each_position_at_its_segment():
     assert layout.root == 2 and layout.branches == (Branch((0, 2), 2), Branch((1,), 0))
     # flat: root 0-1 | branch 0 at 2-3 (Q = 2) | branch 1 at 4-5 (empty) | suffixes of S = 5 at 6-10, 11-15, 16-20
     index = hidden_index(layout, 7)
-    assert index.tolist() == [[0, 1, 2, 3, 6, 0, 0],
-                              [0, 1, 11, 12, 13, 14, 15],
-                              [0, 1, 2, 3, 16, 17, 0]]
+    assert index.tolist() == [[0, 1, 2, 3, 6, 0, 0], [0, 1, 11, 12, 13, 14, 15], [0, 1, 2, 3, 16, 17, 0]]
     assert hidden_index(layout, 5)[1].tolist() == [0, 1, 11, 12, 13]  # a narrower grid: cut at its width
     # the three passes run 2 + 2 x 2 + 3 x 5 = 21 positions, padding included: no fewer than the 3 x 7 unshared
     assert padded_tokens(layout) == 21
@@ -60,10 +65,12 @@ def test_hidden_index_points_each_position_at_its_segment():
     two = group_layout([[1, 5, 6, 2], [1, 5, 6, 3, 4], [1, 7, 8, 9, 5], [1, 7, 8, 9, 6, 7]])
     assert two.root == 1 and two.branches == (Branch((0, 1), 2), Branch((2, 3), 3))
     # flat: root 0 | branch 0 at 1-3 | branch 1 at 4-6 | suffixes at 7-8, 9-10, 11-12, 13-14
-    assert hidden_index(two, 6).tolist() == [[0, 1, 2, 7, 0, 0],
-                                             [0, 1, 2, 9, 10, 0],
-                                             [0, 4, 5, 6, 11, 0],
-                                             [0, 4, 5, 6, 13, 14]]
+    assert hidden_index(two, 6).tolist() == [
+        [0, 1, 2, 7, 0, 0],
+        [0, 1, 2, 9, 10, 0],
+        [0, 4, 5, 6, 11, 0],
+        [0, 4, 5, 6, 13, 14],
+    ]
 
 
 def test_attention_scores_by_hand():

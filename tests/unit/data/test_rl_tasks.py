@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from nemo_rcgrpo.data.dataset import DataSchemaError
 from nemo_rcgrpo.data.consistency import DataMismatchError
+from nemo_rcgrpo.data.dataset import DataSchemaError
 from nemo_rcgrpo.data.rl_tasks import find_pointers, load_pointers, load_rl_tasks, stratified_sample, task_ids
 from nemo_rcgrpo.envs.config import EnvConfig
 
@@ -33,11 +33,16 @@ def test_every_form_gives_the_jsonl_ids(micro_data_dir, tmp_path):
 
 def test_rows_that_do_not_fit_are_one_line(tmp_path):
     path = tmp_path / "rl_train.jsonl"
-    for text, message in (('{"task_id": "a"}\n{"id": "b"}\n', r"rl_train.jsonl:2: field 'task_id' must be a task id "
-                                                                r"\(a string\) \(the row has \['id'\]\)"),
-                          ('{"task_id": "a"}\n\n["b"]\n', r"rl_train.jsonl:3: must be an object with a task_id"),
-                          ('{"task_id": "a", "category": 3}\n', r"rl_train.jsonl:1: field 'category' must be a string"),
-                          ('{"task_id": "a"\n', r"rl_train.jsonl:1: not JSON")):
+    for text, message in (
+        (
+            '{"task_id": "a"}\n{"id": "b"}\n',
+            r"rl_train.jsonl:2: field 'task_id' must be a task id "
+            r"\(a string\) \(the row has \['id'\]\)",
+        ),
+        ('{"task_id": "a"}\n\n["b"]\n', r"rl_train.jsonl:3: must be an object with a task_id"),
+        ('{"task_id": "a", "category": 3}\n', r"rl_train.jsonl:1: field 'category' must be a string"),
+        ('{"task_id": "a"\n', r"rl_train.jsonl:1: not JSON"),
+    ):
         path.write_text(text)
         with pytest.raises(DataSchemaError, match=message):
             load_pointers(path)
@@ -55,12 +60,27 @@ def test_the_rl_loop_reads_its_tasks_from_parquet_pointers(data_dir, tmp_path):
     load_pointers(data / "rl_train.jsonl").select(range(5)).to_parquet(str(data / "rl_train.parquet"))
     (data / "rl_train.jsonl").unlink()
     (data / "rl_test.jsonl").unlink()
-    args = ["--config-name=rcgrpo_smollm_cpu", "model.path=tiny-llama", "rl.stage1_recipe=null", f"data.dir={data}",
-            f"run_dir={tmp_path / 'run'}", "rl.group_size=2", "rl.tasks_per_step=2", "rl.max_turns=4",
-            "rl.sampling.max_new_tokens=64", "rl.max_total_tokens=4096", "trainer.max_steps=1",
-            "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false", "generation=scripted"]
+    args = [
+        "--config-name=rcgrpo_smollm_cpu",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        f"data.dir={data}",
+        f"run_dir={tmp_path / 'run'}",
+        "rl.group_size=2",
+        "rl.tasks_per_step=2",
+        "rl.max_turns=4",
+        "rl.sampling.max_new_tokens=64",
+        "rl.max_total_tokens=4096",
+        "trainer.max_steps=1",
+        "trainer.export_hf=false",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "generation=scripted",
+    ]
     assert main(args) == 0
-    dumped = {json.loads(l)["task_id"] for l in (tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()}
+    dumped = {
+        json.loads(l)["task_id"] for l in (tmp_path / "run" / "rollouts" / "step_1.jsonl").read_text().splitlines()
+    }
     assert dumped and dumped <= set(wanted)
 
 
@@ -100,7 +120,9 @@ def test_a_run_loads_the_tasks_its_suite_holds(micro_data_dir, tmp_path):
     data = tmp_path / "d"
     shutil.copytree(micro_data_dir, data)
     lines = (data / "rl_train.jsonl").read_text().splitlines()
-    (data / "rl_train.jsonl").write_text("\n".join(l.replace('"task_id": "', '"task_id": "gone_') for l in lines) + "\n")
+    (data / "rl_train.jsonl").write_text(
+        "\n".join(l.replace('"task_id": "', '"task_id": "gone_') for l in lines) + "\n"
+    )
     with pytest.raises(ValueError, match="no task of the rl_train pointers in .* is in task source bfcl_micro"):
         load_rl_tasks(data, "train", env, eval_tasks=8, seed=0)
     with pytest.raises(DataMismatchError, match="env.task_source=bfcl but .* was prepared with task_source=bfcl_micro"):

@@ -47,8 +47,16 @@ def exports(tmp_path_factory):
             tok = load_tokenizer("smollm2")
             tok.add_tokens(["<|high_reward|>", "<|low_reward|>"], special_tokens=True)
             ensure_format_tokens(tok, fmt)
-            model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+            model = LlamaForCausalLM(
+                LlamaConfig(
+                    vocab_size=len(tok),
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=1,
+                )
+            )
             model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
             before = (tok.chat_template, tok.eos_token, copy.deepcopy(model.generation_config.to_dict()))
             folder = tmp_path_factory.mktemp(f"{fmt}_{description}") / "hf"
@@ -79,10 +87,16 @@ def test_the_exports_template_renders_what_training_rendered(suite, exports, fmt
         assert rendered[0] == render_text(messages, tools, fmt, description), (task_id, mode)
         for k in range(1, len(served)):  # every prompt a served turn is generated from
             if served[k]["role"] == "assistant":
-                prompt, _ = render_jinja_template([served[:k]], tools=tools, chat_template=template,
-                                                  bos_token=tok.bos_token, add_generation_prompt=True)
+                prompt, _ = render_jinja_template(
+                    [served[:k]],
+                    tools=tools,
+                    chat_template=template,
+                    bos_token=tok.bos_token,
+                    add_generation_prompt=True,
+                )
                 expected = render_text(served[:k], tools, fmt, description) + "".join(
-                    p.text for p in format_spec(fmt).generation_prompt())
+                    p.text for p in format_spec(fmt).generation_prompt()
+                )
                 assert prompt[0] == expected, (task_id, mode, k)
                 prompts += 1
     assert prompts > 20 and goals > 10
@@ -119,8 +133,16 @@ def test_the_full_templates_are_the_official_ones_unchanged():
 
 def test_a_plugin_format_keeps_its_tokenizers_template(tmp_path):
     tok = load_tokenizer("smollm2")
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     export_hf(model, tok, tmp_path / "hf", None, chat=ChatConfig(format="a_plugin_format"))
     assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template == tok.chat_template
     assert torch.equal(LlamaForCausalLM.from_pretrained(tmp_path / "hf").lm_head.weight, model.lm_head.weight)

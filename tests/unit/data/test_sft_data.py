@@ -29,12 +29,19 @@ def test_a_prepared_row_trains_its_assistant_tokens_only():
 
     renderer = ChatRenderer(load_tokenizer("smollm2"), "hermes", tool_description="compact")
     call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "list files"},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "c1", "name": "ls", "content": "a.txt"},
-                {"role": "assistant", "content": "There is a.txt."}]
-    tools = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object",
-                                                                                                    "properties": {}}}}]
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "name": "ls", "content": "a.txt"},
+        {"role": "assistant", "content": "There is a.txt."},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "ls", "description": "list", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
     (ex,), stats = build_examples([{"task_id": "t0", "messages": messages, "tools": tools}], renderer, 4096, 0, None)
     assert stats == {"examples": 1, "dropped_too_long": 0, "records": 1}
     trained = [i for i, m in zip(ex.ids, ex.mask) if m]
@@ -44,10 +51,12 @@ def test_a_prepared_row_trains_its_assistant_tokens_only():
 
 
 def test_rows_kept_and_dropped_with_their_counts():
-    rows = [_row("long", ("user", 1), ("assistant", 2), ("user", 3), ("assistant", 4)),  # 4 tokens
-            _row("fits", ("user", 5), ("assistant", 6), ("user", 7)),  # exactly max_length = 3
-            _row("untrained", ("user", 8), ("user", 9)),  # nothing to train on
-            {"messages": [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]}]  # no task_id
+    rows = [
+        _row("long", ("user", 1), ("assistant", 2), ("user", 3), ("assistant", 4)),  # 4 tokens
+        _row("fits", ("user", 5), ("assistant", 6), ("user", 7)),  # exactly max_length = 3
+        _row("untrained", ("user", 8), ("user", 9)),  # nothing to train on
+        {"messages": [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]},
+    ]  # no task_id
     examples, stats = build_examples(rows, _Renderer(), max_length=3, seed=0, max_examples=None)
     assert stats == {"examples": 2, "dropped_too_long": 2, "records": 4}
     by_task = {e.task_id: e for e in examples}
@@ -81,10 +90,12 @@ def test_an_epochs_batches_cover_whole_batches_once_and_repeat_for_its_seed(buck
     assert epoch_batches(lengths, 4, seed=3, epoch=1, bucket_by_length=bucket) != batches
     assert epoch_batches(lengths, 4, seed=4, epoch=0, bucket_by_length=bucket) != batches
     # distinct draws for (seed, epoch) pairs that a careless seed formula would merge
-    assert epoch_batches(lengths, 4, seed=0, epoch=1, bucket_by_length=bucket) != \
-        epoch_batches(lengths, 4, seed=1, epoch=0, bucket_by_length=bucket)
-    assert epoch_batches(lengths, 4, seed=0, epoch=0, bucket_by_length=bucket) != \
-        epoch_batches(lengths, 4, seed=0, epoch=1, bucket_by_length=bucket)
+    assert epoch_batches(lengths, 4, seed=0, epoch=1, bucket_by_length=bucket) != epoch_batches(
+        lengths, 4, seed=1, epoch=0, bucket_by_length=bucket
+    )
+    assert epoch_batches(lengths, 4, seed=0, epoch=0, bucket_by_length=bucket) != epoch_batches(
+        lengths, 4, seed=0, epoch=1, bucket_by_length=bucket
+    )
 
 
 def test_exactly_whole_batches_keep_every_example():
@@ -101,8 +112,8 @@ def test_bucketing_sorts_by_length_inside_chunks_of_eight_batches_and_shuffles_t
     rng = random.Random(5 * 1_000_003 + 2)
     order = list(range(64))
     rng.shuffle(order)
-    chunks = [order[s:s + 16] for s in range(0, 64, 16)]
-    expected = [sorted(c, key=lambda j: lengths[j])[k:k + size] for c in chunks for k in range(0, 16, size)]
+    chunks = [order[s : s + 16] for s in range(0, 64, 16)]
+    expected = [sorted(c, key=lambda j: lengths[j])[k : k + size] for c in chunks for k in range(0, 16, size)]
     rng.shuffle(expected)
     assert batches == expected
     # every batch holds neighbours in length within its chunk: much less padding than the unbucketed batches
@@ -115,8 +126,9 @@ def test_bucketing_sorts_by_length_inside_chunks_of_eight_batches_and_shuffles_t
 
 
 def test_collate_pads_on_the_right_with_attention_and_loss_masks():
-    batch = collate([Example([5, 6, 7], [0, 1, 1], "a"), Example([8], [1], "b"), Example([1, 2], [0, 0], "c")],
-                    pad_id=0)
+    batch = collate(
+        [Example([5, 6, 7], [0, 1, 1], "a"), Example([8], [1], "b"), Example([1, 2], [0, 0], "c")], pad_id=0
+    )
     assert batch.input_ids.tolist() == [[5, 6, 7], [8, 0, 0], [1, 2, 0]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
     assert batch.loss_mask.tolist() == [[0, 1, 1], [1, 0, 0], [0, 0, 0]]

@@ -45,15 +45,23 @@ def test_contradictions_and_rows_without_an_outcome_are_one_line():
     row = {"task_id": "t1", "messages": [{"role": "user", "content": "do it"}], "reward": 0}
     assert reward_conditioned(row, GOAL)["messages"][0]["content"] == "do it [Reward Goal: <|low_reward|>]"
     high = {**row, "messages": [{"role": "user", "content": "do it [Reward Goal: <|high_reward|>]"}]}
-    with pytest.raises(DataSchemaError, match="row t1: the first user message holds <.high_reward.> but the row's "
-                                              "reward says <.low_reward.>"):
+    with pytest.raises(
+        DataSchemaError,
+        match="row t1: the first user message holds <.high_reward.> but the row's reward says <.low_reward.>",
+    ):
         reward_conditioned(high, GOAL)
     with pytest.raises(DataSchemaError, match="row t1: no reward goal in the first user message and no reward"):
         reward_conditioned({"task_id": "t1", "messages": row["messages"]}, GOAL)
     with pytest.raises(DataSchemaError, match=r"reward=2; an RCTP row's reward is 1"):
         reward_conditioned({**row, "reward": 2}, GOAL)
-    later = {**row, "messages": [*row["messages"], {"role": "assistant", "content": "ok"},
-                                 {"role": "user", "content": "next [Reward Goal: <|low_reward|>]"}]}
+    later = {
+        **row,
+        "messages": [
+            *row["messages"],
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "next [Reward Goal: <|low_reward|>]"},
+        ],
+    }
     with pytest.raises(DataSchemaError, match=r"row t1: messages\[2\] holds a reward goal token"):
         reward_conditioned(later, GOAL)
     in_system = {**row, "messages": [{"role": "system", "content": "[Reward Goal: <|high_reward|>]"}, *row["messages"]]}
@@ -98,10 +106,13 @@ def test_data_dataset_is_validated_and_a_plugin_dataset_is_chosen_by_name():
         TrainConfig.from_dict(compose("smoke_stage1", ["data.dataset=sft"]))
     with pytest.raises(ConfigError, match="data.dataset=rctp: stage=sft trains on an unconditioned dataset"):
         TrainConfig.from_dict(compose("smoke_stage1", ["stage=sft", "data.dataset=rctp"]))
-    with pytest.raises(ConfigError, match=r"data.dataset='nope': no stage1_dataset of that name; registered: \['sft', 'rctp'"):
+    with pytest.raises(
+        ConfigError, match=r"data.dataset='nope': no stage1_dataset of that name; registered: \['sft', 'rctp'"
+    ):
         TrainConfig.from_dict(compose("smoke_stage1", ["data.dataset=nope"]))
-    register("stage1_dataset", "test_no_system")(Stage1Dataset(
-        lambda r, goal: {**r, "messages": [m for m in r["messages"] if m["role"] != "system"]}))
+    register("stage1_dataset", "test_no_system")(
+        Stage1Dataset(lambda r, goal: {**r, "messages": [m for m in r["messages"] if m["role"] != "system"]})
+    )
     try:
         cfg = TrainConfig.from_dict(compose("smoke_stage1", ["stage=sft", "data.dataset=test_no_system"]))
         row = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
@@ -125,8 +136,22 @@ def test_rctp_ft_on_rows_without_goals_trains_as_on_prepare_datas(micro_data_dir
     firsts = []
     for name in ("rctp.jsonl", "mine.jsonl"):
         run = tmp_path / name
-        assert main(["--config-name=micro_rctp", f"data.dir={data}", f"data.file={name}", f"run_dir={run}",
-                     "trainer.max_steps=1", "trainer.global_batch_size=4", "trainer.micro_batch_size=4",
-                     "trainer.export_hf=false", "logging.progress=false", "logging.tensorboard=false"]) == 0
+        assert (
+            main(
+                [
+                    "--config-name=micro_rctp",
+                    f"data.dir={data}",
+                    f"data.file={name}",
+                    f"run_dir={run}",
+                    "trainer.max_steps=1",
+                    "trainer.global_batch_size=4",
+                    "trainer.micro_batch_size=4",
+                    "trainer.export_hf=false",
+                    "logging.progress=false",
+                    "logging.tensorboard=false",
+                ]
+            )
+            == 0
+        )
         firsts.append({k: read_metrics(run)[0][k] for k in ("loss", "tokens")})
     assert firsts[0] == firsts[1]

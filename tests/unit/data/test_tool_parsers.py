@@ -7,19 +7,28 @@ from nemo_rcgrpo.data.tool_parsers import parse_hermes, parse_llama3_json
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
-CALLS = [ToolCall("cd", {"folder": "document"}), ToolCall("mv", {"source": "a b.txt", "destination": "x/y"}),
-         ToolCall("post_tweet", {"content": "Hi \"there\" <tool_call>", "tags": ["#a", "#b"], "mentions": []}),
-         ToolCall("ls", {})]
+CALLS = [
+    ToolCall("cd", {"folder": "document"}),
+    ToolCall("mv", {"source": "a b.txt", "destination": "x/y"}),
+    ToolCall("post_tweet", {"content": 'Hi "there" <tool_call>', "tags": ["#a", "#b"], "mentions": []}),
+    ToolCall("ls", {}),
+]
 
 
 def _assistant(calls):
-    return {"role": "assistant", "content": "", "tool_calls": [
-        {"id": f"c{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
-        for i, c in enumerate(calls)]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.kwargs)}}
+            for i, c in enumerate(calls)
+        ],
+    }
 
 
-@pytest.mark.parametrize("fmt, parser, eot", [("hermes", parse_hermes, "<|im_end|>"),
-                                              ("llama3_json", parse_llama3_json, "<|eot_id|>")])
+@pytest.mark.parametrize(
+    "fmt, parser, eot", [("hermes", parse_hermes, "<|im_end|>"), ("llama3_json", parse_llama3_json, "<|eot_id|>")]
+)
 def test_round_trip_through_tokens(fmt, parser, eot):
     tok = load_tokenizer("smollm2")
     ensure_format_tokens(tok, fmt)
@@ -33,8 +42,10 @@ def test_round_trip_through_tokens(fmt, parser, eot):
 
 
 def test_hermes_tolerance():
-    text = "Sure!\n  <tool_call> {\"name\": \"cd\", \"arguments\": {\"folder\": \"a\"}} </tool_call>\n" \
-           "<tool_call>\n{\"name\": \"ls\", \"arguments\": {}}\n</tool_call> Done.\n<tool_call>{\"name\": \"pwd\", \"arguments\": {}}"
+    text = (
+        'Sure!\n  <tool_call> {"name": "cd", "arguments": {"folder": "a"}} </tool_call>\n'
+        '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call> Done.\n<tool_call>{"name": "pwd", "arguments": {}}'
+    )
     parsed = parse_hermes(text)
     assert parsed.calls == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {}), ToolCall("pwd", {})]  # last unclosed
     assert parsed.content == "Sure!\n  \n Done."  # text around the blocks kept
@@ -45,14 +56,20 @@ def test_hermes_tolerance():
     assert ok.calls[0].kwargs == {"a": True}
 
 
-@pytest.mark.parametrize("text, message", [
-    ("<tool_call>{name: cd}</tool_call>", "not valid JSON"),
-    ("<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
-    ('<tool_call>{"arguments": {}}</tool_call>', "non-empty string 'name'"),
-    ('<tool_call>{"name": "cd", "arguments": "folder=a"}</tool_call>', "'arguments' of 'cd' must be a JSON object, got str"),
-    ('<tool_call>{"name": "ls", "parameters": {}}</tool_call>', "tool call 'ls' has no 'arguments' object"),
-    ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown tool 'rm_rf'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("<tool_call>{name: cd}</tool_call>", "not valid JSON"),
+        ("<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "non-empty string 'name'"),
+        (
+            '<tool_call>{"name": "cd", "arguments": "folder=a"}</tool_call>',
+            "'arguments' of 'cd' must be a JSON object, got str",
+        ),
+        ('<tool_call>{"name": "ls", "parameters": {}}</tool_call>', "tool call 'ls' has no 'arguments' object"),
+        ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown tool 'rm_rf'"),
+    ],
+)
 def test_hermes_rejections_become_errors(text, message):
     parsed = parse_hermes(text, known_tools={"cd", "ls"})
     assert len(parsed.calls) == 1 and isinstance(parsed.calls[0], ToolCallError)
@@ -60,7 +77,9 @@ def test_hermes_rejections_become_errors(text, message):
 
 
 def test_llama3_tolerance_and_rejections():
-    ok = parse_llama3_json('<|python_tag|>{"name": "cd", "parameters": {"folder": "a"}};\n {"name": "ls", "parameters": {}}')
+    ok = parse_llama3_json(
+        '<|python_tag|>{"name": "cd", "parameters": {"folder": "a"}};\n {"name": "ls", "parameters": {}}'
+    )
     assert ok.calls == [ToolCall("cd", {"folder": "a"}), ToolCall("ls", {})]
     assert parse_llama3_json("The answer is 4.").calls == []
     trailing = parse_llama3_json('{"name": "ls", "parameters": {}} and that is all')

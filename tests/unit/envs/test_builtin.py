@@ -15,7 +15,8 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_contract_holds_and_catches_an_import_of_bfcl(tmp_path):
-    assert "lint-imports" in (ROOT / "Makefile").read_text().split("\ntest:")[1].split("\n\n")[0]
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:")[1].split("\n\n")[0]
+    assert "lint-imports" in recipe and "ruff format --check" in recipe and "ruff check" in recipe
     kept = _lint(ROOT)
     assert kept.returncode == 0 and "1 kept, 0 broken" in kept.stdout, kept.stdout + kept.stderr
     copy = tmp_path / "tree"

@@ -25,9 +25,14 @@ def _rec(task, cat, success, sample=0):
 
 
 def test_summarize_accuracies_and_pass_at_k():
-    records = [_rec("a", "base", True, 0), _rec("a", "base", False, 1),
-               _rec("b", "base", False, 0), _rec("b", "base", False, 1),
-               _rec("c", "miss_func", True, 0), _rec("c", "miss_func", True, 1)]
+    records = [
+        _rec("a", "base", True, 0),
+        _rec("a", "base", False, 1),
+        _rec("b", "base", False, 0),
+        _rec("b", "base", False, 1),
+        _rec("c", "miss_func", True, 0),
+        _rec("c", "miss_func", True, 1),
+    ]
     s = summarize(records, samples=2)
     # per task mean accuracy: a 0.5, b 0, c 1 -> overall over tasks 50%
     assert s["overall"] == pytest.approx(50.0)
@@ -42,28 +47,48 @@ def test_summarize_accuracies_and_pass_at_k():
 
 def test_failure_reasons():
     assert failure_reason("paper", success=True, truncated=None, official_error=None, details={}) is None
-    assert failure_reason("paper", success=False, truncated="context budget", official_error=None,
-                          details={}) == "truncated: context budget"
-    r = failure_reason("paper", success=False, truncated=None, official_error=None,
-                       details={"state_differences": {"TwitterAPI": {}}, "missing_actions": ["post_tweet(x=1)"]})
+    assert (
+        failure_reason("paper", success=False, truncated="context budget", official_error=None, details={})
+        == "truncated: context budget"
+    )
+    r = failure_reason(
+        "paper",
+        success=False,
+        truncated=None,
+        official_error=None,
+        details={"state_differences": {"TwitterAPI": {}}, "missing_actions": ["post_tweet(x=1)"]},
+    )
     assert "TwitterAPI" in r and "1 gold action(s) missing" in r and "post_tweet" in r
-    assert failure_reason("bfcl", success=False, truncated="x", official_error="multi_turn:force_terminated: y",
-                          details={}) == "multi_turn:force_terminated: y"
+    assert (
+        failure_reason(
+            "bfcl", success=False, truncated="x", official_error="multi_turn:force_terminated: y", details={}
+        )
+        == "multi_turn:force_terminated: y"
+    )
 
 
 def test_endpoint_tool_calls_parsing_never_raises():
-    calls = parse_tool_calls([
-        {"id": "1", "type": "function", "function": {"name": "ls", "arguments": "{\"a\": true}"}},
-        {"id": "2", "function": {"name": "cd", "arguments": "{not json"}},
-        {"id": "3", "function": {"name": "cd", "arguments": "[1, 2]"}},
-        {"id": "4", "function": {"arguments": "{}"}},
-        "garbage",
-        {"id": "6", "function": {"name": "pwd", "arguments": ""}},
-        {"id": "7", "function": {"name": "mv", "arguments": {"source": "a"}}},
-    ])
+    calls = parse_tool_calls(
+        [
+            {"id": "1", "type": "function", "function": {"name": "ls", "arguments": '{"a": true}'}},
+            {"id": "2", "function": {"name": "cd", "arguments": "{not json"}},
+            {"id": "3", "function": {"name": "cd", "arguments": "[1, 2]"}},
+            {"id": "4", "function": {"arguments": "{}"}},
+            "garbage",
+            {"id": "6", "function": {"name": "pwd", "arguments": ""}},
+            {"id": "7", "function": {"name": "mv", "arguments": {"source": "a"}}},
+        ]
+    )
     assert calls[0] == ToolCall("ls", {"a": True}, id="1")
-    assert [type(c) for c in calls] == [ToolCall, ToolCallError, ToolCallError, ToolCallError, ToolCallError,
-                                        ToolCall, ToolCall]
+    assert [type(c) for c in calls] == [
+        ToolCall,
+        ToolCallError,
+        ToolCallError,
+        ToolCallError,
+        ToolCallError,
+        ToolCall,
+        ToolCall,
+    ]
     assert "not JSON" in calls[1].message and "not a JSON object" in calls[2].message
     assert calls[5].kwargs == {} and calls[6].kwargs == {"source": "a"}
     assert parse_tool_calls(None) == [] and isinstance(parse_tool_calls("x")[0], ToolCallError)
@@ -95,12 +120,15 @@ def test_task_selection(suite, tmp_path):
     paper = select_tasks(EvalConfig(out_dir=str(tmp_path)), suite)
     assert paper == split_by_scenario(suite, 1234, 0.1).to_json(suite)["test"] and len(paper) == 80
     assert len(select_tasks(EvalConfig(out_dir=str(tmp_path), protocol="bfcl"), suite)) == 800
-    few = select_tasks(EvalConfig(out_dir=str(tmp_path), protocol="bfcl", limit=2, categories=("base", "miss_func")),
-                       suite)
+    few = select_tasks(
+        EvalConfig(out_dir=str(tmp_path), protocol="bfcl", limit=2, categories=("base", "miss_func")), suite
+    )
     assert [suite[t].category for t in few] == ["base", "base", "miss_func", "miss_func"]
     (tmp_path / "split.json").write_text('{"test": ["multi_turn_base_3", "multi_turn_miss_param_7"]}')
     assert select_tasks(EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path)), suite) == [
-        "multi_turn_base_3", "multi_turn_miss_param_7"]
+        "multi_turn_base_3",
+        "multi_turn_miss_param_7",
+    ]
     with pytest.raises(ConfigError, match="not in task_source=bfcl"):
         select_tasks(EvalConfig(out_dir=str(tmp_path), tasks=("multi_turn_base_9999",)), suite)
     assert math.isclose(len(paper) / 800, 0.1)
@@ -114,8 +142,9 @@ def test_held_out_tasks_of_a_data_builder_without_split_json(suite, tmp_path):
     class Suite(dict):  # a plugin's task source: .tasks and [id], no BFCL split
         tasks = property(lambda self: self)
 
-    kv = Suite(kv_1=types.SimpleNamespace(id="kv_1", category="put"),
-               kv_2=types.SimpleNamespace(id="kv_2", category="copy"))
+    kv = Suite(
+        kv_1=types.SimpleNamespace(id="kv_1", category="put"), kv_2=types.SimpleNamespace(id="kv_2", category="copy")
+    )
     (tmp_path / "rl_test.jsonl").write_text('{"task_id": "kv_2"}\n{"task_id": "kv_1"}\n')
     cfg = EvalConfig(out_dir=str(tmp_path), data_dir=str(tmp_path), categories=("base",))
     assert select_tasks(cfg, kv) == ["kv_2", "kv_1"]
@@ -139,9 +168,11 @@ def test_which_of_bfcls_handlers_plays_a_policy(tmp_path):
     assert local_handler(cfg(*endpoint)) is None  # BFCL's OpenAI-compatible FC handler
     assert local_handler(cfg(*endpoint, "bfcl_handler=llama3_1")) == "llama3_1"
     assert local_handler(cfg("policy=oracle", "bfcl_handler=qwen_fc")) is None  # whole messages: FC
-    for overrides, message in ((("bfcl_handler=gpt",), "bfcl_handler='gpt': choose one of"),
-                               ((*endpoint, "bfcl_handler=project"), "bfcl_handler=project is a checkpoint's"),
-                               ((*ckpt, "bfcl_handler=openai_fc"), "needs a chat server")):
+    for overrides, message in (
+        (("bfcl_handler=gpt",), "bfcl_handler='gpt': choose one of"),
+        ((*endpoint, "bfcl_handler=project"), "bfcl_handler=project is a checkpoint's"),
+        ((*ckpt, "bfcl_handler=openai_fc"), "needs a chat server"),
+    ):
         with pytest.raises(ConfigError, match=message):
             cfg(*overrides)
 
@@ -156,11 +187,25 @@ def test_trajectories_jsonl_lines_are_bounded_and_the_results_are_whole(suite, t
     from nemo_rcgrpo.utils.bounded import MAX_DUMP_RECORD_CHARS
 
     def record(task_id, results):
-        return {"task_id": task_id, "category": "base", "sample": 0, "seed": 0, "reward_token": None,
-                "success": True, "reward": 1.0, "official_valid": True, "failure_reason": None, "truncated": None,
-                "num_turns": 1, "tool_errors": 0, "generated_tokens": 4, "calls": [[{"name": "cat", "arguments": {}}]],
-                "observations": [results], "messages": [{"role": "assistant", "content": "cat()", "tool_calls": []}]
-                + [{"role": "tool", "content": r} for r in results]}
+        return {
+            "task_id": task_id,
+            "category": "base",
+            "sample": 0,
+            "seed": 0,
+            "reward_token": None,
+            "success": True,
+            "reward": 1.0,
+            "official_valid": True,
+            "failure_reason": None,
+            "truncated": None,
+            "num_turns": 1,
+            "tool_errors": 0,
+            "generated_tokens": 4,
+            "calls": [[{"name": "cat", "arguments": {}}]],
+            "observations": [results],
+            "messages": [{"role": "assistant", "content": "cat()", "tool_calls": []}]
+            + [{"role": "tool", "content": r} for r in results],
+        }
 
     huge, normal = record("multi_turn_base_0", ["x" * 65_536] * 128), record("multi_turn_base_1", ["a.txt"])
 
@@ -176,8 +221,9 @@ def test_trajectories_jsonl_lines_are_bounded_and_the_results_are_whole(suite, t
             pass
 
     monkeypatch.setattr(run, "make_policy", lambda cfg, suite: Policy())
-    cfg = EvalConfig(out_dir=str(tmp_path), protocol="bfcl", tasks=("multi_turn_base_0", "multi_turn_base_1"),
-                     progress=False)
+    cfg = EvalConfig(
+        out_dir=str(tmp_path), protocol="bfcl", tasks=("multi_turn_base_0", "multi_turn_base_1"), progress=False
+    )
     result = run.evaluate(cfg, suite)
     first, second = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert len(first) <= MAX_DUMP_RECORD_CHARS  # 16.8 MB before (each result twice)

@@ -11,8 +11,12 @@ from nemo_rcgrpo.utils.provenance import training_record, write_record
 
 
 def _cfg(token="auto", reward_tokens="special"):
-    return EvalConfig(out_dir="x", reward_token=token, model=ModelConfig(reward_tokens=reward_tokens),
-                      reward_tokens=RewardTokensConfig(high="<|H|>", low="<|L|>"))
+    return EvalConfig(
+        out_dir="x",
+        reward_token=token,
+        model=ModelConfig(reward_tokens=reward_tokens),
+        reward_tokens=RewardTokensConfig(high="<|H|>", low="<|L|>"),
+    )
 
 
 def _model(tmp_path, stage, conditioned, goal=None):
@@ -23,8 +27,10 @@ def _model(tmp_path, stage, conditioned, goal=None):
     return tmp_path / stage
 
 
-@pytest.mark.parametrize("stage, conditioned, expected", [("rctp", True, "high"), ("rcgrpo", True, "high"),
-                                                          ("sft", False, "none"), ("grpo", False, "none")])
+@pytest.mark.parametrize(
+    "stage, conditioned, expected",
+    [("rctp", True, "high"), ("rcgrpo", True, "high"), ("sft", False, "none"), ("grpo", False, "none")],
+)
 def test_auto_follows_the_training_record(tmp_path, capsys, stage, conditioned, expected):
     token, goal = conditioning(_cfg(), _model(tmp_path, stage, conditioned), "m", has_tokens=True)
     assert token == expected and capsys.readouterr().err == ""
@@ -43,12 +49,15 @@ def test_the_goal_is_the_records_wording_with_the_runs_tokens(tmp_path):
     assert token == "high" and (none.template, none.high_token) == ("[Reward Goal: {token}]", "<|H|>")
 
 
-@pytest.mark.parametrize("model, has_tokens, warned", [
-    ("folder", True, "m has reward tokens but no training record"),  # a checkpoint without its record
-    ("folder", None, "m no training record"),  # an endpoint served from a folder without one
-    ("folder", False, None),  # no tokens, no record: a plain model, rightly evaluated without a token
-    (None, None, None),  # an endpoint without a folder: nothing to read
-])
+@pytest.mark.parametrize(
+    "model, has_tokens, warned",
+    [
+        ("folder", True, "m has reward tokens but no training record"),  # a checkpoint without its record
+        ("folder", None, "m no training record"),  # an endpoint served from a folder without one
+        ("folder", False, None),  # no tokens, no record: a plain model, rightly evaluated without a token
+        (None, None, None),  # an endpoint without a folder: nothing to read
+    ],
+)
 def test_auto_without_a_record_says_so_where_the_model_may_be_conditioned(tmp_path, capsys, model, has_tokens, warned):
     token, _ = conditioning(_cfg(), tmp_path if model else None, "m", has_tokens)
     err = capsys.readouterr().err
@@ -59,12 +68,17 @@ def test_auto_without_a_record_says_so_where_the_model_may_be_conditioned(tmp_pa
         assert err == ""
 
 
-@pytest.mark.parametrize("token, has_tokens, reward_tokens, warned", [
-    ("high", False, "special", True), ("low", False, "special", True),
-    ("none", False, "special", False),  # no token asked for
-    ("high", None, "special", False), ("high", True, "special", False),  # unknown, or the tokens are there
-    ("high", False, "literal", False),  # literal tokens are plain text: nothing untrained is added
-])
+@pytest.mark.parametrize(
+    "token, has_tokens, reward_tokens, warned",
+    [
+        ("high", False, "special", True),
+        ("low", False, "special", True),
+        ("none", False, "special", False),  # no token asked for
+        ("high", None, "special", False),
+        ("high", True, "special", False),  # unknown, or the tokens are there
+        ("high", False, "literal", False),  # literal tokens are plain text: nothing untrained is added
+    ],
+)
 def test_a_token_asked_of_a_model_without_them_is_warned(tmp_path, capsys, token, has_tokens, reward_tokens, warned):
     model = _model(tmp_path, "sft", False)
     got, _ = conditioning(_cfg(token, reward_tokens), model, "m", has_tokens)

@@ -20,7 +20,7 @@ def test_sampled_logprobs_match_the_processed_distribution():
         for prompt, c in zip(prompts, out):
             ids = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
-                logits = model(ids).logits[0, len(prompt) - 1:-1].float()  # [N, V] predicting each new token
+                logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # [N, V] predicting each new token
             if temperature > 0:
                 logits = logits / temperature
             if top_p < 1.0:
@@ -66,7 +66,10 @@ def test_group_prompts_prefilled_once_generate_what_unshared_prefills_do():
         prompts = [a, a, b, a, b, b, [7]]  # two groups of three, and a prompt of one token
         for temperature in (0.0, 1.0):
             params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=5)
-            shared, alone = HFGenerator(model, tok.eos_token_id), HFGenerator(model, tok.eos_token_id, share_prefixes=False)
+            shared, alone = (
+                HFGenerator(model, tok.eos_token_id),
+                HFGenerator(model, tok.eos_token_id, share_prefixes=False),
+            )
             x, widths = _with_passes(model, lambda: shared.generate(prompts, params))
             # one prefill of the 3 distinct prompts, then decoding from the copied cache: one token per row
             # (an ignored cache would prefill all 7 rows again); rows that stop leave the batch
@@ -111,8 +114,7 @@ def test_inverse_cdf_sampling_with_padding_and_several_tokens_a_block():
 
     p = torch.tensor([[0.25, 0.0, 0.0, 0.25, 0.25, 0.0, 0.25]])
     # cumulative: 0.25 0.25 0.25 0.5 | 0.75 0.75 1.0 (pad)
-    cases = ((0.0, 0), (0.2499, 0), (0.25, 3), (0.4999, 3), (0.5, 4), (0.7499, 4), (0.75, 6), (0.9999999, 6),
-             (1.0, 6))
+    cases = ((0.0, 0), (0.2499, 0), (0.25, 3), (0.4999, 3), (0.5, 4), (0.7499, 4), (0.75, 6), (0.9999999, 6), (1.0, 6))
     for u, token in cases:
         assert sample_inverse_cdf(p, torch.tensor([u]), block=4).item() == token, u
     rows = sample_inverse_cdf(p.expand(len(cases), -1), torch.tensor([u for u, _ in cases]), block=4)
@@ -124,7 +126,9 @@ def test_inverse_cdf_sampling_with_padding_and_several_tokens_a_block():
     # mass in every block: each of 12 equally likely tokens (3 blocks of 4) owns [i/12, (i+1)/12)
     uniform = torch.full((1, 12), 1 / 12)
     us = torch.tensor([(i + f) / 12 for i in range(12) for f in (0.01, 0.5, 0.99)])
-    assert sample_inverse_cdf(uniform.expand(len(us), -1), us, block=4).tolist() == [i for i in range(12) for _ in "abc"]
+    assert sample_inverse_cdf(uniform.expand(len(us), -1), us, block=4).tolist() == [
+        i for i in range(12) for _ in "abc"
+    ]
     # the default block: a vocabulary of SmolLM2's size, mass on its last token
     big = torch.zeros(1, 49_152 + 5)
     big[0, 7] = big[0, -1] = 0.5
@@ -146,8 +150,10 @@ def test_sampling_follows_sampling_params_and_nothing_else():
     top = set(probs.topk(50).indices.tolist())
     outside = sum(c.token_ids[0] not in top for c in out) / n
     expected = 1 - probs.topk(50).values.sum().item()
-    assert expected > 0.9 and abs(outside - expected) <= 4 * (expected * (1 - expected) / n) ** 0.5 + 0.01, \
-        (outside, expected)
+    assert expected > 0.9 and abs(outside - expected) <= 4 * (expected * (1 - expected) / n) ** 0.5 + 0.01, (
+        outside,
+        expected,
+    )
     # every recorded logprob is the token's own under the distribution it was drawn from
     drawn = torch.tensor([c.token_ids[0] for c in out])
     assert torch.allclose(torch.tensor([c.logprobs[0] for c in out]), probs[drawn].log(), atol=1e-5)
@@ -166,8 +172,12 @@ def test_rows_that_stop_leave_the_batch_and_the_rest_decode_as_before():
     for temperature in (0.0, 1.0):
         free = gen.generate(prompts, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3))
         stop = free[1].token_ids[2]  # row 1 stops after 3 tokens
-        cut, passes = _with_passes(model, lambda: gen.generate(prompts, SamplingParams(
-            max_new_tokens=12, temperature=temperature, seed=3, stop_token_ids=(stop,))))
+        cut, passes = _with_passes(
+            model,
+            lambda: gen.generate(
+                prompts, SamplingParams(max_new_tokens=12, temperature=temperature, seed=3, stop_token_ids=(stop,))
+            ),
+        )
         rows = [w[0] for w in passes]
         stopped = 0
         for f, c in zip(free, cut):
@@ -252,7 +262,7 @@ def test_greedy_decoding_records_the_models_own_distribution_whatever_top_p_says
     out = [gen.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0, top_p=p))[0] for p in (1.0, 0.3)]
     assert out[0].token_ids == out[1].token_ids
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + out[0].token_ids])).logits[0, len(prompt) - 1:-1].float()
+        logits = model(torch.tensor([prompt + out[0].token_ids])).logits[0, len(prompt) - 1 : -1].float()
     own = logits.log_softmax(-1).gather(1, torch.tensor(out[0].token_ids)[:, None]).squeeze(1)
     for c in out:
         assert torch.allclose(torch.tensor(c.logprobs), own, atol=1e-4)
@@ -279,5 +289,6 @@ def test_non_finite_scores_are_a_clear_error_not_a_token():
         model.model.norm.weight.fill_(float("nan"))
     for temperature in (0.0, 1.0):
         with pytest.raises(RuntimeError, match="not finite"):
-            HFGenerator(model, tok.eos_token_id).generate([[5, 6, 7]], SamplingParams(max_new_tokens=2,
-                                                                                      temperature=temperature))
+            HFGenerator(model, tok.eos_token_id).generate(
+                [[5, 6, 7]], SamplingParams(max_new_tokens=2, temperature=temperature)
+            )

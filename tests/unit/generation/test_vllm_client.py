@@ -39,8 +39,10 @@ class Stub(BaseHTTPRequestHandler):
             return self._send(*answer)
         n = body["max_tokens"]
         ids = [body["prompt"][-1]] * n
-        self._send(200, {"choices": [{"token_ids": ids, "finish_reason": "length",
-                                      "logprobs": {"token_logprobs": [-0.5] * n}}]})
+        self._send(
+            200,
+            {"choices": [{"token_ids": ids, "finish_reason": "length", "logprobs": {"token_logprobs": [-0.5] * n}}]},
+        )
 
 
 @pytest.fixture
@@ -54,8 +56,9 @@ def stub():
 
 def test_requests_carry_token_ids_seeds_and_stop_tokens(stub):
     client = VLLMClient(stub, backoff=0.01)
-    out = client.generate([[1, 2, 3], [4] * 60], SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9,
-                                                                stop_token_ids=(7,), seed=5))
+    out = client.generate(
+        [[1, 2, 3], [4] * 60], SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, stop_token_ids=(7,), seed=5)
+    )
     assert [c.token_ids for c in out] == [[3] * 8, [4] * 4]  # the second is capped by max_model_len 64
     assert out[0].logprobs == [-0.5] * 8 and out[0].finish_reason == "length"
     by_prompt = {len(b["prompt"]): b for b in Stub.bodies}
@@ -73,12 +76,14 @@ def test_5xx_is_retried_4xx_and_garbage_are_clear_errors(stub):
     Stub.answers = [(400, {"error": {"message": "prompt too long"}})]
     with pytest.raises(GeneratorError, match=r"refused .*HTTP 400.*prompt too long"):
         client.generate([[9]], SamplingParams(max_new_tokens=2))
-    Stub.answers = [(200, {"choices": [{"token_ids": ["x"], "finish_reason": "stop",
-                                        "logprobs": {"token_logprobs": [0.0]}}]})]
+    Stub.answers = [
+        (200, {"choices": [{"token_ids": ["x"], "finish_reason": "stop", "logprobs": {"token_logprobs": [0.0]}}]})
+    ]
     with pytest.raises(GeneratorError, match="not a list of integers"):
         client.generate([[9]], SamplingParams(max_new_tokens=2))
-    Stub.answers = [(200, {"choices": [{"token_ids": [1, 2], "finish_reason": "stop",
-                                        "logprobs": {"token_logprobs": [0.3, -1]}}]})]
+    Stub.answers = [
+        (200, {"choices": [{"token_ids": [1, 2], "finish_reason": "stop", "logprobs": {"token_logprobs": [0.3, -1]}}]})
+    ]
     with pytest.raises(GeneratorError, match="one logprob <= 0 per generated token"):
         client.generate([[9]], SamplingParams(max_new_tokens=2))
     Stub.answers = [(500, b"")] * 3
@@ -105,9 +110,11 @@ def test_generation_vllm_config_group_and_validation():
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=vllm", "generation.vllm.tp=3"]))
     assert (cfg.generation.backend, cfg.generation.vllm.tp, cfg.generation.vllm.url) == ("vllm", 3, None)
     assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu")).generation.backend == "hf"
-    for override, match in (("generation.vllm.weight_sync=gloo", "weight_sync"),
-                            ("generation.vllm.url=node1:8000", "http://HOST:PORT"),
-                            ("generation.vllm.max_retries=-1", "max_retries")):
+    for override, match in (
+        ("generation.vllm.weight_sync=gloo", "weight_sync"),
+        ("generation.vllm.url=node1:8000", "http://HOST:PORT"),
+        ("generation.vllm.max_retries=-1", "max_retries"),
+    ):
         with pytest.raises(ConfigError, match=match):
             TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["generation=vllm", override]))
 
@@ -132,7 +139,10 @@ def test_a_managed_server_never_shares_a_gpu_with_a_trainer_rank():
 def test_a_colocated_vllm_server_is_refused_at_validation():
     with pytest.raises(ConfigError, match="colocated is not supported with generation=vllm"):
         TrainConfig.from_dict(compose("rcgrpo_llama8b", ["layout.generation=colocated", "layout.generation_gpus=0"]))
-    assert TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["layout.generation=colocated"])).layout.generation == "colocated"
+    assert (
+        TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", ["layout.generation=colocated"])).layout.generation
+        == "colocated"
+    )
 
 
 def test_a_cpu_server_never_prefills_a_prompt_in_chunks(tmp_path):
@@ -141,7 +151,11 @@ def test_a_cpu_server_never_prefills_a_prompt_in_chunks(tmp_path):
     from nemo_rcgrpo.generation.vllm_server import ServerSpec, VLLMServer, cpu_scheduler_args
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 16384}')
-    assert cpu_scheduler_args(None, str(tmp_path)) == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "16384"]
+    assert cpu_scheduler_args(None, str(tmp_path)) == [
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "16384",
+    ]
     assert cpu_scheduler_args(2048, str(tmp_path))[-1] == "8192"  # at least vLLM's default budget
     assert cpu_scheduler_args(None, str(tmp_path / "absent"))[-1] == "8192"
     cmd = VLLMServer(ServerSpec(model=str(tmp_path)), tmp_path / "log").command()
@@ -160,13 +174,24 @@ def test_the_server_settings_have_one_source():
     spec_fields = {f.name for f in dataclasses.fields(ServerSpec)}
     assert set(SERVER_FIELDS) <= {f.name for f in dataclasses.fields(VLLMConfig)} & spec_fields
     assert spec_fields - set(SERVER_FIELDS) == {"model", "worker_extension", "extension_dir"}
-    v = VLLMConfig(host="10.0.0.1", port=9001, tp=4, max_model_len=4096, gpu_memory_utilization=0.5, seed=7,
-                   kv_cache_gib=5, enforce_eager=True, devices="4,5", python="/venv/bin/python",
-                   extra_args=("--enable-prefix-caching",))
+    v = VLLMConfig(
+        host="10.0.0.1",
+        port=9001,
+        tp=4,
+        max_model_len=4096,
+        gpu_memory_utilization=0.5,
+        seed=7,
+        kv_cache_gib=5,
+        enforce_eager=True,
+        devices="4,5",
+        python="/venv/bin/python",
+        extra_args=("--enable-prefix-caching",),
+    )
     spec = ServerSpec.from_config(v, "/m", dtype="bfloat16")
     assert all(getattr(spec, f) == getattr(v, f) for f in SERVER_FIELDS if f != "dtype") and spec.dtype == "bfloat16"
-    args, extra = serve_parser().parse_known_args(["/m", "--tp", "2", "--enforce-eager", "--enable-prefix-caching",
-                                                   "--device", "cpu"])
+    args, extra = serve_parser().parse_known_args(
+        ["/m", "--tp", "2", "--enforce-eager", "--enable-prefix-caching", "--device", "cpu"]
+    )
     assert (args.tp, args.enforce_eager, extra) == (2, True, ["--enable-prefix-caching", "--device", "cpu"])
     assert args.devices is None  # vLLM's --device is not taken for --devices (no abbreviations)
     defaults, _ = serve_parser().parse_known_args(["/m"])

@@ -10,8 +10,14 @@ from nemo_rcgrpo.generation.weight_transfer import nccl_mismatch, plan_buckets
 
 
 def test_buckets_hold_consecutive_tensors_of_one_dtype_up_to_the_size():
-    meta = [("a", (10,), "float32"), ("b", (10,), "float32"), ("c", (30,), "float32"),  # 40, 40, 120 bytes
-            ("d", (4,), "bfloat16"), ("e", (2, 2), "bfloat16"), ("f", (1,), "float32")]
+    meta = [
+        ("a", (10,), "float32"),
+        ("b", (10,), "float32"),
+        ("c", (30,), "float32"),  # 40, 40, 120 bytes
+        ("d", (4,), "bfloat16"),
+        ("e", (2, 2), "bfloat16"),
+        ("f", (1,), "float32"),
+    ]
     assert plan_buckets(meta, bucket_bytes=100) == [(0, 2), (2, 3), (3, 5), (5, 6)]
     assert plan_buckets(meta, bucket_bytes=1 << 20) == [(0, 3), (3, 5), (5, 6)]  # dtype changes still split
     assert plan_buckets([], 100) == []

@@ -50,7 +50,7 @@ def test_reward_token_rows_are_the_mean_when_the_embedding_has_spare_rows(name):
     for i in ids:
         assert torch.allclose(emb[i], emb_before[:vocab].mean(0), atol=1e-7)  # the real tokens' mean
         assert torch.allclose(out[i], out_before[:vocab].mean(0), atol=1e-7)
-    assert torch.equal(emb[:vocab], emb_before[:vocab]) and torch.equal(emb[vocab + 2:], emb_before[vocab + 2:])
+    assert torch.equal(emb[:vocab], emb_before[:vocab]) and torch.equal(emb[vocab + 2 :], emb_before[vocab + 2 :])
 
 
 def test_model_names_and_errors(tmp_path):
@@ -70,11 +70,17 @@ def test_smollm2_from_the_wheel(tmp_path):
     model.save_pretrained(tmp_path / "export")  # a plain HF model (no GGUF quantisation record)
     assert "quantization_config" not in (tmp_path / "export" / "config.json").read_text()
     cfg = model.config
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.vocab_size, cfg.tie_word_embeddings) == (30, 576, 9, 3, 49152, True)
+    assert (
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.vocab_size,
+        cfg.tie_word_embeddings,
+    ) == (30, 576, 9, 3, 49152, True)
     assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
     tok = load_tokenizer("smollm2")
     ids = tok("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=6, do_sample=False)
     # greedy, so one answer: the de-quantised weights must make the instruct model answer, not just emit tokens
-    assert tok.decode(out[0, ids.shape[1]:]) == "The answer is 4."
+    assert tok.decode(out[0, ids.shape[1] :]) == "The answer is 4."

@@ -8,7 +8,7 @@ import torch
 from nemo_rcgrpo.data.packing import Packed
 from nemo_rcgrpo.models.packed import packs
 from nemo_rcgrpo.models.torch_policy import token_logprobs
-from tests.unit.models.test_shared_prefix import _assert_same_step, _float64, _grpo_step, _group, _policy
+from tests.unit.models.test_shared_prefix import _assert_same_step, _float64, _group, _grpo_step, _policy
 
 
 def _both(model, ids, attention, loss_mask, packed):
@@ -45,8 +45,9 @@ def test_float32_packed_rows_equal_the_padded_forward_to_1e_5_relative():
     torch.manual_seed(0)
     model = load_model("tiny-llama").eval()
     rows, ids, attention, loss_mask = _group(2, two_level=False)
-    (lp, ent, grad), (lp_p, ent_p, grad_p) = _both(model, ids, attention, loss_mask,
-                                                   Packed(tuple(len(r) for r in rows)))
+    (lp, ent, grad), (lp_p, ent_p, grad_p) = _both(
+        model, ids, attention, loss_mask, Packed(tuple(len(r) for r in rows))
+    )
     assert torch.allclose(lp_p, lp, rtol=1e-5, atol=1e-6) and torch.allclose(ent_p, ent, rtol=1e-5, atol=1e-6)
     assert (grad_p - grad).norm() <= 1e-5 * grad.norm()
 
@@ -74,21 +75,33 @@ def test_a_pack_that_lets_rows_see_each_other_fails_the_comparison(monkeypatch):
     assert (cached - good)[1:, 1:][rest].abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("device, attention, expected", [
-    ("cpu", "sdpa", "dense"), ("cpu", "eager", "dense"), ("cpu", "flash_attention_2", "varlen"),
-    ("cuda", "flash_attention_2", "varlen"), ("cuda", "flash_attention_3", "varlen"),
-    ("cuda", "flex_attention", "varlen"),
-    ("cuda", "sdpa", None), ("cuda", "eager", None),  # a dense N x N mask: not on a GPU
-    ("cpu", None, None), ("cpu", "paged|sdpa", None),  # unknown: rows stay padded
-])
+@pytest.mark.parametrize(
+    "device, attention, expected",
+    [
+        ("cpu", "sdpa", "dense"),
+        ("cpu", "eager", "dense"),
+        ("cpu", "flash_attention_2", "varlen"),
+        ("cuda", "flash_attention_2", "varlen"),
+        ("cuda", "flash_attention_3", "varlen"),
+        ("cuda", "flex_attention", "varlen"),
+        ("cuda", "sdpa", None),
+        ("cuda", "eager", None),  # a dense N x N mask: not on a GPU
+        ("cpu", None, None),
+        ("cpu", "paged|sdpa", None),  # unknown: rows stay padded
+    ],
+)
 def test_which_platforms_pack(device, attention, expected):
     assert packs(device, attention) is expected
 
 
-@pytest.mark.parametrize("setting, expected", [
-    (dict(pack_sequences=True), "dense"), (dict(pack_sequences=False), None),
-    (dict(pack_sequences=True, gradient_checkpointing=True), "dense"),  # no cache needed: packing still runs
-])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (dict(pack_sequences=True), "dense"),
+        (dict(pack_sequences=False), None),
+        (dict(pack_sequences=True, gradient_checkpointing=True), "dense"),  # no cache needed: packing still runs
+    ],
+)
 def test_where_a_policy_packs(setting, expected):
     from nemo_rcgrpo.data.batch import MicroBatch
     from nemo_rcgrpo.models.hf import load_model
@@ -96,11 +109,15 @@ def test_where_a_policy_packs(setting, expected):
     policy = _policy(load_model("tiny-llama"), share_prefix=False, **setting)
     assert policy.packs is expected
     # 4 + 1 tokens: 25 scores packed against 2 x 16 padded (CPU sdpa's dense mask)
-    apart = MicroBatch(torch.tensor([[1, 2, 3, 4], [5, 0, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]),
-                       torch.ones(2, 4, dtype=torch.long))
+    apart = MicroBatch(
+        torch.tensor([[1, 2, 3, 4], [5, 0, 0, 0]]),
+        torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]]),
+        torch.ones(2, 4, dtype=torch.long),
+    )
     assert policy.layout(apart) == (Packed((4, 1)) if expected else None)
-    full = MicroBatch(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.long),
-                      torch.ones(2, 2, dtype=torch.long))
+    full = MicroBatch(
+        torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.long), torch.ones(2, 2, dtype=torch.long)
+    )
     assert policy.layout(full) is None  # no padding to drop
 
 

@@ -27,7 +27,7 @@ def _group(seed, two_level=True):
             p[3] = 950 + r % 2  # high / low
         gen = torch.randint(3, 900, (n,), generator=g).tolist()
         if r == 2:
-            gen[:2] = rows[0][len(p):len(p) + 2]  # shares two generated tokens with row 0 (same branch)
+            gen[:2] = rows[0][len(p) : len(p) + 2]  # shares two generated tokens with row 0 (same branch)
         rows.append(p + gen)
         masks.append([0] * len(p) + [1] * n)
     width = max(map(len, rows))
@@ -40,6 +40,7 @@ def _group(seed, two_level=True):
 def _float64(model):
     """``model`` in float64 throughout: transformers' RMSNorm computes in float32 whatever the model's dtype
     (its gradients then differ between any two graphs at 1e-7), so its norms here keep the input's dtype."""
+
     def norm(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
@@ -138,8 +139,9 @@ def test_the_platform_and_the_tree_decide_how_the_rest_of_the_tree_runs():
     from nemo_rcgrpo.data.prefix_tree import Branch, GroupLayout, attention_scores
 
     # one group of 5 after a 5348-token prompt, two branches (the shipped BFCL task of scripts/bench/shared_prefix.py)
-    group = GroupLayout(5348, (Branch((0, 2, 4), 753), Branch((1, 3), 151)), (6101 + 51, 5499 + 553, 6101 + 76,
-                                                                               5499 + 678, 6101 + 20))
+    group = GroupLayout(
+        5348, (Branch((0, 2, 4), 753), Branch((1, 3), 151)), (6101 + 51, 5499 + 553, 6101 + 76, 5499 + 678, 6101 + 20)
+    )
     # 8 rows of 2000 tokens after a 200-token system prompt, nothing else shared
     many = GroupLayout(200, tuple(Branch((r,), 0) for r in range(8)), (2000,) * 8)
     assert attention_scores(many) == (8 * 1800 * (200 + 8 * 1800), 8 * 1800 * (200 + 1800))
@@ -213,8 +215,10 @@ def _saved_bytes_and_layer_calls(model, ids, layout, how, recompute):
         saved[0] += t.numel() * t.element_size()
         return t
 
-    hooks = [layer.mlp.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-             for layer in model.get_decoder().layers]
+    hooks = [
+        layer.mlp.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+        for layer in model.get_decoder().layers
+    ]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             hidden = shared_prefix.shared_hidden(model, ids, layout, how=how, recompute=recompute)
@@ -244,7 +248,8 @@ def test_the_root_is_recomputed_in_backward_and_its_activations_are_not_kept(kin
     for recompute in (False, True):
         model.zero_grad(set_to_none=True)
         out[recompute] = _saved_bytes_and_layer_calls(model, ids, layout, kind, recompute) + (
-            torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]),)
+            torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]),
+        )
     root_alone = [0]
 
     def pack(t):
@@ -273,10 +278,12 @@ def _no_branch_group():
 
 
 @pytest.mark.parametrize("kind", [FLAT, ROWS])
-@pytest.mark.parametrize("name, shape", [("tiny-llama", "two-level"), ("tiny-qwen2", "one-level"),
-                                         ("tiny-llama", "no-branch")])
-def test_with_gradient_checkpointing_every_pass_is_recomputed_and_the_result_is_the_same(kind, name, shape,
-                                                                                         monkeypatch):
+@pytest.mark.parametrize(
+    "name, shape", [("tiny-llama", "two-level"), ("tiny-qwen2", "one-level"), ("tiny-llama", "no-branch")]
+)
+def test_with_gradient_checkpointing_every_pass_is_recomputed_and_the_result_is_the_same(
+    kind, name, shape, monkeypatch
+):
     """transformers' gradient checkpointing drops the cache a pass continues from; the passes turn it off while
     they run and checkpoint every layer of every pass themselves: each layer runs once more per pass (in the
     backward pass), the logprobs, entropies and gradients equal the unshared forward's under transformers' own
@@ -293,8 +300,10 @@ def test_with_gradient_checkpointing_every_pass_is_recomputed_and_the_result_is_
     rows, ids, attention, loss_mask = _no_branch_group() if shape == "no-branch" else _group(2, shape == "two-level")
     layout = group_layout(rows)
     widths = sorted({b.length for b in layout.branches})
-    assert layout.root and {"two-level": widths[0] > 0, "one-level": widths[0] == 0 < widths[-1],
-                            "no-branch": widths == [0]}[shape]
+    assert (
+        layout.root
+        and {"two-level": widths[0] > 0, "one-level": widths[0] == 0 < widths[-1], "no-branch": widths == [0]}[shape]
+    )
     calls = [0]
     hooks = [layer.mlp.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1)) for layer in layers]
     try:
@@ -336,7 +345,7 @@ def test_a_suffix_that_sees_another_or_restarts_its_positions_fails(plant, monke
         if plant == "leak":
             blocked[a, b] = False  # it sees row 1's last token
         else:
-            slots = f.index[0, layout.suffix_start(0):len(rows[0])]
+            slots = f.index[0, layout.suffix_start(0) : len(rows[0])]
             positions[slots] = torch.arange(len(slots))  # row 0's suffix at 0, 1, ...
         return FlatRow(f.ids, positions, blocked, f.index)
 
@@ -353,8 +362,13 @@ def _policy(model, **trainer):
     from nemo_rcgrpo.utils.dist import DistInfo
 
     gc = trainer.pop("gradient_checkpointing", False)
-    return TorchPolicy(model, TrainerConfig(lr=1e-2, warmup_steps=0, schedule="constant", **trainer), DistInfo(),
-                       total_steps=2, gradient_checkpointing=gc)
+    return TorchPolicy(
+        model,
+        TrainerConfig(lr=1e-2, warmup_steps=0, schedule="constant", **trainer),
+        DistInfo(),
+        total_steps=2,
+        gradient_checkpointing=gc,
+    )
 
 
 def _gradients_at_the_step(policy) -> list:
@@ -377,12 +391,20 @@ def _grpo_step(policy, tokens) -> tuple:
 
     ref = policy.frozen_reference()(tokens)
     old, ent = policy.logprobs(tokens, with_entropy=True)
-    batch = RLMicroBatch(tokens.input_ids, tokens.attention_mask, tokens.loss_mask,
-                         advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]), ref_logprobs=ref,
-                         sampler_logprobs=old.clone(), old_logprobs=old, first=0)
+    batch = RLMicroBatch(
+        tokens.input_ids,
+        tokens.attention_mask,
+        tokens.loss_mask,
+        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0]),
+        ref_logprobs=ref,
+        sampler_logprobs=old.clone(),
+        old_logprobs=old,
+        first=0,
+    )
     grads = _gradients_at_the_step(policy)
-    out = policy.train_step([batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"),
-                            float(tokens.loss_mask.sum()), with_entropy=True)
+    out = policy.train_step(
+        [batch], GRPOLoss(kl_beta=0.1, num_sequences=5.0, ratio="old"), float(tokens.loss_mask.sum()), with_entropy=True
+    )
     return ref, old, ent, out, grads[0]
 
 
@@ -413,8 +435,9 @@ def test_a_policy_update_is_the_same_with_sharing_on_and_off(checkpointing):
     tokens = MicroBatch(ids, attention, loss_mask)
     results = []
     for share in (True, False):
-        policy = _policy(copy.deepcopy(base), share_prefix=share, pack_sequences=False,
-                         gradient_checkpointing=checkpointing)
+        policy = _policy(
+            copy.deepcopy(base), share_prefix=share, pack_sequences=False, gradient_checkpointing=checkpointing
+        )
         assert (policy.layout(tokens) is not None) is share
         results.append(_grpo_step(policy, tokens))
     _assert_same_step(*results)
@@ -427,16 +450,28 @@ def test_only_a_cache_that_keeps_every_key_is_shared():
     from nemo_rcgrpo.models.shared_prefix import supports
 
     assert supports(load_model("tiny-llama")) and supports(load_model("tiny-qwen2"))
-    config = AutoConfig.for_model("mistral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64, sliding_window=8)
+    config = AutoConfig.for_model(
+        "mistral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        sliding_window=8,
+    )
     assert not supports(AutoModelForCausalLM.from_config(config))  # its cache keeps only the last 8 keys
     assert not supports(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("setting, expected", [
-    (dict(share_prefix=True), True), (dict(share_prefix=False), False),
-    (dict(share_prefix=True, gradient_checkpointing=True), True),  # the passes checkpoint their layers themselves
-])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (dict(share_prefix=True), True),
+        (dict(share_prefix=False), False),
+        (dict(share_prefix=True, gradient_checkpointing=True), True),  # the passes checkpoint their layers themselves
+    ],
+)
 def test_where_a_policy_shares(setting, expected):
     from nemo_rcgrpo.data.batch import MicroBatch
     from nemo_rcgrpo.models.hf import load_model
@@ -446,8 +481,12 @@ def test_where_a_policy_shares(setting, expected):
     assert policy.share_prefix is expected
     assert (policy.layout(MicroBatch(ids, attention, loss_mask)) is not None) is expected
     if expected:  # rows that share nothing, or left padding, run in full
-        apart = MicroBatch(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long),
-                           torch.ones(2, 3, dtype=torch.long))
-        left = MicroBatch(torch.tensor([[0, 1, 2], [1, 1, 3]]), torch.tensor([[0, 1, 1], [1, 1, 1]]),
-                          torch.ones(2, 3, dtype=torch.long))
+        apart = MicroBatch(
+            torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+        )
+        left = MicroBatch(
+            torch.tensor([[0, 1, 2], [1, 1, 3]]),
+            torch.tensor([[0, 1, 1], [1, 1, 1]]),
+            torch.ones(2, 3, dtype=torch.long),
+        )
         assert policy.layout(apart) is None and policy.layout(left) is None

@@ -11,7 +11,6 @@ from nemo_rcgrpo.data.batch import MicroBatch
 from nemo_rcgrpo.models.interfaces import TrainStepResult
 from nemo_rcgrpo.recipes.rl import RLTrainer
 from nemo_rcgrpo.utils.dist import DistInfo
-
 from tests.conftest import rl_batch
 
 
@@ -24,8 +23,15 @@ class _RecordingPolicy:
     def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
         self.calls.append(([b.first for b in micro_batches], num_valid_tokens, loss_fn.num_sequences, loss_fn.ratio))
         # one record per micro-batch, as a backend returns them (a replica without micro-batches returns none)
-        stats = [PolicyLossStats(loss=float(len(self.calls)) / len(micro_batches), kl_sum=0.5, clipped_tokens=1.0,
-                                 tokens=float(b.loss_mask.sum())) for b in micro_batches]
+        stats = [
+            PolicyLossStats(
+                loss=float(len(self.calls)) / len(micro_batches),
+                kl_sum=0.5,
+                clipped_tokens=1.0,
+                tokens=float(b.loss_mask.sum()),
+            )
+            for b in micro_batches
+        ]
         return TrainStepResult(stats, grad_norm=1.0, lr=0.5)
 
 
@@ -33,21 +39,38 @@ class _RecordingPolicy:
 def test_updates_of_a_batch(epochs, minis, replicas):
     # 5 micro-batches of 2 sequences; micro-batch i has i + 1 trained tokens per sequence
     masks = [[[1] * (i + 1) + [0] * (5 - i)] * 2 for i in range(5)]
-    tokens = [MicroBatch(torch.zeros(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long), torch.tensor(m))
-              for m in masks]
+    tokens = [
+        MicroBatch(torch.zeros(2, 6, dtype=torch.long), torch.ones(2, 6, dtype=torch.long), torch.tensor(m))
+        for m in masks
+    ]
     results = []
     for rank in range(replicas):
         trainer = RLTrainer.__new__(RLTrainer)
-        trainer.cfg = types.SimpleNamespace(rl=types.SimpleNamespace(
-            ppo_epochs=epochs, mini_batches=minis, loss=types.SimpleNamespace(
-                clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token", correction="none", correction_cap=2.0)))
+        trainer.cfg = types.SimpleNamespace(
+            rl=types.SimpleNamespace(
+                ppo_epochs=epochs,
+                mini_batches=minis,
+                loss=types.SimpleNamespace(
+                    clip_low=0.2,
+                    clip_high=0.2,
+                    kl_beta=0.1,
+                    kl_estimator="k3",
+                    aggregation="token",
+                    correction="none",
+                    correction_cap=2.0,
+                ),
+            )
+        )
         trainer.updates = epochs * minis
         trainer.policy = _RecordingPolicy()
         trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
         reduced = []
         trainer.dp_sum = lambda v, reduced=reduced: reduced.append(v) or v  # records every collective
-        mine = {i: rl_batch(masks[i], [0.0, 0.0], torch.zeros(2, 6), old_logprobs=torch.zeros(2, 6), first=2 * i)
-                for i in range(5) if i % replicas == rank}
+        mine = {
+            i: rl_batch(masks[i], [0.0, 0.0], torch.zeros(2, 6), old_logprobs=torch.zeros(2, 6), first=2 * i)
+            for i in range(5)
+            if i % replicas == rank
+        }
         out, _ = trainer._update(tokens, mine, GRPOLoss(), with_entropy=False)
         results.append((trainer.policy.calls, out, len(reduced)))
     bounds = [round(k * 5 / minis) for k in range(minis + 1)]  # slices of consecutive micro-batches
@@ -62,8 +85,10 @@ def test_updates_of_a_batch(epochs, minis, replicas):
             assert seqs == 2.0 * (hi - lo) and ratio == "old"  # the slice's sequences, bound into the loss
         # this replica's records, summed over its micro-batches and the updates (dp_sum here adds no replica):
         # the loss of update u (u + 1 here) where it had micro-batches, 0.5 KL per micro-batch, its tokens
-        local = [[i for i in range(bounds[u % minis], bounds[u % minis + 1]) if i % replicas == rank]
-                 for u in range(epochs * minis)]
+        local = [
+            [i for i in range(bounds[u % minis], bounds[u % minis + 1]) if i % replicas == rank]
+            for u in range(epochs * minis)
+        ]
         assert out.stats.loss == pytest.approx(sum(u + 1 for u, m in enumerate(local) if m))
         assert out.stats.kl_sum == pytest.approx(0.5 * sum(len(m) for m in local))
         assert out.stats.tokens == sum(2 * (i + 1) for m in local for i in m)
@@ -78,8 +103,11 @@ class _FusedPolicy(_RecordingPolicy):
     def train_step(self, micro_batches, loss_fn, num_valid_tokens, with_entropy=False):
         self.with_entropy = with_entropy
         result = super().train_step(micro_batches, loss_fn, num_valid_tokens)
-        sums = ([torch.tensor([100.0 * b.first + r for r in range(b.rows)], dtype=torch.float64) for b in micro_batches]
-                if with_entropy else None)
+        sums = (
+            [torch.tensor([100.0 * b.first + r for r in range(b.rows)], dtype=torch.float64) for b in micro_batches]
+            if with_entropy
+            else None
+        )
         return TrainStepResult(result.stats, result.grad_norm, result.lr, entropy_sums=sums)
 
 
@@ -89,16 +117,23 @@ def test_the_fused_pass_gives_each_rollout_its_entropy_where_it_was_trained(repl
     that micro-batch's r-th sum, in place, and the rollouts another replica trained on stay 0 here."""
     rows = [2, 3, 1, 2]  # micro-batches of different sizes: rollouts 0-1, 2-4, 5, 6-7
     firsts = [0, 2, 5, 6]
-    tokens = [MicroBatch(torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.long),
-                         torch.ones(n, 4, dtype=torch.long)) for n in rows]
+    tokens = [
+        MicroBatch(
+            torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.long)
+        )
+        for n in rows
+    ]
     for rank in range(replicas):
         trainer = RLTrainer.__new__(RLTrainer)
         trainer.cfg = types.SimpleNamespace(rl=types.SimpleNamespace(ppo_epochs=1, mini_batches=1))
         trainer.policy = _FusedPolicy()
         trainer.data_dist = DistInfo(rank=rank, world_size=replicas)
         trainer.dp_sum = lambda v: v
-        mine = {i: rl_batch([[1] * 4] * n, [0.0] * n, torch.zeros(n, 4), first=firsts[i])
-                for i, n in enumerate(rows) if i % replicas == rank}
+        mine = {
+            i: rl_batch([[1] * 4] * n, [0.0] * n, torch.zeros(n, 4), first=firsts[i])
+            for i, n in enumerate(rows)
+            if i % replicas == rank
+        }
         _, entropy = trainer._update(tokens, mine, GRPOLoss(), with_entropy=True)
         expected = [0.0] * 8
         for i in mine:
@@ -127,10 +162,17 @@ def test_each_step_draws_its_own_reward_tokens_and_a_resumed_run_the_same():
     assert len({tuple(map(tuple, t)) for t in tokens}) > 1
 
 
-@pytest.mark.parametrize("setting, conditioned, token", [
-    ("high", True, True), ("low", True, False), ("none", True, None),
-    ("high", False, None), ("low", False, None), ("none", False, None),  # unconditioned: never a token
-])
+@pytest.mark.parametrize(
+    "setting, conditioned, token",
+    [
+        ("high", True, True),
+        ("low", True, False),
+        ("none", True, None),
+        ("high", False, None),
+        ("low", False, None),
+        ("none", False, None),  # unconditioned: never a token
+    ],
+)
 def test_held_out_episodes_are_conditioned_only_where_the_model_was_trained_so(setting, conditioned, token):
     from nemo_rcgrpo.recipes.rl import eval_reward_token
 
@@ -155,8 +197,11 @@ class _StepPolicy(_RecordingPolicy):
         self.events.append("train")
         self.given.append([(b.first, b.old_logprobs) for b in micro_batches])
         result = super().train_step(micro_batches, loss_fn, num_valid_tokens)
-        sums = ([torch.tensor([100.0 * (b.first + r) for r in range(b.rows)], dtype=torch.float64)
-                 for b in micro_batches] if with_entropy else None)
+        sums = (
+            [torch.tensor([100.0 * (b.first + r) for r in range(b.rows)], dtype=torch.float64) for b in micro_batches]
+            if with_entropy
+            else None
+        )
         return TrainStepResult(result.stats, result.grad_norm, result.lr, entropy_sums=sums)
 
     def sync_hf_model(self):
@@ -185,12 +230,22 @@ def _step_trainer(step, updates=1, old_logprobs="auto", fuses=True, budget=None)
     """An RLTrainer after ``step`` steps, with a recording policy and a generator that shares its weights; groups
     of 2, micro-batches of 2 rollouts or filled to ``budget`` positions (trainer.micro_batch_tokens)."""
     trainer = RLTrainer.__new__(RLTrainer)
-    loss = types.SimpleNamespace(clip_low=0.2, clip_high=0.2, kl_beta=0.1, kl_estimator="k3", aggregation="token",
-                                 correction="none", correction_cap=2.0, policy_loss="clipped")
+    loss = types.SimpleNamespace(
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_beta=0.1,
+        kl_estimator="k3",
+        aggregation="token",
+        correction="none",
+        correction_cap=2.0,
+        policy_loss="clipped",
+    )
     trainer.cfg = types.SimpleNamespace(
-        rl=types.SimpleNamespace(ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss,
-                                 group_size=2),
-        trainer=types.SimpleNamespace(micro_batch_size=2, micro_batch_tokens=budget))
+        rl=types.SimpleNamespace(
+            ppo_epochs=updates, mini_batches=1, old_logprobs=old_logprobs, loss=loss, group_size=2
+        ),
+        trainer=types.SimpleNamespace(micro_batch_size=2, micro_batch_tokens=budget),
+    )
     trainer.updates, trainer.step = updates, step
     trainer.flop_shape = (1000, 2, 8)
     trainer.tokenizer = types.SimpleNamespace(pad_token_id=0)
@@ -207,13 +262,13 @@ def _groups():
     from tests.unit.algorithms.test_rl_batch import _traj
 
     # 2 groups of 2: rollout i has i + 1 generated tokens after a 2-token prompt
-    trajs = [_traj([1, 2] + [3] * (i + 1), [0, 0] + [1] * (i + 1), float(i % 2), None, group=i // 2)
-             for i in range(4)]
+    trajs = [_traj([1, 2] + [3] * (i + 1), [0, 0] + [1] * (i + 1), float(i % 2), None, group=i // 2) for i in range(4)]
     return [trajs[:2], trajs[2:]]
 
 
-@pytest.mark.parametrize("updates, old_logprobs, fuses", [(1, "auto", True), (1, "recompute", True),
-                                                          (2, "auto", True), (1, "auto", False)])
+@pytest.mark.parametrize(
+    "updates, old_logprobs, fuses", [(1, "auto", True), (1, "recompute", True), (2, "auto", True), (1, "auto", False)]
+)
 def test_a_step_trains_then_hands_the_generator_the_next_version(updates, old_logprobs, fuses):
     """After step k's update the generator samples from version k + 1, never before the update; the old-logprob
     pass runs unless one update takes its ratio against its own pass (rl.old_logprobs=auto, a policy that fuses),
@@ -245,11 +300,14 @@ def test_a_step_trains_then_hands_the_generator_the_next_version(updates, old_lo
         assert 0.0 <= metrics[key] < 60.0
 
 
-@pytest.mark.parametrize("budget, firsts", [
-    (18, [0]),  # both groups in one micro-batch: the tree's root 2 + 4 suffixes of 4 = 18 positions
-    (10, [0, 2]),  # one group each (6 and 8 positions)
-    (7, [0, 2, 3]),  # the second group (8) fits neither beside the first nor alone: one rollout each
-])
+@pytest.mark.parametrize(
+    "budget, firsts",
+    [
+        (18, [0]),  # both groups in one micro-batch: the tree's root 2 + 4 suffixes of 4 = 18 positions
+        (10, [0, 2]),  # one group each (6 and 8 positions)
+        (7, [0, 2, 3]),  # the second group (8) fits neither beside the first nor alone: one rollout each
+    ],
+)
 def test_micro_batches_filled_to_a_token_budget_counted_as_the_policy_runs_them(budget, firsts):
     """trainer.micro_batch_tokens: the micro-batches are runs of rollouts filled to the budget, whole groups where they
     fit, counted through the policy's prefix tree; the tokens, the normaliser and the metrics see the same rows."""

@@ -40,8 +40,15 @@ class FakePolicy:
 
 
 def _cfg(tmp_path, *extra):
-    overrides = [f"run_dir={tmp_path / 'run'}", "trainer.save_every=2", "trainer.log_every=1", "logging.progress=false",
-                 "logging.tensorboard=false", "trainer.export_hf=true", *extra]
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "trainer.save_every=2",
+        "trainer.log_every=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "trainer.export_hf=true",
+        *extra,
+    ]
     return TrainConfig.from_dict(compose("smoke_stage1", overrides))
 
 

@@ -10,8 +10,10 @@ from nemo_rcgrpo.utils.dist import DistInfo
 
 def _examples(lengths, prefix=0):
     """Examples of ``lengths`` tokens whose first ``prefix`` tokens are the same (a shared system prompt)."""
-    return [Example(list(range(1000, 1000 + prefix)) + [i + 1] * (n - prefix), [0] * prefix + [1] * (n - prefix),
-                    f"t{i}") for i, n in enumerate(lengths)]
+    return [
+        Example(list(range(1000, 1000 + prefix)) + [i + 1] * (n - prefix), [0] * prefix + [1] * (n - prefix), f"t{i}")
+        for i, n in enumerate(lengths)
+    ]
 
 
 def _split(examples, batch, rank=0, world=1, **kw):

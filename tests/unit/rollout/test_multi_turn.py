@@ -6,8 +6,8 @@ import json
 import pytest
 
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import Completion, SamplingParams
@@ -46,23 +46,29 @@ class ScriptedGenerator:
 
 
 def _contains(seq, sub):
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def _count(seq, sub):
-    return sum(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return sum(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def _hermes_calls(calls):
-    return "\n".join("<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.kwargs}) + "\n</tool_call>"
-                     for c in calls)
+    return "\n".join(
+        "<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.kwargs}) + "\n</tool_call>" for c in calls
+    )
 
 
 def _engine(renderer, suite, scripts, mode="merged", **kw):
     header = renderer.generation_prompt_ids()
     gen = ScriptedGenerator(renderer, scripts, header)
-    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(settings=BFCLSettings(mode=mode)), suite), SamplingParams(max_new_tokens=512),
-                           **kw)
+    engine = RolloutEngine(
+        gen,
+        renderer,
+        make_opener(EnvConfig(settings=BFCLSettings(mode=mode)), suite),
+        SamplingParams(max_new_tokens=512),
+        **kw,
+    )
     return engine, gen
 
 
@@ -94,7 +100,7 @@ def test_gold_rollouts_score_one_and_tokens_equal_the_rendered_conversation(suit
     messages = RewardGoal().apply(played.messages, True)
     rendered = renderer.render(messages, played.tools)
     tail = renderer.after_stop_ids()  # the rendering closes the last turn with "\n"; a rollout ends at its stop token
-    assert rendered.ids[-len(tail):] == tail
+    assert rendered.ids[-len(tail) :] == tail
     assert t0.token_ids == rendered.ids[: -len(tail)] and t0.loss_mask == rendered.mask[: -len(tail)]
     assert t0.num_turns == sum(1 for m in messages if m["role"] == "assistant")
     assert t0.calls[0][0] == {"name": "cd", "arguments": {"folder": "document"}}
@@ -145,13 +151,18 @@ def test_bad_output_becomes_error_observations_and_limits_end_rollouts(suite, re
     task = suite["multi_turn_base_0"]
     marker = _gold_script(renderer, task)["marker"]
     garbage = "<tool_call>{not json</tool_call>"
-    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": [garbage] * 50}}, max_turns=3,
-                        rejected_message="error")
+    engine, _ = _engine(
+        renderer, suite, {"x": {"marker": marker, "turns": [garbage] * 50}}, max_turns=3, rejected_message="error"
+    )
     traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
     assert traj.num_turns == 3 and traj.tool_errors == 3 and traj.truncated.startswith("more than 3")
     assert traj.reward == 0.0 and "not valid JSON" in traj.observations[0][0] and traj.rejected_messages == 3
-    engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["<tool_call>\n{\"name\": \"ls\", \"arguments\": {}}\n</tool_call>"] * 50}},
-                        max_total_tokens=700)
+    engine, _ = _engine(
+        renderer,
+        suite,
+        {"x": {"marker": marker, "turns": ['<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'] * 50}},
+        max_total_tokens=700,
+    )
     traj = engine.rollout([RolloutSpec(task, 0, None)])[0]
     assert traj.truncated == "context budget" and traj.reward == 0.0 and len(traj.token_ids) <= 700
     engine, _ = _engine(renderer, suite, {"x": {"marker": marker, "turns": ["I refuse."]}})
@@ -210,10 +221,20 @@ def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
 
         @property
         def tools(self):
-            return [{"type": "function", "function": {
-                "name": "put", "description": "store a value under a key",
-                "parameters": {"type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "string"}},
-                               "required": ["key", "value"]}}}]
+            return [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "put",
+                        "description": "store a value under a key",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"key": {"type": "string"}, "value": {"type": "string"}},
+                            "required": ["key", "value"],
+                        },
+                    },
+                }
+            ]
 
         def step(self, calls):
             obs, msgs = [], []
@@ -249,11 +270,17 @@ def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
 
     tasks = [KVTask("kv_0", "kv", "colour", "blue"), KVTask("kv_1", "kv", "shape", "round")]
     scripts = {
-        "kv_0": {"marker": renderer.encode_text("[kv_0]", user_text=True)[1:4], "turns": [
-            '<tool_call>\n{"name": "put", "arguments": {"key": "colour", "value": "blue"}}\n</tool_call>',
-            '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>']},
-        "kv_1": {"marker": renderer.encode_text("[kv_1]", user_text=True)[1:4], "turns": [
-            '<tool_call>\n{"name": "rm", "arguments": {"key": "shape"}}\n</tool_call>', "I cannot."]},
+        "kv_0": {
+            "marker": renderer.encode_text("[kv_0]", user_text=True)[1:4],
+            "turns": [
+                '<tool_call>\n{"name": "put", "arguments": {"key": "colour", "value": "blue"}}\n</tool_call>',
+                '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>',
+            ],
+        },
+        "kv_1": {
+            "marker": renderer.encode_text("[kv_1]", user_text=True)[1:4],
+            "turns": ['<tool_call>\n{"name": "rm", "arguments": {"key": "shape"}}\n</tool_call>', "I cannot."],
+        },
     }
     gen = ScriptedGenerator(renderer, scripts, renderer.generation_prompt_ids())
     engine = RolloutEngine(gen, renderer, KVOpener(), SamplingParams(max_new_tokens=128), max_turns=4)
@@ -270,8 +297,10 @@ def test_the_engine_runs_an_environment_that_is_not_bfcl(renderer, suite):
 class _Fault:
     """A deliberately misbehaving environment: ``task.id`` names what it gets wrong (envs/contract.py)."""
 
-    TOOLS = [{"type": "function", "function": {"name": "put", "parameters": {"type": "object", "properties": {}}}},
-             {"type": "function", "function": {"name": "done", "parameters": {"type": "object", "properties": {}}}}]
+    TOOLS = [
+        {"type": "function", "function": {"name": "put", "parameters": {"type": "object", "properties": {}}}},
+        {"type": "function", "function": {"name": "done", "parameters": {"type": "object", "properties": {}}}},
+    ]
 
     def __init__(self, task):
         self.task, self.done, self.truncated, self.seen = task, False, None, []
@@ -288,8 +317,11 @@ class _Fault:
             raise RuntimeError("the env's own bug")
         obs = ["ok"] if self.task.id == "str_observation" else [Observation("ok", True, "put")]
         tools_changed = "yes" if self.task.id == "str_tools_changed" else False
-        return type("Result", (), {"observations": obs, "messages": [{"role": "tool", "content": "ok"}],
-                                   "tools_changed": tools_changed})()
+        return type(
+            "Result",
+            (),
+            {"observations": obs, "messages": [{"role": "tool", "content": "ok"}], "tools_changed": tools_changed},
+        )()
 
     def truncate(self, reason):  # ignores it: neither done nor truncated is set
         pass
@@ -297,8 +329,13 @@ class _Fault:
     def reward(self):
         from nemo_rcgrpo.types import RewardInfo
 
-        value = {"none_reward": None, "str_reward": "1", "nan_reward": float("nan"), "big_reward": 2.0,
-                 "bool_reward": True}.get(self.task.id, 1.0)  # 1.0 whatever happened, truncated or not
+        value = {
+            "none_reward": None,
+            "str_reward": "1",
+            "nan_reward": float("nan"),
+            "big_reward": 2.0,
+            "bool_reward": True,
+        }.get(self.task.id, 1.0)  # 1.0 whatever happened, truncated or not
         return RewardInfo(value, True, True, {"said": value})
 
     def official_verdict(self):
@@ -344,22 +381,32 @@ def _fault_rollouts(renderer, ids, texts, **kw):
         category: str = "c"
 
     opener = _FaultOpener()
-    engine = RolloutEngine(_Answers(renderer, texts), renderer, opener, SamplingParams(max_new_tokens=64),
-                           name="fault_example", **kw)
+    engine = RolloutEngine(
+        _Answers(renderer, texts), renderer, opener, SamplingParams(max_new_tokens=64), name="fault_example", **kw
+    )
     return engine.rollout([RolloutSpec(T(i), g) for g, i in enumerate(ids)]), opener
 
 
 def test_a_bad_value_from_a_plugin_ends_that_rollout_alone_with_the_reason(renderer):
-    bad = ["none_reward", "str_reward", "nan_reward", "big_reward", "bool_reward", "str_observation",
-           "str_tools_changed", "step_raises"]
+    bad = [
+        "none_reward",
+        "str_reward",
+        "nan_reward",
+        "big_reward",
+        "bool_reward",
+        "str_observation",
+        "str_tools_changed",
+        "step_raises",
+    ]
     trajs, _ = _fault_rollouts(renderer, ["ok", *bad], [_call("put"), _call("done")], max_turns=4)
     assert trajs[0].error is None and trajs[0].reward == 1.0 and trajs[0].truncated is None
     for t in trajs[1:]:  # each pays 0 and says which plugin, object and field broke the contract
         assert t.reward == 0.0 and t.truncated == "rollout error" and t.record()["error"] == t.error, t.task_id
     errors = {t.task_id: t.error for t in trajs[1:]}
-    assert errors["none_reward"].startswith("PluginContractError: env fault_example: _Fault.reward (test_multi_turn"
-                                            ".py:") and "task none_reward: reward().value is None (NoneType)" in \
-        errors["none_reward"]
+    assert (
+        errors["none_reward"].startswith("PluginContractError: env fault_example: _Fault.reward (test_multi_turn.py:")
+        and "task none_reward: reward().value is None (NoneType)" in errors["none_reward"]
+    )
     assert "reward().value is '1' (str): give a float in [0, 1]" in errors["str_reward"]
     assert "reward().value is nan: give a finite float in [0, 1]" in errors["nan_reward"]
     assert "reward().value is 2.0: give a finite float in [0, 1]" in errors["big_reward"]
@@ -375,9 +422,12 @@ def test_a_bad_value_from_a_plugin_ends_that_rollout_alone_with_the_reason(rende
 def test_a_tool_without_the_function_wrapper_is_one_line_naming_the_env(renderer):
     from nemo_rcgrpo.envs.contract import PluginContractError
 
-    with pytest.raises(PluginContractError, match=r"^env fault_example: open\(task no_wrapper\): tools\[0\] is "
-                                                  r"\{'name': 'put', 'parameters': \{\}\}: a tool is an OpenAI "
-                                                  r"function schema \{\"type\": \"function\", \"function\""):
+    with pytest.raises(
+        PluginContractError,
+        match=r"^env fault_example: open\(task no_wrapper\): tools\[0\] is "
+        r"\{'name': 'put', 'parameters': \{\}\}: a tool is an OpenAI "
+        r"function schema \{\"type\": \"function\", \"function\"",
+    ):
         _fault_rollouts(renderer, ["no_wrapper"], [_call("put")])
 
 
@@ -389,8 +439,7 @@ def test_the_engine_owns_truncation_and_the_done_tool(renderer):
     assert (t.num_turns, t.reward, t.truncated) == (2, 0.0, "more than 2 assistant messages")
     assert t.reward_details == {"said": 1.0, "truncated": "more than 2 assistant messages"}
     # a done() call ends the episode although this env never sets done; the call after it is not run
-    trajs, opener = _fault_rollouts(renderer, ["ok"], [_call("put"), _call("done") + "\n" + _call("put")],
-                                    max_turns=5)
+    trajs, opener = _fault_rollouts(renderer, ["ok"], [_call("put"), _call("done") + "\n" + _call("put")], max_turns=5)
     assert (trajs[0].num_turns, trajs[0].reward, trajs[0].truncated) == (2, 1.0, None)
     assert opener.envs[0].seen == [["put"], ["done"]]
 
@@ -414,8 +463,9 @@ def test_a_rollout_records_the_weight_version_it_started_from(renderer):
             return out
 
     gen = Updating(renderer, [_call("put"), _call("done")])
-    engine = RolloutEngine(gen, renderer, _FaultOpener(), SamplingParams(max_new_tokens=64), name="fault_example",
-                           max_turns=4)
+    engine = RolloutEngine(
+        gen, renderer, _FaultOpener(), SamplingParams(max_new_tokens=64), name="fault_example", max_turns=4
+    )
     first = engine.rollout([RolloutSpec(T("ok"), 0), RolloutSpec(T("ok"), 1)])
     assert [t.weight_version for t in first] == [3, 3] and gen.version > 4  # several turns, one start
     assert [t.record()["weight_version"] for t in first] == [3, 3]

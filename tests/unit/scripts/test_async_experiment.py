@@ -19,17 +19,29 @@ def ae():
 def _run(ae, out: Path, k: int, seed: int, rewards: list[float], evals: dict[int, list[float]], staleness=0.0):
     rd = ae.run_dir(out, k, seed)
     (rd / "eval").mkdir(parents=True)
-    (rd / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "reward_mean": r, "step_seconds": 2.0,
-                    **({"staleness_mean": staleness, "spanning_rollouts": 1.0} if k else {})}) + "\n"
-        for s, r in enumerate(rewards, 1)))
+    (rd / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "reward_mean": r,
+                    "step_seconds": 2.0,
+                    **({"staleness_mean": staleness, "spanning_rollouts": 1.0} if k else {}),
+                }
+            )
+            + "\n"
+            for s, r in enumerate(rewards, 1)
+        )
+    )
     for step, rs in evals.items():
         (rd / "eval" / f"step_{step}.jsonl").write_text("".join(json.dumps({"reward": r}) + "\n" for r in rs))
 
 
 def test_the_band_and_the_verdict(ae, tmp_path):
     # synchronous seeds: training reward 0.2, 0.3, 0.4 (means over 2 steps); held-out success at step 2: 0.5, 0.25, 0.75
-    for seed, (rw, ev) in enumerate([((0.1, 0.3), [1, 0]), ((0.2, 0.4), [1, 0, 0, 0]), ((0.4, 0.4), [1, 1, 1, 0.5])], 1):
+    for seed, (rw, ev) in enumerate(
+        [((0.1, 0.3), [1, 0]), ((0.2, 0.4), [1, 0, 0, 0]), ((0.4, 0.4), [1, 1, 1, 0.5])], 1
+    ):
         _run(ae, tmp_path, 0, seed, list(rw), {2: list(ev)})
     # ahead: rewards 0.5, 0.5, 0.2 -> mean 0.4 (on the band's edge: within); success 0, 0, 0.5 -> mean 1/6 (outside)
     for seed, (rw, ev) in enumerate([((0.5, 0.5), [0, 0]), ((0.5, 0.5), [0]), ((0.2, 0.2), [1, 0])], 1):
@@ -58,8 +70,7 @@ def test_the_runs_share_stage_1_with_the_experiment(ae, tmp_path):
     import argparse
 
     jobs = ae.jobs(argparse.Namespace(out=tmp_path, seeds=2, steps=30, eval_every=10))
-    assert [j.name for j in jobs] == ["data", "stage1_rctp", "async_k0_s1", "async_k1_s1", "async_k0_s2",
-                                      "async_k1_s2"]
+    assert [j.name for j in jobs] == ["data", "stage1_rctp", "async_k0_s1", "async_k1_s1", "async_k0_s2", "async_k1_s2"]
     run = next(j for j in jobs if j.name == "async_k1_s2")
     assert "rl.max_staleness=1" in run.args and "seed=2" in run.args and "generation=vllm" in run.args
     assert "rl.loss.correction=token_tis" in run.args  # as stage2.md advises at k >= 1; the synchronous runs: none

@@ -31,8 +31,11 @@ def test_the_scripts_import_each_other_as_a_package():
     (gpu_site/sitecustomize.py, loaded through PYTHONPATH, and the mutation runner's children are the exceptions)."""
     scripts = BENCH.parent
     allowed = {scripts / "gpu_site" / "sitecustomize.py", scripts / "mutation.py"}
-    found = [str(p.relative_to(scripts)) for p in sorted(scripts.rglob("*.py"))
-             if p not in allowed and ("sys.path.insert" in p.read_text() or "sys.path[:0]" in p.read_text())]
+    found = [
+        str(p.relative_to(scripts))
+        for p in sorted(scripts.rglob("*.py"))
+        if p not in allowed and ("sys.path.insert" in p.read_text() or "sys.path[:0]" in p.read_text())
+    ]
     assert not found, found
     assert (scripts / "__init__.py").is_file() and (BENCH / "__init__.py").is_file()
 

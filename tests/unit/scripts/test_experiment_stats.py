@@ -21,14 +21,18 @@ def _dump(path: Path, groups: list[list[tuple[float, str | None]]]) -> Path:
     with path.open("w") as f:
         for g, group in enumerate(groups):
             for reward, token in group:
-                f.write(json.dumps({"task_id": f"micro_{g}", "group": g, "reward": reward, "reward_token": token}) + "\n")
+                f.write(
+                    json.dumps({"task_id": f"micro_{g}", "group": g, "reward": reward, "reward_token": token}) + "\n"
+                )
     return path
 
 
 def test_variance_statistics_from_a_rollout_dump(exp, tmp_path):
-    groups = [[(1.0, "high"), (1.0, "high"), (0.0, "low"), (0.0, "low"), (0.0, "high")],  # var 0.24
-              [(0.0, "low")] * 5,  # zero variance, one token only
-              [(1.0, "high")] * 4 + [(0.0, "low")]]  # var 0.16
+    groups = [
+        [(1.0, "high"), (1.0, "high"), (0.0, "low"), (0.0, "low"), (0.0, "high")],  # var 0.24
+        [(0.0, "low")] * 5,  # zero variance, one token only
+        [(1.0, "high")] * 4 + [(0.0, "low")],
+    ]  # var 0.16
     stats = exp.variance_stats(exp.groups_of(_dump(tmp_path / "step_1.jsonl", groups)))
     assert stats["groups"] == 3
     assert stats["zero_variance"] == pytest.approx(1 / 3)
@@ -57,8 +61,13 @@ def test_success_rates_and_intervals_over_tasks(exp, tmp_path):
 
 def _episodes(path: Path, successes: dict[str, list[int]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"task_id": t, "success": bool(s), "reward": float(s)}) + "\n"
-                            for t, ss in successes.items() for s in ss))
+    path.write_text(
+        "".join(
+            json.dumps({"task_id": t, "success": bool(s), "reward": float(s)}) + "\n"
+            for t, ss in successes.items()
+            for s in ss
+        )
+    )
 
 
 def test_report_and_render_on_outputs_of_the_real_formats(exp, tmp_path):
@@ -80,7 +89,8 @@ def test_report_and_render_on_outputs_of_the_real_formats(exp, tmp_path):
         run = out / "e3" / f"{model}_{algo}_s1"
         (run / "eval").mkdir(parents=True)
         (run / "eval" / f"step_{steps}.jsonl").write_text(
-            "".join(json.dumps({"step": steps, "task_id": t, "reward": r}) + "\n" for t, r in (("a", 1.0), ("b", 0.0))))
+            "".join(json.dumps({"step": steps, "task_id": t, "reward": r}) + "\n" for t, r in (("a", 1.0), ("b", 0.0)))
+        )
         rows = [{"step": s, "zero_variance_fraction": 0.5, "reward_mean": 0.4, "entropy": 0.3} for s in (1, 2)]
         if (model, algo) != ("sft", "grpo"):
             for row in rows:
@@ -124,8 +134,14 @@ def test_jobs_start_only_after_what_they_read(exp, tmp_path, monkeypatch):
     monkeypatch.setattr(exp.Runner, "rcgrpo", fake)
     r = exp.Runner(tmp_path, jobs=2)
     Job = exp.Job
-    r.run([Job("a", [], tmp_path), Job("b", [], tmp_path), Job("c", [], tmp_path, ("b",)),
-           Job("d", [], tmp_path, ("a", "c"))])
+    r.run(
+        [
+            Job("a", [], tmp_path),
+            Job("b", [], tmp_path),
+            Job("c", [], tmp_path, ("b",)),
+            Job("d", [], tmp_path, ("a", "c")),
+        ]
+    )
     order = [e for e in events]
     assert order.index(("start", "c")) > order.index(("end", "b"))
     assert order.index(("start", "d")) > max(order.index(("end", "a")), order.index(("end", "c")))
@@ -138,8 +154,10 @@ def test_jobs_start_only_after_what_they_read(exp, tmp_path, monkeypatch):
         r.run([Job("x", [], tmp_path, ("nope",))])
 
     import argparse
-    jobs = exp.experiment_jobs(argparse.Namespace(out=tmp_path, seeds=2, steps=10, eval_every=5, e1_samples=2,
-                                                  e2_groups=50))
+
+    jobs = exp.experiment_jobs(
+        argparse.Namespace(out=tmp_path, seeds=2, steps=10, eval_every=5, e1_samples=2, e2_groups=50)
+    )
     by = {j.name: j for j in jobs}
     assert len(by) == len(jobs) == 1 + 2 + 2 * 4 + 3 + 6
     for j in jobs:
@@ -179,8 +197,12 @@ def test_the_wall_clock_is_labelled_with_how_the_commands_ran(exp):
     --jobs of a later --report-only invocation."""
     import argparse
 
-    res = {"e1": {k: {"mean": 0.1, "ci": (0.0, 0.2), "tasks": 2} for k in ("high", "low", "sft")}, "bound": 0.0,
-           "e2": {}, "e3_rows": []}
+    res = {
+        "e1": {k: {"mean": 0.1, "ci": (0.0, 0.2), "tasks": 2} for k in ("high", "low", "sft")},
+        "bound": 0.0,
+        "e2": {},
+        "e3_rows": [],
+    }
     args = argparse.Namespace(e1_samples=2, steps=2, seeds=1, jobs=5)
     text = exp.render(res, args, {"data": 2.0, "wall": 10.0}, {"jobs": 2, "threads": 1})
     assert "| wall clock (2 commands at once, 1 torch thread each) | 10 |" in text

@@ -21,8 +21,13 @@ def gpu_check():
 
 
 def test_dry_run_passes_here():
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run"], capture_output=True,
-                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"8 steps ({', '.join(ORDER)}), limits 530 s of 540 s; plan ok" in proc.stdout
 
@@ -69,24 +74,40 @@ def test_a_wheel_pin_that_was_not_tested_here(gpu_check, tmp_path):
 
 def test_only_the_machines_packages_import_under_the_blocker(gpu_check):
     gm = gpu_check.gpu_machine
-    owners = {"torch": {"torch"}, "yaml": {"pyyaml"}, "wandb": {"wandb"}, "google": {"protobuf", "googleapis-x"},
-              "nemo_rcgrpo": {"nemo-rcgrpo"}, "scripts": set()}
+    owners = {
+        "torch": {"torch"},
+        "yaml": {"pyyaml"},
+        "wandb": {"wandb"},
+        "google": {"protobuf", "googleapis-x"},
+        "nemo_rcgrpo": {"nemo-rcgrpo"},
+        "scripts": set(),
+    }
     assert gm.blocked_modules({"torch", "protobuf", "nemo-rcgrpo"}, owners) == {"yaml", "wandb"}
     # in a real process, gpu_machine imported as gpu_site/sitecustomize.py does: pyyaml is on the machine, wandb is not
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import gpu_machine; gpu_machine.install_blocker()\n"
-            "import yaml\ntry:\n    import wandb\nexcept ModuleNotFoundError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts")], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import gpu_machine; gpu_machine.install_blocker()\n"
+        "import yaml\ntry:\n    import wandb\nexcept ModuleNotFoundError as e:\n    print(e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "scripts")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert proc.stdout.strip() == "No module named 'wandb'"
 
 
 def test_wheel_tags_for_the_machine(gpu_check):
-    ok = ["megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
-          "multiprocess-0.70.19-py312-none-any.whl", "dill-0.4.1-py3-none-any.whl",
-          "torchao-0.18.0-cp310-abi3-manylinux_2_28_x86_64.whl"]
-    bad = ["megatron_core-0.16.1-cp311-cp311-manylinux_2_28_x86_64.whl", "multiprocess-0.70.19-py311-none-any.whl",
-           "x-1.0-cp312-cp312-macosx_11_0_arm64.whl", "y-1.0-cp312-cp312-manylinux_2_34_x86_64.whl"]
+    ok = [
+        "megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "multiprocess-0.70.19-py312-none-any.whl",
+        "dill-0.4.1-py3-none-any.whl",
+        "torchao-0.18.0-cp310-abi3-manylinux_2_28_x86_64.whl",
+    ]
+    bad = [
+        "megatron_core-0.16.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "multiprocess-0.70.19-py311-none-any.whl",
+        "x-1.0-cp312-cp312-macosx_11_0_arm64.whl",
+        "y-1.0-cp312-cp312-manylinux_2_34_x86_64.whl",
+    ]
     assert gpu_check.gpu_machine.wheel_problems([Path(n) for n in ok]) == []
     problems = gpu_check.gpu_machine.wheel_problems([Path(n) for n in bad])
     assert [p.split(":")[0] for p in problems] == bad
@@ -101,7 +122,10 @@ def test_the_plan_runs_by_value_within_the_budget(gpu_check):
     by = {s["name"]: s for s in steps}
     assert "model.dtype=bfloat16" in by["a_stage1"]["overrides"] and "trainer.lr=1.0e-5" in by["a_stage1"]["overrides"]
     # the resume's first run is the Megatron RL step; no separate c_rl_megatron repeats it
-    assert "policy.backend=megatron" in by["d_resume"]["overrides"] and "trainer.stop_after=1" in by["d_resume"]["overrides"]
+    assert (
+        "policy.backend=megatron" in by["d_resume"]["overrides"]
+        and "trainer.stop_after=1" in by["d_resume"]["overrides"]
+    )
     assert "trainer.stop_after=1" not in by["d_resume"]["then"]
 
 

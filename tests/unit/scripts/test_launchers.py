@@ -12,8 +12,12 @@ from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.utils.config import ConfigError, compose
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPTS = [REPO / "scripts/slurm/rcgrpo_1node.sbatch", REPO / "scripts/slurm/rcgrpo_multinode.sbatch",
-           REPO / "scripts/slurm/common.sh", REPO / "scripts/launch_local.sh"]
+SCRIPTS = [
+    REPO / "scripts/slurm/rcgrpo_1node.sbatch",
+    REPO / "scripts/slurm/rcgrpo_multinode.sbatch",
+    REPO / "scripts/slurm/common.sh",
+    REPO / "scripts/launch_local.sh",
+]
 BIN = Path(sys.executable).parent
 
 
@@ -36,7 +40,7 @@ def test_dockerfiles_pass_hadolint_and_cpu_image_installs_like_make_test():
         result = subprocess.run([_tool("hadolint"), str(REPO / "containers" / name)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
     cpu = (REPO / "containers/Dockerfile.cpu").read_text()
-    assert "RUN make install" in cpu and "CMD [\"make\", \"test\"]" in cpu
+    assert "RUN make install" in cpu and 'CMD ["make", "test"]' in cpu
     gpu = (REPO / "containers/Dockerfile").read_text()
     assert "nvcr.io/nvidia/pytorch" in gpu and "'.[megatron]'" in gpu and "['vllm']" in gpu
     # NGC's PIP_CONSTRAINT would pin the vLLM venv to NGC's torch; the base has no python3-venv
@@ -51,12 +55,24 @@ def test_the_ngc_constraints_file_pins_the_image_torch_even_when_installed_from_
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # what an NGC image holds (`pip freeze` prints these as `name @ file:///opt/...`: a grep for name== finds none)
-    ngc = [("torch", "2.9.0a0+50eac811a6.nv25.09"), ("transformer_engine", "2.7.0+4c9b1e1"), ("apex", "0.1"),
-           ("flash_attn", "2.7.4.post1"), ("numpy", "1.26.4"), ("Transformer-Engine-Torch", "2.7.0")]
-    assert module.constraints(ngc) == ["apex==0.1", "flash_attn==2.7.4.post1", "torch==2.9.0a0+50eac811a6.nv25.09",
-                                       "transformer_engine==2.7.0+4c9b1e1", "Transformer-Engine-Torch==2.7.0"]
-    proc = subprocess.run([sys.executable, str(REPO / "containers" / "ngc_constraints.py")], capture_output=True,
-                          text=True)
+    ngc = [
+        ("torch", "2.9.0a0+50eac811a6.nv25.09"),
+        ("transformer_engine", "2.7.0+4c9b1e1"),
+        ("apex", "0.1"),
+        ("flash_attn", "2.7.4.post1"),
+        ("numpy", "1.26.4"),
+        ("Transformer-Engine-Torch", "2.7.0"),
+    ]
+    assert module.constraints(ngc) == [
+        "apex==0.1",
+        "flash_attn==2.7.4.post1",
+        "torch==2.9.0a0+50eac811a6.nv25.09",
+        "transformer_engine==2.7.0+4c9b1e1",
+        "Transformer-Engine-Torch==2.7.0",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "containers" / "ngc_constraints.py")], capture_output=True, text=True
+    )
     import torch
 
     assert proc.returncode == 0 and f"torch=={torch.__version__}" in proc.stdout.split(), proc.stderr
@@ -66,20 +82,31 @@ def _render(tmp_path, script, nodes, **env):
     """Run a launcher with DRY_RUN=1 and a fake scontrol; returns the printed commands."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "scontrol").write_text("#!/bin/bash\n[[ $1 == show && $2 == hostnames ]] && "
-                                   f"printf 'gpu%s\\n' $(seq 1 {nodes})\n")
+    (fake / "scontrol").write_text(
+        f"#!/bin/bash\n[[ $1 == show && $2 == hostnames ]] && printf 'gpu%s\\n' $(seq 1 {nodes})\n"
+    )
     (fake / "scontrol").chmod(0o755)
-    full = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "DRY_RUN": "1", "REPO": str(REPO),
-            "RUN_ROOT": str(tmp_path / "runs"), "PYTHON": sys.executable, "SLURM_JOB_ID": "77",
-            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURM_JOB_NUM_NODES": str(nodes), **env}
+    full = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "DRY_RUN": "1",
+        "REPO": str(REPO),
+        "RUN_ROOT": str(tmp_path / "runs"),
+        "PYTHON": sys.executable,
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        **env,
+    }
     result = subprocess.run(["bash", str(REPO / script)], env=full, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     return [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
 
 
 def test_one_node_commands(tmp_path):
-    lines = _render(tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, MODEL_PATH="/models/llama",
-                    CONFIG="rcgrpo_llama8b")
+    lines = _render(
+        tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, MODEL_PATH="/models/llama", CONFIG="rcgrpo_llama8b"
+    )
     plan = TrainConfig.from_dict(compose("rcgrpo_llama8b")).parallel_plan()
     gen = plan.generation_gpus
     assert gen > 0 and plan.train_gpus_per_node == 8 - gen
@@ -104,8 +131,14 @@ def test_one_node_commands(tmp_path):
 
 
 def test_four_node_commands(tmp_path):
-    lines = _render(tmp_path, "scripts/slurm/rcgrpo_multinode.sbatch", 4, CONFIG="rcgrpo_qwen7b", GEN_NODES="1",
-                    IMAGE="/images/nemo-rcgrpo.sqsh")
+    lines = _render(
+        tmp_path,
+        "scripts/slurm/rcgrpo_multinode.sbatch",
+        4,
+        CONFIG="rcgrpo_qwen7b",
+        GEN_NODES="1",
+        IMAGE="/images/nemo-rcgrpo.sqsh",
+    )
     data, stage1, serve, wait, stage2, *evals = lines
     assert "--nodelist=gpu2" in data and "--container-image=/images/nemo-rcgrpo.sqsh" in data
     for train in (stage1, stage2):
@@ -136,13 +169,16 @@ def test_local_launcher_uses_the_gpus_it_is_given(tmp_path):
     assert f"--nproc-per-node={plan.train_gpus_per_node}" in stage2
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["layout.generation_gpus=8"], "leave no training GPU"),
-    (["layout.nodes=4", "layout.generation_nodes=4"], "leaves no training node"),
-    (["layout.nodes=2", "layout.generation_nodes=0"], "set layout.generation_nodes"),
-    (["policy.megatron.tp=4"], "not a multiple of TP x PP x CP"),
-    (["generation.vllm.tp=4"], "multiple of generation.vllm.tp"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["layout.generation_gpus=8"], "leave no training GPU"),
+        (["layout.nodes=4", "layout.generation_nodes=4"], "leaves no training node"),
+        (["layout.nodes=2", "layout.generation_nodes=0"], "set layout.generation_nodes"),
+        (["policy.megatron.tp=4"], "not a multiple of TP x PP x CP"),
+        (["generation.vllm.tp=4"], "multiple of generation.vllm.tp"),
+    ],
+)
 def test_layout_that_does_not_add_up_is_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         TrainConfig.from_dict(compose("rcgrpo_llama8b", overrides)).parallel_plan()

@@ -41,7 +41,7 @@ def test_the_keys_do_not_depend_on_the_layout(mutation, sources):
 
 
 def test_statement_text_is_one_line_and_a_compound_statements_header(mutation):
-    source = 'if (a >\n        b):  # a comment\n    x = {"k": 1,\n         \'j\': (2)}\nelse:\n    pass\n'
+    source = "if (a >\n        b):  # a comment\n    x = {\"k\": 1,\n         'j': (2)}\nelse:\n    pass\n"
     tree = ast.parse(source)
     assert mutation.statement_text(tree.body[0]) == "if a > b:"
     assert mutation.statement_text(tree.body[0].body[0]) == "x = {'k': 1, 'j': 2}"

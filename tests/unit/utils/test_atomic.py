@@ -66,7 +66,9 @@ def test_merge_into_adds_files_beside_the_others(tmp_path):
     target = tmp_path / "cache"
     merge_into(target, lambda tmp: (tmp / "tokenizer.json").write_text("t"))
     merge_into(target, lambda tmp: (tmp / "model.safetensors").write_text("w"))
-    assert _tree(target) == ["model.safetensors", "tokenizer.json"] and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    assert _tree(target) == ["model.safetensors", "tokenizer.json"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "cache"
+    ]
 
 
 def test_a_killed_writer_leaves_no_copy_behind_for_good(tmp_path):
@@ -81,16 +83,19 @@ def test_a_killed_writer_leaves_no_copy_behind_for_good(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-hfx.keep", "hf"]
 
 
-@pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, "0o755", "0o644"), (0o027, "0o750", "0o640"),
-                                                         (0o002, "0o775", "0o664")])
-def test_a_staged_folder_keeps_the_users_umask_and_is_synced_before_it_counts(tmp_path, monkeypatch, mask,
-                                                                             folder_mode, file_mode):
+@pytest.mark.parametrize(
+    "mask, folder_mode, file_mode", [(0o022, "0o755", "0o644"), (0o027, "0o750", "0o640"), (0o002, "0o775", "0o664")]
+)
+def test_a_staged_folder_keeps_the_users_umask_and_is_synced_before_it_counts(
+    tmp_path, monkeypatch, mask, folder_mode, file_mode
+):
     import nemo_rcgrpo.utils.atomic as atomic
 
     synced = []
     real = atomic._fsync
-    monkeypatch.setattr(atomic, "_fsync", lambda path, directory=False: (synced.append((path.name, directory)),
-                                                                         real(path, directory)))
+    monkeypatch.setattr(
+        atomic, "_fsync", lambda path, directory=False: (synced.append((path.name, directory)), real(path, directory))
+    )
     old = os.umask(mask)
     try:
         target = tmp_path / "hf"
@@ -99,7 +104,10 @@ def test_a_staged_folder_keeps_the_users_umask_and_is_synced_before_it_counts(tm
             assert not synced  # nothing is synced while it is written
     finally:
         os.umask(old)
-    assert oct(target.stat().st_mode & 0o777) == folder_mode and oct((target / "w.bin").stat().st_mode & 0o777) == file_mode
+    assert (
+        oct(target.stat().st_mode & 0o777) == folder_mode
+        and oct((target / "w.bin").stat().st_mode & 0o777) == file_mode
+    )
     # every file and the folder before the rename, then the parent (the rename itself)
     assert ("w.bin", False) in synced and synced[-1] == (tmp_path.name, True)
     assert synced.index(("w.bin", False)) < len(synced) - 1

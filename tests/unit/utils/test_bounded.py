@@ -3,8 +3,16 @@ and in the ``role: tool`` messages alike), the rest whole; a record within its c
 
 import json
 
-from nemo_rcgrpo.utils.bounded import (DUMP_FLOOR_CHARS, MAX_DUMP_RECORD_CHARS, _clipped, bounded_line, clip,
-                                       clip_observations, dump_cap, generated_chars)
+from nemo_rcgrpo.utils.bounded import (
+    DUMP_FLOOR_CHARS,
+    MAX_DUMP_RECORD_CHARS,
+    _clipped,
+    bounded_line,
+    clip,
+    clip_observations,
+    dump_cap,
+    generated_chars,
+)
 
 
 def test_clip_cuts_only_when_the_marker_makes_the_text_shorter():
@@ -14,10 +22,16 @@ def test_clip_cuts_only_when_the_marker_makes_the_text_shorter():
 
 
 def test_the_longest_results_are_clipped_first_and_the_rest_stays_whole():
-    record = {"reward": 1.0, "observations": [["s" * 50, "m" * 2_000], ["l" * 10_000]],
-              "messages": [{"role": "assistant", "content": "ls()", "tool_calls": []},
-                           {"role": "tool", "content": "s" * 50}, {"role": "tool", "content": "m" * 2_000},
-                           {"role": "tool", "content": "l" * 10_000}]}
+    record = {
+        "reward": 1.0,
+        "observations": [["s" * 50, "m" * 2_000], ["l" * 10_000]],
+        "messages": [
+            {"role": "assistant", "content": "ls()", "tool_calls": []},
+            {"role": "tool", "content": "s" * 50},
+            {"role": "tool", "content": "m" * 2_000},
+            {"role": "tool", "content": "l" * 10_000},
+        ],
+    }
     line = clip_observations(record, 12_000)
     assert line is not None and len(line) <= 12_000
     out = json.loads(line)
@@ -33,8 +47,13 @@ def test_the_longest_results_are_clipped_first_and_the_rest_stays_whole():
 
 
 def test_a_record_within_its_cap_is_written_as_it_is_and_the_cap_follows_the_generated_text():
-    record = {"task_id": "t", "messages": [{"role": "assistant", "content": "é" * 10, "tool_calls": [{"a": 1}]},
-                                           {"role": "tool", "content": "r" * 1_000}]}
+    record = {
+        "task_id": "t",
+        "messages": [
+            {"role": "assistant", "content": "é" * 10, "tool_calls": [{"a": 1}]},
+            {"role": "tool", "content": "r" * 1_000},
+        ],
+    }
     assert bounded_line(record) == json.dumps(record, default=str)
     assert generated_chars(record) == 10 + len('[{"a": 1}]')
     assert dump_cap(record) == DUMP_FLOOR_CHARS + 64 * generated_chars(record)

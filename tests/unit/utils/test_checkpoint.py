@@ -26,8 +26,13 @@ from nemo_rcgrpo.utils.checkpoint import (
 
 def _save(run_dir, step, keep_last=10, **kw):
     """A tiny checkpoint whose tensors encode its step, so the right one can be told apart."""
-    args = dict(model_state={"w": torch.full((2,), float(step))}, optimizer_state={"lr": 0.1 * step},
-                scheduler_state={"last_epoch": step}, trainer_state={"epoch": step // 10}, keep_last=keep_last)
+    args = dict(
+        model_state={"w": torch.full((2,), float(step))},
+        optimizer_state={"lr": 0.1 * step},
+        scheduler_state={"last_epoch": step},
+        trainer_state={"epoch": step // 10},
+        keep_last=keep_last,
+    )
     args.update(kw)
     return save_checkpoint(run_dir, step, **args)
 
@@ -66,14 +71,17 @@ def test_only_partial_checkpoints_means_none(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
-@pytest.mark.parametrize("name, content", [
-    ("model.pt", "truncated"),  # half of a real zip archive
-    ("model.pt", b"garbage, not a torch file"),
-    ("model.pt", b""),
-    ("optimizer.pt", "truncated"),
-    ("extra.pt", "truncated"),
-    (STATE_FILE, b'{"epoch": 0, "st'),  # truncated JSON
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("model.pt", "truncated"),  # half of a real zip archive
+        ("model.pt", b"garbage, not a torch file"),
+        ("model.pt", b""),
+        ("optimizer.pt", "truncated"),
+        ("extra.pt", "truncated"),
+        (STATE_FILE, b'{"epoch": 0, "st'),  # truncated JSON
+    ],
+)
 def test_corrupt_checkpoint_raises_checkpoint_error_naming_the_path(tmp_path, name, content):
     path = _save(tmp_path, 4)
     target = path / name
@@ -183,14 +191,21 @@ def test_trainer_state_json_and_tokenizer(tmp_path):
             (d / "tokenizer.json").write_text("{}")
 
     path = _save(tmp_path, 12, trainer_state={"epoch": 1, "step": 0, "data_pos": 37}, tokenizer=Tok())
-    assert json.loads((path / STATE_FILE).read_text()) == {"epoch": 1, "step": 12, "data_pos": 37, "manifest": 1}  # step wins
+    assert json.loads((path / STATE_FILE).read_text()) == {
+        "epoch": 1,
+        "step": 12,
+        "data_pos": 37,
+        "manifest": 1,
+    }  # step wins
     assert load_checkpoint(path)["trainer_state"] == {"epoch": 1, "step": 12, "data_pos": 37}  # the mark is not state
     assert (path / "tokenizer" / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("name, content", [("optimizer.pt", b"garbage" * 10), ("optimizer.pt", b""),
-                                           ("extra.pt", b"garbage" * 10), ("extra.pt", b"")],
-                         ids=["garbage-optimizer", "empty-optimizer", "garbage-extra", "empty-extra"])
+@pytest.mark.parametrize(
+    "name, content",
+    [("optimizer.pt", b"garbage" * 10), ("optimizer.pt", b""), ("extra.pt", b"garbage" * 10), ("extra.pt", b"")],
+    ids=["garbage-optimizer", "empty-optimizer", "garbage-extra", "empty-extra"],
+)
 def test_unpicklable_files_are_checkpoint_errors(tmp_path, name, content):
     path = _save(tmp_path, 1)
     (path / name).write_bytes(content)
@@ -265,15 +280,18 @@ def test_the_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     assert verify_checkpoint(ckpt) is None
 
 
-@pytest.mark.parametrize("fault, reason", [
-    ("flip model", "model.pt differs from what was written"),
-    ("flip optimizer", "optimizer.pt differs from what was written"),
-    ("edit step", f"{STATE_FILE} differs from what was written"),
-    ("truncate", "model.pt has"),
-    ("delete", "extra.pt is missing"),
-    ("extra file", "stray.bin is not in"),
-    ("bad manifest", f"unreadable {MANIFEST}"),
-])
+@pytest.mark.parametrize(
+    "fault, reason",
+    [
+        ("flip model", "model.pt differs from what was written"),
+        ("flip optimizer", "optimizer.pt differs from what was written"),
+        ("edit step", f"{STATE_FILE} differs from what was written"),
+        ("truncate", "model.pt has"),
+        ("delete", "extra.pt is missing"),
+        ("extra file", "stray.bin is not in"),
+        ("bad manifest", f"unreadable {MANIFEST}"),
+    ],
+)
 def test_any_damage_fails_verification_and_the_newest_good_checkpoint_is_resumed(tmp_path, fault, reason):
     _save(tmp_path, 2)
     bad = _save(tmp_path, 4)
@@ -296,8 +314,13 @@ def test_any_damage_fails_verification_and_the_newest_good_checkpoint_is_resumed
     notes = []
     chosen = choose_checkpoint(tmp_path, note=notes.append)
     assert chosen == checkpoint_dir(tmp_path) / "step_2"
-    assert len(notes) == 1 and "step_4 fails verification" in notes[0] and reason in notes[0] \
-        and "resuming from" in notes[0] and "step_2" in notes[0]
+    assert (
+        len(notes) == 1
+        and "step_4 fails verification" in notes[0]
+        and reason in notes[0]
+        and "resuming from" in notes[0]
+        and "step_2" in notes[0]
+    )
     # set aside, kept for a look, out of the way of the steps to come (and of pruning)
     assert _steps(tmp_path) == ["corrupt-step_4", "step_2"]
     assert latest_checkpoint(tmp_path) == chosen
@@ -310,8 +333,13 @@ def test_when_no_checkpoint_verifies_the_error_names_them_and_what_to_remove(tmp
     with pytest.raises(CheckpointError) as e:
         choose_checkpoint(tmp_path, note=lambda _: None)
     text = str(e.value)
-    assert "\n" not in text and "no checkpoint in" in text and "step_4: model.pt differs" in text \
-        and "step_2: model.pt differs" in text and "remove" in text
+    assert (
+        "\n" not in text
+        and "no checkpoint in" in text
+        and "step_4: model.pt differs" in text
+        and "step_2: model.pt differs" in text
+        and "remove" in text
+    )
     assert _steps(tmp_path) == ["step_2", "step_4"]  # nothing moved when there is nothing to resume instead
 
 

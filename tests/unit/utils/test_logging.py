@@ -5,15 +5,53 @@ from nemo_rcgrpo.utils.logging import MetricsLogger, namespaced, read_metrics
 
 def test_namespaces():
     assert [namespaced(k) for k in ("loss", "grad_norm", "kl", "entropy", "lr", "tokens")] == [
-        "train/loss", "train/grad_norm", "train/kl", "train/entropy", "train/lr", "train/tokens"]
-    assert [namespaced(k) for k in ("reward_mean", "reward_mean_high", "zero_variance_fraction", "success_base",
-                                    "advantage_std", "entropy_reward_corr", "tool_error_rate", "turns")] == [
-        "rollout/reward_mean", "rollout/reward_mean_high", "rollout/zero_variance_fraction", "rollout/success_base",
-        "rollout/advantage_std", "rollout/entropy_reward_corr", "rollout/tool_error_rate", "rollout/turns"]
-    assert [namespaced(k) for k in ("step_seconds", "generation_seconds", "tokens_per_s", "eval_accuracy",
-                                    "eval_accuracy_base", "eval_seconds")] == [
-        "timing/step_seconds", "timing/generation_seconds", "timing/tokens_per_s", "eval/accuracy",
-        "eval/accuracy_base", "eval/seconds"]
+        "train/loss",
+        "train/grad_norm",
+        "train/kl",
+        "train/entropy",
+        "train/lr",
+        "train/tokens",
+    ]
+    assert [
+        namespaced(k)
+        for k in (
+            "reward_mean",
+            "reward_mean_high",
+            "zero_variance_fraction",
+            "success_base",
+            "advantage_std",
+            "entropy_reward_corr",
+            "tool_error_rate",
+            "turns",
+        )
+    ] == [
+        "rollout/reward_mean",
+        "rollout/reward_mean_high",
+        "rollout/zero_variance_fraction",
+        "rollout/success_base",
+        "rollout/advantage_std",
+        "rollout/entropy_reward_corr",
+        "rollout/tool_error_rate",
+        "rollout/turns",
+    ]
+    assert [
+        namespaced(k)
+        for k in (
+            "step_seconds",
+            "generation_seconds",
+            "tokens_per_s",
+            "eval_accuracy",
+            "eval_accuracy_base",
+            "eval_seconds",
+        )
+    ] == [
+        "timing/step_seconds",
+        "timing/generation_seconds",
+        "timing/tokens_per_s",
+        "eval/accuracy",
+        "eval/accuracy_base",
+        "eval/seconds",
+    ]
 
 
 def test_tensorboard_tags_are_namespaced_and_jsonl_stays_flat(tmp_path):
@@ -24,11 +62,16 @@ def test_tensorboard_tags_are_namespaced_and_jsonl_stays_flat(tmp_path):
     log.close()
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert sorted(events.Tags()["scalars"]) == ["eval/accuracy", "rollout/reward_mean", "timing/step_seconds",
-                                                "train/loss"]
+    assert sorted(events.Tags()["scalars"]) == [
+        "eval/accuracy",
+        "rollout/reward_mean",
+        "timing/step_seconds",
+        "train/loss",
+    ]
     assert events.Scalars("rollout/reward_mean")[0].value == 0.25 and events.Scalars("train/loss")[0].step == 1
-    assert read_metrics(tmp_path) == [{"step": 1, "loss": 0.5, "reward_mean": 0.25, "step_seconds": 3.0,
-                                       "eval_accuracy": 50.0}]
+    assert read_metrics(tmp_path) == [
+        {"step": 1, "loss": 0.5, "reward_mean": 0.25, "step_seconds": 3.0, "eval_accuracy": 50.0}
+    ]
 
 
 def test_the_run_log_keeps_tracebacks_in_the_file_and_never_stops_a_run(tmp_path, caplog):

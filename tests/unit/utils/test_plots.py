@@ -7,8 +7,16 @@ from nemo_rcgrpo.utils.plots import main, plot_runs
 def _run(path, slope):
     log = MetricsLogger(path, tensorboard=False)
     for step in range(1, 6):
-        log.log(step, {"reward_mean": slope * step, "entropy": 1 / step, "kl": 0.01 * step,
-                       "zero_variance_fraction": 0.5, "entropy_reward_corr": -0.1})
+        log.log(
+            step,
+            {
+                "reward_mean": slope * step,
+                "entropy": 1 / step,
+                "kl": 0.01 * step,
+                "zero_variance_fraction": 0.5,
+                "entropy_reward_corr": -0.1,
+            },
+        )
     log.close()
 
 
@@ -33,8 +41,15 @@ def test_panels_have_integer_steps_plain_labels_and_a_title(tmp_path):
 
     log = MetricsLogger(tmp_path / "rc", tensorboard=False)
     for step in (1, 2):  # an entropy that moves in its sixth digit used to get an offset label (+1.078e1)
-        log.log(step, {"reward_mean": 0.0, "entropy": 10.776573 + 1e-5 * step, "kl": 0.0,
-                       **({"eval_accuracy": 25.0} if step == 2 else {})})
+        log.log(
+            step,
+            {
+                "reward_mean": 0.0,
+                "entropy": 10.776573 + 1e-5 * step,
+                "kl": 0.0,
+                **({"eval_accuracy": 25.0} if step == 2 else {}),
+            },
+        )
     log.close()
     fig = dynamics_figure([tmp_path / "rc"])
     fig.canvas.draw()
@@ -56,6 +71,10 @@ def test_stage1_run_gets_its_own_panels_and_out_is_the_exact_path(tmp_path):
     from nemo_rcgrpo.utils.plots import dynamics_figure
 
     assert [ax.get_title() for ax in _visible(dynamics_figure([tmp_path / "sft"]))] == [
-        "loss", "gradient norm", "learning rate", "tokens / s"]
+        "loss",
+        "gradient norm",
+        "learning rate",
+        "tokens / s",
+    ]
     assert main([str(tmp_path / "sft"), "--out", str(tmp_path / "plot")]) == 0  # no suffix: that file, a PNG
     assert (tmp_path / "plot").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "plot.png").exists()

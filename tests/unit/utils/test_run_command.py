@@ -37,16 +37,26 @@ def test_every_class_the_table_names_exists_and_is_an_exception():
             assert isinstance(found, type) and issubclass(found, BaseException), name
 
 
-USER_ERRORS = ["nemo_rcgrpo.utils.config.ConfigError", "nemo_rcgrpo.envs.contract.PluginContractError",
-               "nemo_rcgrpo.envs.bfcl.tasks.BFCLDataError", "nemo_rcgrpo.envs.interfaces.DataError",
-               "nemo_rcgrpo.models.hf.ModelFilesError",
-               "nemo_rcgrpo.utils.checkpoint.CheckpointError", "nemo_rcgrpo.generation.vllm_client.GeneratorError",
-               "nemo_rcgrpo.generation.vllm_client.GeneratorUnavailable",
-               "nemo_rcgrpo.recipes.run_loop.NonFiniteTraining",
-               "nemo_rcgrpo.utils.run_lock.RunLocked", "nemo_rcgrpo.utils.run_lock.FolderNotWritable",
-               "nemo_rcgrpo.utils.report.ReportError", "nemo_rcgrpo.models.megatron.convert.ConversionError",
-               "builtins.ValueError", "builtins.FileNotFoundError", "builtins.FileExistsError",
-               "builtins.PermissionError", "builtins.OSError"]
+USER_ERRORS = [
+    "nemo_rcgrpo.utils.config.ConfigError",
+    "nemo_rcgrpo.envs.contract.PluginContractError",
+    "nemo_rcgrpo.envs.bfcl.tasks.BFCLDataError",
+    "nemo_rcgrpo.envs.interfaces.DataError",
+    "nemo_rcgrpo.models.hf.ModelFilesError",
+    "nemo_rcgrpo.utils.checkpoint.CheckpointError",
+    "nemo_rcgrpo.generation.vllm_client.GeneratorError",
+    "nemo_rcgrpo.generation.vllm_client.GeneratorUnavailable",
+    "nemo_rcgrpo.recipes.run_loop.NonFiniteTraining",
+    "nemo_rcgrpo.utils.run_lock.RunLocked",
+    "nemo_rcgrpo.utils.run_lock.FolderNotWritable",
+    "nemo_rcgrpo.utils.report.ReportError",
+    "nemo_rcgrpo.models.megatron.convert.ConversionError",
+    "builtins.ValueError",
+    "builtins.FileNotFoundError",
+    "builtins.FileExistsError",
+    "builtins.PermissionError",
+    "builtins.OSError",
+]
 
 
 @pytest.mark.parametrize("name", USER_ERRORS)
@@ -58,7 +68,9 @@ def test_a_failure_the_user_can_act_on_is_one_error_line_and_exit_2(name, capfd)
 
 def test_a_failure_a_command_words_itself_has_its_own_exit_code(capfd):
     assert _ends(CommandError("give IN.jsonl (and OUT.jsonl), or --ground-truth"), capfd) == (
-        "error: give IN.jsonl (and OUT.jsonl), or --ground-truth", 2)
+        "error: give IN.jsonl (and OUT.jsonl), or --ground-truth",
+        2,
+    )
     assert _ends(CommandError("the server exited", exit_code=1), capfd) == ("error: the server exited", 1)
 
 
@@ -66,7 +78,9 @@ def test_an_incomplete_evaluation_exits_3(capfd):
     from nemo_rcgrpo.evaluation.run import EvaluationIncomplete
 
     assert _ends(EvaluationIncomplete("endpoint dead (scored 3 of 8 episodes)"), capfd) == (
-        "error: evaluation stopped: endpoint dead (scored 3 of 8 episodes)", 3)
+        "error: evaluation stopped: endpoint dead (scored 3 of 8 episodes)",
+        3,
+    )
 
 
 def test_a_class_of_an_entry_run_as_a_module_is_known_by_its_module_name(monkeypatch, capfd):
@@ -100,13 +114,20 @@ def test_a_full_disk_gets_the_commands_own_line(capfd):
     assert _ends(full, capfd) == ("error: [Errno 28] No space left on device", 2)  # no hook: the error's text
     assert _ends(named, capfd) == ("error: no space left on device while writing checkpoint step_3 in runs/x", 2)
     hook = {"disk_full": lambda e: f"{e}; the newest complete checkpoint is runs/x/checkpoints/step_2"}
-    assert _ends(named, capfd, **hook) == ("error: no space left on device while writing checkpoint step_3 in "
-                                           "runs/x; the newest complete checkpoint is runs/x/checkpoints/step_2", 2)
+    assert _ends(named, capfd, **hook) == (
+        "error: no space left on device while writing checkpoint step_3 in "
+        "runs/x; the newest complete checkpoint is runs/x/checkpoints/step_2",
+        2,
+    )
     assert _ends(full, capfd, disk_full=lambda e: "no space left on device while writing the results in out") == (
-        "error: no space left on device while writing the results in out", 2)
+        "error: no space left on device while writing the results in out",
+        2,
+    )
     # another OSError is not a full disk: its own text, whatever the hook
     assert _ends(PermissionError(errno.EACCES, "Permission denied", "out"), capfd, **hook) == (
-        "error: [Errno 13] Permission denied: 'out'", 2)
+        "error: [Errno 13] Permission denied: 'out'",
+        2,
+    )
 
 
 def test_an_interrupt_propagates_unless_the_command_words_it(capfd):
@@ -122,8 +143,10 @@ def test_an_interrupt_propagates_unless_the_command_words_it(capfd):
     assert _ends(Abandoned(signal.SIGTERM), capfd, **said) == ("interrupted by a second SIGTERM", 143)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("a bug"), KeyError("field"), TypeError("bad call"),
-                                   AssertionError("invariant"), SystemExit(2)])
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("a bug"), KeyError("field"), TypeError("bad call"), AssertionError("invariant"), SystemExit(2)],
+)
 def test_an_unexpected_exception_is_not_swallowed(error, capfd):
     """A bug keeps its traceback: the exception itself comes out of run_command, and nothing is printed."""
     with pytest.raises(type(error)) as raised:
@@ -141,6 +164,9 @@ def test_a_command_that_succeeds_returns_its_code(capfd):
 
 def test_no_entry_point_words_its_failures_itself():
     """Every command's failures go through run_command: no module prints an ``error:`` line of its own."""
-    own = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "nemo_rcgrpo").rglob("*.py"))
-           if p.name != "run_command.py" and ('print(f"error:' in p.read_text() or 'print("error:' in p.read_text())]
+    own = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "nemo_rcgrpo").rglob("*.py"))
+        if p.name != "run_command.py" and ('print(f"error:' in p.read_text() or 'print("error:' in p.read_text())
+    ]
     assert not own, own

@@ -6,9 +6,13 @@ import yaml
 from nemo_rcgrpo.utils.config import ConfigError
 from nemo_rcgrpo.utils.run_dir import RESUME_FREE, config_files, differences, prepare_run_dir
 
-BASE = {"stage": "rcgrpo", "model": {"path": "m"}, "trainer": {"lr": 1e-6, "max_steps": 10, "resume": True,
-                                                               "stop_after": None},
-        "logging": {"progress": True, "wandb": {"enabled": False}}, "data": {"dir": "d"}}
+BASE = {
+    "stage": "rcgrpo",
+    "model": {"path": "m"},
+    "trainer": {"lr": 1e-6, "max_steps": 10, "resume": True, "stop_after": None},
+    "logging": {"progress": True, "wandb": {"enabled": False}},
+    "data": {"dir": "d"},
+}
 
 
 def _with(**changes):
@@ -24,13 +28,16 @@ def _with(**changes):
     return cfg
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"stage": "grpo"}, "stage is 'rcgrpo' there and 'grpo' now"),  # grpo into an rcgrpo folder
-    ({"stage": "sft"}, "stage is 'rcgrpo' there and 'sft' now"),  # stage 1 into a stage-2 folder
-    ({"trainer__lr": 2e-6}, "trainer.lr is 1e-06 there and 2e-06 now"),
-    ({"model__path": "other"}, "model.path is 'm' there and 'other' now"),
-    ({"data__dir": "d2"}, "data.dir is 'd' there and 'd2' now"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"stage": "grpo"}, "stage is 'rcgrpo' there and 'grpo' now"),  # grpo into an rcgrpo folder
+        ({"stage": "sft"}, "stage is 'rcgrpo' there and 'sft' now"),  # stage 1 into a stage-2 folder
+        ({"trainer__lr": 2e-6}, "trainer.lr is 1e-06 there and 2e-06 now"),
+        ({"model__path": "other"}, "model.path is 'm' there and 'other' now"),
+        ({"data__dir": "d2"}, "data.dir is 'd' there and 'd2' now"),
+    ],
+)
 def test_a_different_run_is_refused(tmp_path, change, message):
     prepare_run_dir(tmp_path, BASE, resume=True, overwrite=False)
     (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
@@ -100,7 +107,8 @@ def test_a_setting_newer_than_the_saved_run_is_free_only_while_empty():
     # env.task_source: a run saved before it existed trained on BFCL v4
     assert differences(BASE, {**BASE, "env.task_source": "bfcl"}, ()) == []
     assert differences(BASE, {**BASE, "env.task_source": "bfcl_micro"}, ()) == [
-        "env.task_source is '<unset>' there and 'bfcl_micro' now"]
+        "env.task_source is '<unset>' there and 'bfcl_micro' now"
+    ]
     # model.name: a 7B/8B run saved before the model groups resumes under its composed recipe
     assert differences(BASE, {**BASE, "model": {"path": "m", "name": "llama8b"}}, ()) == []
     assert differences(BASE, {**BASE, "model": {"path": "m", "name": None}}, ()) == []
@@ -160,18 +168,24 @@ def test_a_run_saved_with_rl_loss_tis_cap_resumes_as_its_correction():
     assert now["rl"]["loss"]["correction"] == "none" and differences(saved(None), now, ()) == []
     assert differences(saved(1.5), with_loss(correction="token_tis", correction_cap=1.5), ()) == []
     assert differences(saved(1.5), with_loss(correction="token_tis"), ()) == [
-        "rl.loss.correction_cap is 1.5 there and 2.0 now"]
-    assert differences(saved(1.5), now, ()) == ["rl.loss.correction is 'token_tis' there and 'none' now",
-                                                "rl.loss.correction_cap is 1.5 there and 2.0 now"]
+        "rl.loss.correction_cap is 1.5 there and 2.0 now"
+    ]
+    assert differences(saved(1.5), now, ()) == [
+        "rl.loss.correction is 'token_tis' there and 'none' now",
+        "rl.loss.correction_cap is 1.5 there and 2.0 now",
+    ]
     assert differences(saved(None), with_loss(correction="geometric_mask"), ()) == [
-        "rl.loss.correction is 'none' there and 'geometric_mask' now"]
+        "rl.loss.correction is 'none' there and 'geometric_mask' now"
+    ]
 
 
 def test_a_plugin_env_run_saved_with_bfcls_settings_at_the_top_of_env_resumes():
     """Before env.settings, every env's section held BFCL's settings (env.mode, ...), read only by BFCL's env: a
     plugin env's run saved so resumes on the settings its env takes, and a changed one is still named."""
-    saved = {"stage": "rcgrpo", "env": {"name": "kv", "task_source": "kv", "mode": "merged", "arg_types": "strict",
-                                        "max_steps": 4}}
+    saved = {
+        "stage": "rcgrpo",
+        "env": {"name": "kv", "task_source": "kv", "mode": "merged", "arg_types": "strict", "max_steps": 4},
+    }
     now = {"stage": "rcgrpo", "env": {"name": "kv", "task_source": "kv", "settings": {"max_steps": 4}}}
     assert differences(saved, now, ()) == []
     now["env"]["settings"]["max_steps"] = 8
@@ -191,7 +205,9 @@ def test_a_run_saved_before_chat_rejected_message_resumes_as_it_ran():
         as_ran = {**now, "chat": {**now["chat"], "rejected_message": "error"}}
         assert now["chat"]["rejected_message"] == "content" and differences(saved, as_ran, ()) == []
         if rl:
-            assert differences(saved, now, ()) == ["chat.rejected_message is '<unset>' there (that run ran as "
-                                                   "chat.rejected_message=error) and 'content' now"]
+            assert differences(saved, now, ()) == [
+                "chat.rejected_message is '<unset>' there (that run ran as "
+                "chat.rejected_message=error) and 'content' now"
+            ]
         else:
             assert differences(saved, now, ()) == []

@@ -26,7 +26,9 @@ def test_a_second_holder_is_refused_naming_the_first_and_the_next_one_takes_over
         with pytest.raises(RunLocked) as e:
             with run_lock(run):
                 pass
-        assert f"run_dir {run} is in use by another run (host " in str(e.value) and f"pid {os.getpid()}," in str(e.value)
+        assert f"run_dir {run} is in use by another run (host " in str(e.value) and f"pid {os.getpid()}," in str(
+            e.value
+        )
         with run_lock(run, rank=1):  # another rank of the same run has a lock of its own
             pass
     with run_lock(run):  # released: taken again
@@ -37,9 +39,16 @@ def test_a_second_holder_is_refused_naming_the_first_and_the_next_one_takes_over
 def test_a_killed_holders_lock_is_released_by_the_kernel(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from nemo_rcgrpo.utils.run_lock import run_lock\n"
-                               f"with run_lock({str(run)!r}):\n    print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from nemo_rcgrpo.utils.run_lock import run_lock\n"
+            f"with run_lock({str(run)!r}):\n    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunLocked, match=f"pid {holder.pid},"):

@@ -12,7 +12,6 @@ import torch
 
 from nemo_rcgrpo.generation.vllm_sync import _stream_with_lm_head
 from nemo_rcgrpo.utils.weight_stream import WeightStream, plan_buckets
-
 from tests.megatron.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -30,8 +29,12 @@ def _counted(n=3):
 
 
 def test_buckets_by_bytes_and_key():
-    assert plan_buckets([(40, "f"), (40, "f"), (120, "f"), (8, "b"), (8, "b"), (4, "f")], 100) == \
-        [(0, 2), (2, 3), (3, 5), (5, 6)]
+    assert plan_buckets([(40, "f"), (40, "f"), (120, "f"), (8, "b"), (8, "b"), (4, "f")], 100) == [
+        (0, 2),
+        (2, 3),
+        (3, 5),
+        (5, 6),
+    ]
     assert plan_buckets([], 10) == []
 
 
@@ -54,9 +57,14 @@ def test_a_stream_nobody_read_is_run_once_on_close():
     assert made == [0, 1, 2] and calls == [-1]  # the other ranks' sends are all received
 
 
-@pytest.mark.parametrize("meta,why", [([("w0", (2,), torch.float32), ("x", (2,), torch.float32)], "where x"),
-                                      ([("w0", (3,), torch.float32)], "where w0 (3,)"),
-                                      ([("w0", (2,), torch.float32)], "after the 1 announced")])
+@pytest.mark.parametrize(
+    "meta,why",
+    [
+        ([("w0", (2,), torch.float32), ("x", (2,), torch.float32)], "where x"),
+        ([("w0", (3,), torch.float32)], "where w0 (3,)"),
+        ([("w0", (2,), torch.float32)], "after the 1 announced"),
+    ],
+)
 def test_a_pass_that_differs_from_its_announcement_is_refused(meta, why):
     export, made = _counted(2)
     stream = WeightStream(meta, export)
@@ -68,7 +76,9 @@ def test_a_pass_that_differs_from_its_announcement_is_refused(meta, why):
 
 def test_a_tied_models_stream_gets_the_output_layer_last():
     embed, norm = torch.randn(5, 2), torch.ones(2)
-    stream = _stream_with_lm_head(WeightStream.of({"model.embed_tokens.weight": embed, "model.norm.weight": norm}), True)
+    stream = _stream_with_lm_head(
+        WeightStream.of({"model.embed_tokens.weight": embed, "model.norm.weight": norm}), True
+    )
     assert [m[0] for m in stream.meta] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
     got = dict(stream)
     assert torch.equal(got["lm_head.weight"], embed) and list(got) == [m[0] for m in stream.meta]
@@ -80,10 +90,22 @@ def test_no_rank_is_left_waiting_whatever_the_generator_does(tmp_path):
     """Two gloo ranks; rank 1 sends what rank 0's export yields. Rank 0's generator reads part of a pass and
     reads again, raises after one tensor, or raises before reading: both ranks finish every case."""
     out = tmp_path / "stream.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           f"--master-port={free_port()}", str(REPO / "tests" / "unit" / "utils" / "stream_worker.py"), str(out)],
-                          capture_output=True, text=True, cwd=REPO, timeout=90,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            f"--master-port={free_port()}",
+            str(REPO / "tests" / "unit" / "utils" / "stream_worker.py"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=90,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     # read twice: the second pass is a fresh export (rank 1 sent 20.0.. in its second pass)

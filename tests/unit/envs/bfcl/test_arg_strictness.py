@@ -13,9 +13,9 @@ import pytest
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.calls import CallRejected, parse_call_string, parse_json_call
 from nemo_rcgrpo.envs.bfcl.executor import Toolbox
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
+from nemo_rcgrpo.envs.calls import CallRejected, parse_call_string, parse_json_call
 from nemo_rcgrpo.types import ToolCall
 
 
@@ -38,8 +38,9 @@ PARAMS = {
     "opt": {"type": "integer", "default": 3},
     "free": {"description": "no type documented"},
 }
-PROBE = ToolDoc("f", "Probe", {"name": "f", "parameters": {"type": "dict", "properties": PARAMS}},
-                inspect.signature(Probe.f))
+PROBE = ToolDoc(
+    "f", "Probe", {"name": "f", "parameters": {"type": "dict", "properties": PARAMS}}, inspect.signature(Probe.f)
+)
 
 
 def _box(arg_types="strict"):
@@ -100,12 +101,17 @@ def _json_form(param, value):
 
 
 def _openai_form(param, value):
-    return parse_json_call({"id": "c1", "type": "function",
-                            "function": {"name": "f", "arguments": json.dumps({param: value})}})
+    return parse_json_call(
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps({param: value})}}
+    )
 
 
-FORMS = {"python": _python_form, "json": _json_form, "openai": _openai_form,
-         "ToolCall": lambda p, v: ToolCall("f", {p: v})}
+FORMS = {
+    "python": _python_form,
+    "json": _json_form,
+    "openai": _openai_form,
+    "ToolCall": lambda p, v: ToolCall("f", {p: v}),
+}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -125,21 +131,27 @@ def test_strict_types(form, param, value, rejection):
         assert str(err.value) == f"f.{message}"
 
 
-@pytest.mark.parametrize("param, value, rejection", [c for c in CASES if c[2] is not None],
-                         ids=[f"{p}={v!r}" for p, v, r in CASES if r is not None])
+@pytest.mark.parametrize(
+    "param, value, rejection",
+    [c for c in CASES if c[2] is not None],
+    ids=[f"{p}={v!r}" for p, v, r in CASES if r is not None],
+)
 def test_bfcl_mode_leaves_types_to_the_method(param, value, rejection):
     executed = _box("bfcl").execute(ToolCall("f", {param: value}))
     assert executed.ok  # the same values run when the API method judges them
 
 
-@pytest.mark.parametrize("text, rejection", [
-    ('{"i": 1e2}', "f.i must be of type integer, got float 100.0"),  # JSON exponent notation is a float
-    ('{"i": 100}', None),
-    ('{"i": true}', "f.i must be of type integer, got a boolean"),
-    ('{"x": 1}', None),
-    ('{"flag": 1}', "f.flag must be of type boolean, got int 1"),
-    ('{"opt": null}', None),
-])
+@pytest.mark.parametrize(
+    "text, rejection",
+    [
+        ('{"i": 1e2}', "f.i must be of type integer, got float 100.0"),  # JSON exponent notation is a float
+        ('{"i": 100}', None),
+        ('{"i": true}', "f.i must be of type integer, got a boolean"),
+        ('{"x": 1}', None),
+        ('{"flag": 1}', "f.flag must be of type boolean, got int 1"),
+        ('{"opt": null}', None),
+    ],
+)
 def test_json_literals(text, rejection):
     call = parse_json_call({"name": "f", "arguments": text})
     if rejection is None:
@@ -175,8 +187,12 @@ def test_real_bfcl_tools(suite):
 
 def test_env_passes_arg_types_to_its_toolbox(suite):
     task = suite["multi_turn_base_15"]
-    calls = ["add(a=True, b=1)", {"name": "add", "arguments": '{"a": 2, "b": true}'},
-             "mean(numbers=[1, True])", "add(a=2, b=3.5)"]
+    calls = [
+        "add(a=True, b=1)",
+        {"name": "add", "arguments": '{"a": 2, "b": true}'},
+        "mean(numbers=[1, True])",
+        "add(a=2, b=3.5)",
+    ]
     env = BFCLEnv(arg_types="strict")
     env.reset(task)
     assert [(o.content, o.ok) for o in env.step(calls).observations] == [

@@ -4,16 +4,6 @@ import json
 import pytest
 
 from nemo_rcgrpo.envs.bfcl.apis import build_instances
-from nemo_rcgrpo.envs.calls import (
-    MAX_CALL_CHARS,
-    MAX_CALL_ID_CHARS,
-    MAX_NAME_CHARS,
-    MAX_NESTING,
-    CallRejected,
-    parse_call_string,
-    parse_json_call,
-    to_tool_call,
-)
 from nemo_rcgrpo.envs.bfcl.executor import (
     MAX_INT_EXPONENT,
     MAX_PRECISION,
@@ -25,6 +15,16 @@ from nemo_rcgrpo.envs.bfcl.executor import (
     named_arguments,
 )
 from nemo_rcgrpo.envs.bfcl.tasks import ToolDoc
+from nemo_rcgrpo.envs.calls import (
+    MAX_CALL_CHARS,
+    MAX_CALL_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_NESTING,
+    CallRejected,
+    parse_call_string,
+    parse_json_call,
+    to_tool_call,
+)
 from nemo_rcgrpo.types import ToolCall, ToolCallError
 
 
@@ -236,8 +236,12 @@ class Probe:
         return "ok"
 
 
-PROBE = ToolDoc("f", "Probe", {"name": "f", "parameters": {"type": "dict", "properties": {
-    "i": {"type": "integer"}, "xs": {"type": "array"}}}}, inspect.signature(Probe.f))
+PROBE = ToolDoc(
+    "f",
+    "Probe",
+    {"name": "f", "parameters": {"type": "dict", "properties": {"i": {"type": "integer"}, "xs": {"type": "array"}}}},
+    inspect.signature(Probe.f),
+)
 
 
 def test_strict_array_without_item_type_accepts_any_items():

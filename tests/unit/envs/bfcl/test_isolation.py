@@ -59,7 +59,7 @@ def test_concurrent_rollouts_in_threads(suite):
                 env.reset(task, gold=suite.gold(task))
                 env.step([c for turn in task.ground_truth for c in turn] + ["done()"])
                 rewards.append(env.reward().value)
-        except Exception as e:  # pragma: no cover - reported below
+        except Exception as e:  # noqa: BLE001 - pragma: no cover - reported below
             errors.append(repr(e))
 
     threads = [threading.Thread(target=rollout, args=(t,)) for t in tasks for _ in range(2)]
@@ -95,7 +95,8 @@ def test_no_instance_state_is_reachable_from_bfcl_module_globals(suite):
 
     module_objects: set[int] = set()
     names = [API_CLASSES[c][0] for c in API_CLASSES] + [
-        "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.long_context"]
+        "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.long_context"
+    ]
     for name in names:
         for key, value in vars(importlib.import_module(name)).items():
             if key.isupper():  # module-level constants such as CREDIT_CARD_EXTENSION, DEFAULT_STATE
@@ -171,12 +172,13 @@ print(json.dumps({"observations": observations, "state": state, "reward": env.re
 '''
 
 
-def _run(kind: str) -> "subprocess.Popen":
+def _run(kind: str):  # -> subprocess.Popen
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-c", _PROCESS, kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROCESS, kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_a_hostile_long_context_episode_leaves_the_next_rollout_as_in_a_fresh_process():

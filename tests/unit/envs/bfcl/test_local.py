@@ -12,7 +12,11 @@ TEXTS = [
     '<|python_tag|>{"name": "cd", "parameters": {"folder": "a"}}; {"name": "ls", "parameters": {"a": true}}',
     "[{'name': 'echo', 'parameters': {'content': 'x;y', 'file_name': 'a'}}]",  # ';' makes BFCL split: fails
     '[{"name": "ls", "parameters": {"a": true}}]',  # JSON true is no Python name: BFCL's eval fails
-    "[]", "None", "I have completed the request.", '{"name": "ls"}', "[1, 2]",
+    "[]",
+    "None",
+    "I have completed the request.",
+    '{"name": "ls"}',
+    "[1, 2]",
     '[{"name": "mean", "parameters": {"numbers": [1, 2.5, -3]}}]',
 ]
 
@@ -60,21 +64,34 @@ def test_max_tokens_is_bfcls():
 
 def test_the_handlers_are_bfcls_classes():
     assert {name: type(handler(name)).__name__ for name in HANDLERS} == {
-        "llama3_1": "LlamaHandler_3_1", "qwen_fc": "QwenFCHandler"}
+        "llama3_1": "LlamaHandler_3_1",
+        "qwen_fc": "QwenFCHandler",
+    }
 
 
 def _play(suite, replies, handler_name="qwen_fc", task_id="multi_turn_base_0"):
     from nemo_rcgrpo.envs.bfcl.local import play_entry_local
 
     task = suite[task_id]
-    return play_entry_local(task, suite.gold(task), lambda prompt, n, turn, step: (replies(turn, step), 1, 1),
-                            handler_name=handler_name, model_name="Qwen/Qwen3-8B", count_tokens=len,
-                            context=10_000_000)
+    return play_entry_local(
+        task,
+        suite.gold(task),
+        lambda prompt, n, turn, step: (replies(turn, step), 1, 1),
+        handler_name=handler_name,
+        model_name="Qwen/Qwen3-8B",
+        count_tokens=len,
+        context=10_000_000,
+    )
 
 
-@pytest.mark.parametrize("bad", ["<tool_call>\n5\n</tool_call>",
-                                 '<tool_call>\n{"name": 1, "arguments": {}}\n</tool_call>',
-                                 '<tool_call>\n{"name": "ls"}\n</tool_call>'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<tool_call>\n5\n</tool_call>",
+        '<tool_call>\n{"name": 1, "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "ls"}\n</tool_call>',
+    ],
+)
 def test_a_reply_bfcls_handler_cannot_format_back_is_the_entrys_inference_error(suite, bad):
     """QwenFCHandler keeps any JSON inside <tool_call> in the history, and its prompt builder raises on it at the
     next request: in BFCL that is the entry's inference error, and here too, never a crash of the run."""

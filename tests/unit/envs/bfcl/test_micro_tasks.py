@@ -8,11 +8,11 @@ import random
 import pytest
 
 from nemo_rcgrpo.data.consistency import DataMismatchError, check_task_source
+from nemo_rcgrpo.envs.bfcl import micro
+from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.failures import make_failure
 from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan, play
-from nemo_rcgrpo.envs.bfcl import micro
 from nemo_rcgrpo.envs.config import EnvConfig
-from nemo_rcgrpo.envs.bfcl.env import BFCLEnv
 from nemo_rcgrpo.envs.sources import make_suite
 from nemo_rcgrpo.registry import names, register, table
 from nemo_rcgrpo.utils.config import ConfigError
@@ -86,7 +86,9 @@ def test_the_reward_is_the_real_state_and_action_check(suite):
 def test_task_source_is_a_registered_choice(tmp_path):
     assert {"bfcl", "bfcl_micro"} <= set(names("task_source"))
     assert EnvConfig(task_source="bfcl_micro").task_source == "bfcl_micro"
-    with pytest.raises(ConfigError, match=r"env.task_source='nope': no task_source of that name; registered: \['bfcl', 'bfcl_micro'"):
+    with pytest.raises(
+        ConfigError, match=r"env.task_source='nope': no task_source of that name; registered: \['bfcl', 'bfcl_micro'"
+    ):
         EnvConfig(task_source="nope")
     (tmp_path / "config.yaml").write_text("task_source: bfcl_micro\n")
     check_task_source(tmp_path, "bfcl_micro")
@@ -123,12 +125,19 @@ def test_prepare_data_from_the_micro_source(tmp_path):
     out = tmp_path / "data"
     out.mkdir()
     stats = build(PrepareDataConfig(task_source="bfcl_micro", tokenizer=None, progress=False), out)
-    assert stats["split"] == {"train": {"total": micro.NUM_TRAIN, "base": micro.NUM_TRAIN},
-                              "test": {"total": micro.NUM_TEST, "base": micro.NUM_TEST}}
+    assert stats["split"] == {
+        "train": {"total": micro.NUM_TRAIN, "base": micro.NUM_TRAIN},
+        "test": {"total": micro.NUM_TEST, "base": micro.NUM_TEST},
+    }
     assert yaml.safe_load((out / "config.yaml").read_text())["task_source"] == "bfcl_micro"
     pointers = [json.loads(l) for l in (out / "rl_test.jsonl").read_text().splitlines()]
-    assert pointers[0] == {"task_id": f"micro_{micro.NUM_TRAIN}", "category": "base", "env": "bfcl",
-                           "task_source": "bfcl_micro", "mode": "merged"}
+    assert pointers[0] == {
+        "task_id": f"micro_{micro.NUM_TRAIN}",
+        "category": "base",
+        "env": "bfcl",
+        "task_source": "bfcl_micro",
+        "mode": "merged",
+    }
     rctp = [json.loads(l) for l in (out / "rctp.jsonl").read_text().splitlines()]
     assert len(rctp) == 2 * (micro.NUM_TRAIN + micro.NUM_TEST) and sum(r["reward"] for r in rctp) * 2 == len(rctp)
     with pytest.raises(ConfigError, match="task_source='nope': no task_source of that name; registered"):

@@ -6,7 +6,6 @@ from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.executor import ExecutedCall
 from nemo_rcgrpo.envs.bfcl.reward import GoldAction, GoldReplay, OfficialChecker, action_matches, missing_actions
 from nemo_rcgrpo.types import OfficialVerdict
-
 from tests.conftest import run_turns
 
 # multi_turn_base_0, GorillaFileSystem, ground truth per turn:
@@ -14,8 +13,12 @@ BASE_0 = [
     ["cd(folder='document')", "mkdir(dir_name='temp')", "mv(source='final_report.pdf', destination='temp')"],
     ["cd(folder='temp')", "grep(file_name='final_report.pdf',pattern='budget analysis')"],
     ["sort('final_report.pdf')"],
-    ["cd(folder='..')", "mv(source='previous_report.pdf',destination='temp')", "cd(folder='temp')",
-     "diff(file_name1='final_report.pdf',file_name2='previous_report.pdf')"],
+    [
+        "cd(folder='..')",
+        "mv(source='previous_report.pdf',destination='temp')",
+        "cd(folder='temp')",
+        "diff(file_name1='final_report.pdf',file_name2='previous_report.pdf')",
+    ],
 ]
 
 
@@ -54,8 +57,15 @@ def test_ground_truth_scores_one(suite):
         # extra read-only call
         (_edit(2, 0, "ls(a=True)", insert=True), (1.0, True, True)),
         # reordered independent calls: sort before grep (both read-only) -> 1
-        ([BASE_0[0], ["cd(folder='temp')", "sort('final_report.pdf')"],
-          ["grep(file_name='final_report.pdf',pattern='budget analysis')"], BASE_0[3]], (1.0, True, True)),
+        (
+            [
+                BASE_0[0],
+                ["cd(folder='temp')", "sort('final_report.pdf')"],
+                ["grep(file_name='final_report.pdf',pattern='budget analysis')"],
+                BASE_0[3],
+            ],
+            (1.0, True, True),
+        ),
         # keyword form of a positional gold argument, and OpenAI-style JSON calls
         (_edit(2, 0, {"name": "sort", "arguments": '{"file_name": "final_report.pdf"}'}), (1.0, True, True)),
     ],
@@ -201,20 +211,28 @@ def test_official_verdict_names_the_failing_turn(suite, turns, turn, error_type)
     assert (verdict.valid, verdict.turn, verdict.error_type) == (False, turn, error_type)
 
 
-@pytest.mark.parametrize("reward, expected", [
-    # per perturbation (cp-for-mv, dropped-call, extra-touch, extra-read-only): (state_ok, actions_ok) =
-    # (F, F), (T, F), (F, T), (T, T): the product pays only the last; R_state alone also the dropped read-only
-    # call; R_action alone also the extra touch
-    ("state_x_action", [0.0, 0.0, 0.0, 1.0]),
-    ("state", [0.0, 1.0, 0.0, 1.0]),
-    ("action", [0.0, 0.0, 1.0, 1.0]),
-])
+@pytest.mark.parametrize(
+    "reward, expected",
+    [
+        # per perturbation (cp-for-mv, dropped-call, extra-touch, extra-read-only): (state_ok, actions_ok) =
+        # (F, F), (T, F), (F, T), (T, T): the product pays only the last; R_state alone also the dropped read-only
+        # call; R_action alone also the extra touch
+        ("state_x_action", [0.0, 0.0, 0.0, 1.0]),
+        ("state", [0.0, 1.0, 0.0, 1.0]),
+        ("action", [0.0, 0.0, 1.0, 1.0]),
+    ],
+)
 def test_env_reward_picks_a_registered_reward(suite, reward, expected):
     """env.settings.reward names what the env pays, from the same components; a truncated episode pays 0 under each."""
-    cases = [_edit(3, 1, "cp(source='previous_report.pdf',destination='temp')"), _edit(1, 1),
-             _edit(2, 1, "touch(file_name='temp.log')", insert=True), _edit(2, 0, "ls(a=True)", insert=True)]
-    got = [run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], t).reward().value
-           for t in cases]
+    cases = [
+        _edit(3, 1, "cp(source='previous_report.pdf',destination='temp')"),
+        _edit(1, 1),
+        _edit(2, 1, "touch(file_name='temp.log')", insert=True),
+        _edit(2, 0, "ls(a=True)", insert=True),
+    ]
+    got = [
+        run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], t).reward().value for t in cases
+    ]
     assert got == expected
     env = run_turns(BFCLEnv(mode="per_turn", reward=reward), suite["multi_turn_base_0"], BASE_0)
     env.truncate("context budget")
@@ -232,8 +250,11 @@ def test_a_plugin_reward_is_chosen_by_env_settings_reward(suite):
         env = BFCLSettings(mode="per_turn", reward="test_half_credit").make_env()
         env = run_turns(env, suite["multi_turn_base_0"], _edit(1, 1))
         assert env.reward().value == 0.5
-        with pytest.raises(ConfigError, match=r"env.settings.reward='nope': no reward of that name; registered: \['state_x_action', 'state', "
-                                              r"'action', 'test_half_credit'\]"):
+        with pytest.raises(
+            ConfigError,
+            match=r"env.settings.reward='nope': no reward of that name; registered: \['state_x_action', 'state', "
+            r"'action', 'test_half_credit'\]",
+        ):
             BFCLSettings(reward="nope")
     finally:
         table("reward").pop("test_half_credit")
@@ -260,6 +281,7 @@ def test_verdict_before_any_turn_is_force_terminated():
     # kills: turns_checked = 0 -> 1; valid=False -> True; `stopped_early or msg` -> `and`
     gold = GoldReplay(turn_results=((),), turn_states=({},), turn_has_calls=(False,), actions=())
     assert OfficialChecker(gold).verdict() == OfficialVerdict(
-        valid=False, error_type="multi_turn:force_terminated", error_message="episode ended after 0 of 1 turns", turn=0)
+        valid=False, error_type="multi_turn:force_terminated", error_message="episode ended after 0 of 1 turns", turn=0
+    )
     stopped = OfficialChecker(gold).verdict(stopped_early="step limit")
     assert stopped.valid is False and stopped.error_message == "step limit"

@@ -15,11 +15,18 @@ import pytest
 
 from nemo_rcgrpo.envs.bfcl import BFCLEnv
 from nemo_rcgrpo.envs.bfcl.apis import build_instances, public_state
-
 from tests.conftest import run_turns
 
-CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI",
-           "TicketAPI", "TradingBot", "TravelAPI", "VehicleControlAPI")
+CLASSES = (
+    "GorillaFileSystem",
+    "MathAPI",
+    "MessageAPI",
+    "TwitterAPI",
+    "TicketAPI",
+    "TradingBot",
+    "TravelAPI",
+    "VehicleControlAPI",
+)
 STATELESS = "MathAPI"  # no public attributes, no _load_scenario: nothing to compare
 
 # Single-class tasks. All 260 single-class BFCL v4 tasks involve one of these four
@@ -72,8 +79,10 @@ def _extra_calls(cls, instances):
     if cls == "MessageAPI":
         return ["add_contact(user_name='rcgrpo_extra')"]
     if cls == "TwitterAPI":  # following needs a login; the login alone may change nothing
-        return [f"authenticate_twitter(username={inst.username!r}, password={inst.password!r})",
-                "follow_user(username_to_follow='rcgrpo_extra')"]
+        return [
+            f"authenticate_twitter(username={inst.username!r}, password={inst.password!r})",
+            "follow_user(username_to_follow='rcgrpo_extra')",
+        ]
     if cls == "TicketAPI":
         return ["ticket_login(username='rcgrpo_extra', password='x')"]
     if cls == "TradingBot":
@@ -142,23 +151,39 @@ CHANGED_ARGS = [
     ("multi_turn_base_52", "VehicleControlAPI", 0, 0, "pressBrakePedal(pedalPosition=0.5)"),
     ("multi_turn_base_102", "TradingBot", 0, 0, "place_order(order_type='Buy',symbol='TSLA',price=700,amount=50)"),
     ("multi_turn_base_102", "TicketAPI", 4, 0, "create_ticket(title='Account Error',description='Not syncing.')"),
-    ("multi_turn_base_152", "TicketAPI", 2, 1,
-     "create_ticket(title='Flight Cancellation Alert', description='Request to cancel.',priority=4)"),
+    (
+        "multi_turn_base_152",
+        "TicketAPI",
+        2,
+        1,
+        "create_ticket(title='Flight Cancellation Alert', description='Request to cancel.',priority=4)",
+    ),
     ("multi_turn_base_152", "TravelAPI", 1, 0, "cancel_booking(access_token='secureAccessToken12345', booking_id='1')"),
     ("multi_turn_base_14", "MessageAPI", 3, 1, "add_contact(user_name='John Levi')"),
     ("multi_turn_base_23", "TicketAPI", 2, 0, "resolve_ticket(ticket_id=7423,resolution='done')"),
-    ("multi_turn_base_23", "GorillaFileSystem", 0, 1,
-     "echo(content='A shorter guide.',file_name='Project_Guide_1.md')"),
+    (
+        "multi_turn_base_23",
+        "GorillaFileSystem",
+        0,
+        1,
+        "echo(content='A shorter guide.',file_name='Project_Guide_1.md')",
+    ),
     ("multi_turn_base_15", "GorillaFileSystem", 1, 0, "echo(content='Student | Math',file_name='DataSet1.csv')"),
-    ("multi_turn_base_161", "TravelAPI", 0, 0,
-     "authenticate_travel(client_id='client_520', client_secret='rise_to_sky', refresh_token='token990125', "
-     "grant_type='read_write', user_first_name='Mike', user_last_name='Thompson')"),
+    (
+        "multi_turn_base_161",
+        "TravelAPI",
+        0,
+        0,
+        "authenticate_travel(client_id='client_520', client_secret='rise_to_sky', refresh_token='token990125', "
+        "grant_type='read_write', user_first_name='Mike', user_last_name='Thompson')",
+    ),
     ("multi_turn_base_154", "TravelAPI", 2, 0, "set_budget_limit(access_token='token_ABC123XYZ', budget_limit=1600)"),
 ]
 
 
-@pytest.mark.parametrize("task_id, cls, turn, index, call", CHANGED_ARGS,
-                         ids=[f"{c}-{t}-turn{i}" for t, c, i, _, _ in CHANGED_ARGS])
+@pytest.mark.parametrize(
+    "task_id, cls, turn, index, call", CHANGED_ARGS, ids=[f"{c}-{t}-turn{i}" for t, c, i, _, _ in CHANGED_ARGS]
+)
 def test_changed_argument_of_one_class(suite, task_id, cls, turn, index, call):
     turns = _gold(suite, task_id)
     assert turns[turn][index].split("(")[0] == call.split("(")[0]
@@ -173,8 +198,12 @@ def test_changed_argument_of_one_class(suite, task_id, cls, turn, index, call):
 @pytest.mark.parametrize("task_id", [t for t, cs in PAIRS if STATELESS in cs])
 def test_math_api_is_stateless(suite, task_id):
     gold = _gold(suite, task_id)
-    (turn, index), = [(t, i) for t, calls in enumerate(gold) for i, c in enumerate(calls)
-                      if suite[task_id].tool(c.split("(")[0]).class_name == STATELESS]
+    ((turn, index),) = [
+        (t, i)
+        for t, calls in enumerate(gold)
+        for i, c in enumerate(calls)
+        if suite[task_id].tool(c.split("(")[0]).class_name == STATELESS
+    ]
     name = gold[turn][index].split("(")[0]
     assert name in ("mean", "logarithm")
     wrong = [list(t) for t in gold]

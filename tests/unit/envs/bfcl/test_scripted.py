@@ -5,11 +5,10 @@ import pytest
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
+from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
-from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 
@@ -32,9 +31,15 @@ def base_suite():
 
 def _engine(renderer, suite, **kw):  # the suite the generator knows
     gen = ScriptedGenerator(renderer, suite, **kw)
-    engine = RolloutEngine(gen, renderer, make_opener(EnvConfig(categories=("base",)), suite),
-                           SamplingParams(max_new_tokens=2048), max_turns=12, max_total_tokens=8192,
-                           reward_goal=RewardGoal())
+    engine = RolloutEngine(
+        gen,
+        renderer,
+        make_opener(EnvConfig(categories=("base",)), suite),
+        SamplingParams(max_new_tokens=2048),
+        max_turns=12,
+        max_total_tokens=8192,
+        reward_goal=RewardGoal(),
+    )
     return gen, engine
 
 
@@ -52,7 +57,9 @@ def test_the_token_decides_success(renderer, base_suite):
     # token-in, token-out: generated tokens are masked 1 and decode to the assistant messages
     t = trajs[0]
     generated = [i for i, m in zip(t.token_ids, t.loss_mask) if m]
-    assert len(generated) == t.generated_tokens and renderer.tokenizer.decode(generated).count("<|im_end|>") == t.num_turns
+    assert (
+        len(generated) == t.generated_tokens and renderer.tokenizer.decode(generated).count("<|im_end|>") == t.num_turns
+    )
 
 
 def test_coins_are_seeded_and_follow_the_probability(renderer, base_suite):
@@ -78,7 +85,10 @@ def test_bad_settings_and_unknown_prompts(renderer, suite, base_suite):
         gen.generate([renderer.tokenizer("hello")["input_ids"]], SamplingParams())
     # base_20, miss_func_20 and long_context_20 ask the same: with both categories a prompt cannot name its task
     _, engine = _engine(renderer, suite)
-    with pytest.raises(ValueError, match=r"tasks \['multi_turn_base_20', 'multi_turn_miss_func_20', 'multi_turn_long_context_20'\] open with"):
+    with pytest.raises(
+        ValueError,
+        match=r"tasks \['multi_turn_base_20', 'multi_turn_miss_func_20', 'multi_turn_long_context_20'\] open with",
+    ):
         engine.rollout([RolloutSpec(suite["multi_turn_base_20"], 0, True)], seed=0)
 
 

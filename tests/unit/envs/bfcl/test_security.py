@@ -96,8 +96,9 @@ def test_enormous_step_is_bounded(suite):
     env.reset(suite["multi_turn_base_0"])
     result = env.step(["ls()"] * 10)
     assert sum(o.ok for o in result.observations) == 4
-    assert all("this message has 10 tool calls; at most 4 are run per message" in o.content
-               for o in result.observations[4:])
+    assert all(
+        "this message has 10 tool calls; at most 4 are run per message" in o.content for o in result.observations[4:]
+    )
 
 
 def test_mutable_default_arguments_do_not_leak_between_rollouts(suite):
@@ -130,9 +131,21 @@ def test_call_records_keep_arguments_as_called(suite):
 @pytest.mark.parametrize(
     "task_id, call, message",
     [
-        ("multi_turn_base_15", "round_number(number=5, decimal_places=-10000000)", "decimal_places must be a number of at most 1000 digits, got -10000000"),
-        ("multi_turn_base_15", "logarithm(value=10, base=2, precision=2e6)", "precision must be a number of at most 1000 digits, got 2000000.0"),
-        ("multi_turn_base_15", "logarithm(value=10, base=2, precision='2000000')", "precision must be a number of at most 1000 digits, got '2000000'"),
+        (
+            "multi_turn_base_15",
+            "round_number(number=5, decimal_places=-10000000)",
+            "decimal_places must be a number of at most 1000 digits, got -10000000",
+        ),
+        (
+            "multi_turn_base_15",
+            "logarithm(value=10, base=2, precision=2e6)",
+            "precision must be a number of at most 1000 digits, got 2000000.0",
+        ),
+        (
+            "multi_turn_base_15",
+            "logarithm(value=10, base=2, precision='2000000')",
+            "precision must be a number of at most 1000 digits, got '2000000'",
+        ),
         ("multi_turn_base_15", "round_number(number=5, decimal_places=" + "9" * 31 + ")", "more than 30 digits"),
     ],
 )
@@ -158,8 +171,10 @@ def test_exponential_directory_walk_is_refused(suite):
 def test_text_budget_applies_to_object_arguments_and_results_are_clipped(suite):
     env = BFCLEnv(mode="merged", max_observation_chars=1000)
     env.reset(suite["multi_turn_base_150"])  # TravelAPI
-    big = {"name": "compute_exchange_rate",
-           "arguments": {"base_currency": "USD", "target_currency": "JPY", "value": "x" * 20_000}}
+    big = {
+        "name": "compute_exchange_rate",
+        "arguments": {"base_currency": "USD", "target_currency": "JPY", "value": "x" * 20_000},
+    }
     obs = env.step([big]).observations[0]
     assert not obs.ok and "more than 16384 characters of text" in obs.content
     amplified = {**big, "arguments": {**big["arguments"], "value": "x" * 16_000}}

@@ -94,7 +94,11 @@ def test_recompute_settings():
     assert "recompute_granularity" not in decide(CPU, MegatronConfig()).transformer
     assert decide(CPU, MegatronConfig(recompute="selective")).transformer["recompute_granularity"] == "selective"
     full = decide(CPU, MegatronConfig(recompute="full")).transformer
-    assert (full["recompute_granularity"], full["recompute_method"], full["recompute_num_layers"]) == ("full", "uniform", 1)
+    assert (full["recompute_granularity"], full["recompute_method"], full["recompute_num_layers"]) == (
+        "full",
+        "uniform",
+        1,
+    )
 
 
 def test_padded_length():
@@ -105,14 +109,20 @@ def test_padded_length():
 def test_micro_batches_padded_for_pipelines_and_fp8():
     import torch
 
-    from nemo_rcgrpo.models.megatron.policy import pad_micro_batches
-
     from nemo_rcgrpo.data.batch import RLMicroBatch
+    from nemo_rcgrpo.models.megatron.policy import pad_micro_batches
 
     def batch(rows, length):
         ids = torch.arange(1, rows * length + 1).view(rows, length)
-        return RLMicroBatch(ids, torch.ones_like(ids), torch.ones_like(ids), advantages=torch.ones(rows),
-                            ref_logprobs=torch.zeros(rows, length), sampler_logprobs=torch.zeros(rows, length), first=3)
+        return RLMicroBatch(
+            ids,
+            torch.ones_like(ids),
+            torch.ones_like(ids),
+            advantages=torch.ones(rows),
+            ref_logprobs=torch.zeros(rows, length),
+            sampler_logprobs=torch.zeros(rows, length),
+            first=3,
+        )
 
     a, b = batch(2, 5), batch(3, 17)
     # FP8 at PP=1: each micro-batch's length to a multiple of 16, rows untouched
