@@ -10,7 +10,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -165,10 +165,11 @@ def write_rollouts(
         for g, group in enumerate(groups):
             for j, t in enumerate(group):
                 line += 1
-                record: dict[str, Any] = {"step": step, **t.record(), "group": g, "advantage": float(adv[g, j])}
+                episode = t.episode(step=step, advantage=float(adv[g, j]), success=t.reward == 1.0)
+                episode.group = g
                 if (g, t.reward_token) in first_line:
-                    record["prompt_line"] = first_line[(g, t.reward_token)]
+                    episode.prompt_line = first_line[(g, t.reward_token)]
                 else:
                     first_line[(g, t.reward_token)] = line
-                    record["prompt"] = decode(t.token_ids[: t.prompt_length])
-                f.write(bounded_line(record) + "\n")
+                    episode.prompt = decode(t.token_ids[: t.prompt_length])
+                f.write(bounded_line(episode.to_json()) + "\n")

@@ -3,9 +3,11 @@ them (`policies.py` for the message-level and checkpoint policies, `envs/bfcl/le
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from nemo_rcgrpo.envs.interfaces import Task
+from nemo_rcgrpo.rollout.record import EpisodeRecord
 
 
 def failure_reason(
@@ -46,24 +48,32 @@ def episode_record(
     observations,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
+    """The episode's line of trajectories.jsonl: the one episode record (`rollout/record.py`) of every dump.
+    ``extra``: what the policy adds; a key that names a field (messages, prompt, ...) fills it."""
     success = bool(official_valid) if cfg.protocol == "bfcl" else reward == 1.0
-    return {
-        "task_id": task.id,
-        "category": task.category,
-        "sample": sample,
-        "seed": seed,
-        "reward_token": reward_token,
-        "success": success,
-        "reward": reward,
-        "official_valid": official_valid,
-        "failure_reason": failure_reason(
+    names = {f.name for f in fields(EpisodeRecord)} - {"extra"}
+    record = EpisodeRecord(
+        task_id=task.id,
+        category=task.category,
+        reward=reward,
+        reward_token=reward_token,
+        turns=calls,
+        official_valid=official_valid,
+        truncated=truncated,
+        num_turns=num_turns,
+        tool_errors=tool_errors,
+        generated_tokens=generated_tokens,
+        reward_details=details or {},
+        sample=sample,
+        seed=seed,
+        success=success,
+        failure_reason=failure_reason(
             cfg.protocol, success=success, truncated=truncated, official_error=official_error, details=details
         ),
-        "truncated": truncated,
-        "num_turns": num_turns,
-        "tool_errors": tool_errors,
-        "generated_tokens": generated_tokens,
-        "calls": calls,
-        "observations": observations,
-        **extra,
-    }
+        observations=observations,
+        extra={k: v for k, v in extra.items() if k not in names},
+    )
+    for key, value in extra.items():
+        if key in names:
+            setattr(record, key, value)
+    return record.to_json()

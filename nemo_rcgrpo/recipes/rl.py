@@ -333,12 +333,12 @@ class RLTrainer:
         folder.mkdir(parents=True, exist_ok=True)
         dump = folder / f"step_{self.step}.jsonl"
         with writing("the evaluation dump", dump), dump.open("w") as f:
-            for t in trajs:
-                record = {
-                    "step": self.step,
-                    **t.record(),
-                    "prompt": self.tokenizer.decode(t.token_ids[: t.prompt_length]),
-                }
+            for t in trajs:  # the paper protocol's success: reward 1
+                record = t.record(
+                    step=self.step,
+                    success=t.reward == 1.0,
+                    prompt=self.tokenizer.decode(t.token_ids[: t.prompt_length]),
+                )
                 f.write(bounded_line(record) + "\n")  # tool results clipped past the dump cap (utils/bounded.py)
         return out
 

@@ -45,6 +45,7 @@ from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
 from nemo_rcgrpo.generation.base import Generator, SamplingParams
 from nemo_rcgrpo.registry import error_line
+from nemo_rcgrpo.rollout.record import EpisodeRecord
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
 log = logging.getLogger(__name__)
@@ -91,31 +92,36 @@ class Trajectory:
     def generated_tokens(self) -> int:
         return sum(self.loss_mask)
 
-    def record(self) -> dict[str, Any]:
-        """A JSON-serialisable summary for the per-step rollout dump: ``turns`` the calls read from each assistant
-        message (what the reward replays), ``messages`` the conversation after the prompt (texts, calls, tool
-        results and later user turns)."""
-        return {
-            "task_id": self.task_id,
-            "category": self.category,
-            "group": self.group,
-            "reward_token": self.reward_token,
-            "turns": self.calls,
-            "reward": self.reward,
-            "state_ok": self.state_ok,
-            "actions_ok": self.actions_ok,
-            "official_valid": self.official_valid,
-            "truncated": self.truncated,
-            "num_turns": self.num_turns,
-            "tool_errors": self.tool_errors,
-            "rejected_messages": self.rejected_messages,
-            "generated_tokens": self.generated_tokens,
-            "weight_version": self.weight_version,
-            "turn_versions": self.turn_versions,
-            "error": self.error,
-            "reward_details": self.reward_details,
-            "messages": self.messages(),
-        }
+    def episode(self, **where: Any) -> EpisodeRecord:
+        """This rollout as the one episode record every dump writes (`rollout/record.py`): ``turns`` the calls read
+        from each assistant message (what the reward replays), ``messages`` the conversation after the prompt
+        (texts, calls, tool results and later user turns); ``where``: the writer's fields (step, group, ...)."""
+        return EpisodeRecord(
+            task_id=self.task_id,
+            category=self.category,
+            reward=self.reward,
+            reward_token=self.reward_token,
+            turns=self.calls,
+            messages=self.messages(),
+            state_ok=self.state_ok,
+            actions_ok=self.actions_ok,
+            official_valid=self.official_valid,
+            truncated=self.truncated,
+            error=self.error,
+            num_turns=self.num_turns,
+            tool_errors=self.tool_errors,
+            rejected_messages=self.rejected_messages,
+            generated_tokens=self.generated_tokens,
+            reward_details=self.reward_details,
+            weight_version=self.weight_version,
+            turn_versions=self.turn_versions,
+            group=self.group,
+            **where,
+        )
+
+    def record(self, **where: Any) -> dict[str, Any]:
+        """`episode` as a dump line's object (JSON-serialisable)."""
+        return self.episode(**where).to_json()
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation after the prompt as a person reads it: each assistant message (decoded text and the calls

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from nemo_rcgrpo.rollout.record import EpisodeRecord
 from nemo_rcgrpo.utils.logging import read_metrics
 from nemo_rcgrpo.utils.run_command import run_command
 from nemo_rcgrpo.utils.run_dir import config_files
@@ -52,37 +53,28 @@ def _numbered(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _episode(record: dict[str, Any], source: str, step: int | None) -> dict[str, Any]:
-    """One rollout in the page's shape, from a training dump, an in-training eval dump or an eval trajectory."""
-    messages = record.get("messages")
-    if messages is None:  # rcgrpo eval's trajectories.jsonl: texts, calls and observations side by side
-        texts = record.get("text") or []
-        texts = texts if isinstance(texts, list) else [texts]
-        calls, observations = record.get("calls") or [], record.get("observations") or []
-        messages = []
-        for i, text in enumerate(texts):
-            messages.append({"role": "assistant", "content": text, "tool_calls": calls[i] if i < len(calls) else []})
-            messages += [{"role": "tool", "content": o} for o in (observations[i] if i < len(observations) else [])]
-    reward = record.get("reward")
+    """One rollout in the page's shape, from any dump's line (`rollout/record.py: EpisodeRecord`: a training dump,
+    an in-training eval dump or an eval trajectory, of this version or an older one)."""
+    r = EpisodeRecord.from_json(record)
     return {
         "source": source,
-        "step": record.get("step", step),
-        "task": record.get("task_id"),
-        "category": record.get("category"),
-        "group": record.get("group"),
-        "token": record.get("reward_token"),
-        "reward": reward,
-        "advantage": record.get("advantage"),
-        "state_ok": record.get("state_ok"),
-        "actions_ok": record.get("actions_ok"),
-        "truncated": record.get("truncated"),
-        "error": record.get("error") or record.get("failure_reason"),
-        "prompt": record.get("prompt"),
-        "prompt_line": record.get("prompt_line"),
-        "messages": messages,
-        "details": record.get("reward_details"),
+        "step": r.step if r.step is not None else step,
+        "task": r.task_id,
+        "category": r.category,
+        "group": r.group,
+        "token": r.reward_token,
+        "reward": r.reward,
+        "advantage": r.advantage,
+        "state_ok": r.state_ok,
+        "actions_ok": r.actions_ok,
+        "truncated": r.truncated,
+        "error": r.error or r.failure_reason,
+        "prompt": r.prompt,
+        "prompt_line": r.prompt_line,
+        "messages": r.messages,
+        "details": r.reward_details or None,
         # the weight version of each turn (a rollout generated ahead may span an update); older dumps: none
-        "versions": record.get("turn_versions")
-        or ([record["weight_version"]] if record.get("weight_version") is not None else []),
+        "versions": r.turn_versions or ([r.weight_version] if r.weight_version is not None else []),
     }
 
 

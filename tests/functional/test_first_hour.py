@@ -118,7 +118,7 @@ def test_smoke_run_from_an_empty_folder(data_dir, tmp_path):
     records = [json.loads(l) for l in (run / "rollouts" / "step_2.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(r["step"] == 2 for r in records)
     for r in records:  # prompt once per group and token, or the line that has it; every message; the reward parts
-        holder = r if "prompt" in r else records[r["prompt_line"] - 1]
+        holder = r if r["prompt"] is not None else records[r["prompt_line"] - 1]
         assert (holder["group"], holder["reward_token"]) == (r["group"], r["reward_token"])
         assert f"[Reward Goal: <|{r['reward_token']}_reward|>]" in holder["prompt"]
         assert [m["role"] for m in r["messages"]].count("assistant") == r["num_turns"]

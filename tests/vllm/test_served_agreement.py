@@ -35,7 +35,7 @@ PARSER = {"hermes": "hermes", "llama3_json": "llama3_json"}
 
 def _episodes(out):
     rows = [json.loads(l) for l in (out / "trajectories.jsonl").read_text().splitlines()]
-    return {r["task_id"]: (r["calls"], r["reward"], r["num_turns"]) for r in rows}
+    return {r["task_id"]: (r["turns"], r["reward"], r["num_turns"]) for r in rows}
 
 
 def _llama3_json_rctp(data, root):
@@ -177,7 +177,7 @@ def test_a_rejected_message_ends_the_turn_served_and_in_process(one_folder_plugi
     assert len(trained_eps) == 12 and served_eps == trained_eps
     # not vacuous: every in-process message was rejected whole, so every turn ended after one message
     rows = [json.loads(l) for l in (tmp_path / "checkpoint" / "trajectories.jsonl").read_text().splitlines()]
-    assert all(r["calls"] and all(c == [] for c in r["calls"]) for r in rows), rows[0]["calls"]
+    assert all(r["turns"] and all(c == [] for c in r["turns"]) for r in rows), rows[0]["turns"]
     assert all(r["rejected_messages"] == r["num_turns"] for r in rows), rows[0]
     # planted: error observations in process (the episode goes on) against the served turn that ended
     assert eval_main([*checkpoint, f"out_dir={tmp_path / 'error'}", "chat.rejected_message=error"]) == 0

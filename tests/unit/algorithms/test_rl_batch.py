@@ -138,7 +138,7 @@ def test_the_dump_writes_each_prompt_once_per_group_and_token(tmp_path):
     write_rollouts(path, 3, groups, torch.tensor([[0.5, -0.5, 0.0]]), decode=lambda ids: " ".join(map(str, ids)))
     lines = [json.loads(l) for l in path.read_text().splitlines()]
     assert [l["advantage"] for l in lines] == [0.5, -0.5, 0.0] and {l["step"] for l in lines} == {3}
-    assert lines[0]["prompt"] == "7 8" and lines[1]["prompt_line"] == 1 and "prompt" not in lines[1]
+    assert lines[0]["prompt"] == "7 8" and lines[1]["prompt_line"] == 1 and lines[1]["prompt"] is None
     assert lines[2]["prompt"] == "5 8"
     # a run folder made on the way (rank 0 may dump before anything else wrote there), and the next step beside it
     deep = tmp_path / "new_run" / "rollouts"
@@ -250,5 +250,7 @@ def test_a_rollout_dump_line_is_bounded_by_what_the_model_generated(tmp_path):
     keep = results[0].index("...")
     assert all(r == "x" * keep + f"... [clipped {65_536 - keep} characters]" for r in results[:-1])
     assert len(huge.observations[0][0]) == 65_536  # what trained is not touched
-    expected = {"step": 1, **normal.record(), "group": 0, "advantage": -0.5, "prompt_line": 1}
+    expected = normal.episode(step=1, advantage=-0.5, success=True, prompt_line=1)
+    expected.group = 0
+    expected = expected.to_json()
     assert second == json.dumps(expected, default=str) and "observations_clipped" not in second
