@@ -48,24 +48,19 @@ from nemo_rcgrpo.algorithms.rl_batch import (
 from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
 from nemo_rcgrpo.config import TrainConfig
 from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
-from nemo_rcgrpo.data.consistency import check_prompt_prefix, reward_goal_of
 from nemo_rcgrpo.data.packing import budget_batches, forward_cost, positions_saved
 from nemo_rcgrpo.data.prefix_tree import step_savings
-from nemo_rcgrpo.data.rl_tasks import load_rl_tasks
-from nemo_rcgrpo.envs.sources import category_key, make_opener
-from nemo_rcgrpo.generation import make_generator
-from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.envs.sources import category_key
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
-from nemo_rcgrpo.models.factory import make_policy, sync_generator
-from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
-from nemo_rcgrpo.prepare_data import ensure_data
+from nemo_rcgrpo.models.factory import sync_generator
+from nemo_rcgrpo.recipes.rl_parts import build_rl
 from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
-from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
+from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
-from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum, init_distributed, shutdown
-from nemo_rcgrpo.utils.provenance import reward_token_value, training_record
+from nemo_rcgrpo.utils.dist import DistInfo, init_distributed, shutdown
+from nemo_rcgrpo.utils.provenance import reward_token_value
 from nemo_rcgrpo.utils.run_lock import writing
 
 
@@ -86,95 +81,17 @@ class RLTrainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
         self.cfg, self.dist, self.recipe = cfg, dist, recipe
         self.run_dir = Path(cfg.run_dir)
-        seed_everything(cfg.seed)  # first: whatever a task source, an env or the model draws is seeded
-        ensure_data(cfg, dist)
-        # what the data decides, checked before the model loads: the tasks (of the env section's task source), the
-        # reward goal stage 1 was prepared with (template, position, separator; not a default copy), the env opener
-        tasks = load_rl_tasks(cfg.data.dir, cfg.rl.split, cfg.env, cfg.rl.eval_tasks, cfg.seed)
-        self.suite, self.task_ids, self.eval_ids = tasks.suite, tasks.train, tasks.held_out
-        goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
-        opener = make_opener(cfg.env, self.suite)
-        # the two views of the config the policy side is built from: the model, chat and generation (setup); the
-        # policy, trainer and precision sections (build)
-        setup, build = cfg.policy_setup(), cfg.policy_build()
-        self.tokenizer, model = load_tokenizer_and_model(setup)
-        self.renderer = make_renderer(setup, self.tokenizer)
-        self.fingerprint = model_fingerprint(model, cfg.model.path)
-        self.parameters = sum(p.numel() for p in model.parameters())
-        # the shape the step's forward FLOPs are counted at (forward_flops_saved)
-        self.flop_shape = (
-            self.parameters,
-            getattr(model.config, "num_hidden_layers", 0),
-            getattr(model.config, "hidden_size", 0),
-        )
-        # how this model is trained; keys in-training evaluation and `rcgrpo eval reward_token=auto` alike
-        self.record = training_record(
-            cfg.stage,
-            cfg.model.path,
-            cfg.reward_tokens.high,
-            cfg.reward_tokens.low,
-            conditioned=cfg.stage_spec.conditioned,
-        )
-        self.record["reward_goal"] = dataclasses.asdict(goal)
-        # megatron under torchrun: every rank trains (TP x PP x DP); rank 0 also holds the HF model that generates
-        self.updates = cfg.rl.ppo_epochs * cfg.rl.mini_batches  # optimizer steps per RL step
-        self.policy = make_policy(build, model, dist, cfg.trainer.max_steps * self.updates)
-        if dist.world_size > 1 and not self.policy.distributed_rl:
-            raise ValueError(
-                f"policy.backend={cfg.policy.backend} runs stage 2 in one process; for several "
-                "processes use policy.backend=megatron"
-            )
-        self.reference = self.policy.frozen_reference()  # frozen initial weights: [B, T] reference logprobs
-        self.data_dist, self.dp_sum = self.policy.data_parallel()
-        rl = cfg.rl
-        # generating ahead (rl.max_staleness >= 1): a weight update waits for the call in flight (generation/gated.py)
-        self.generator = (
-            make_generator(setup, self.policy.module, self.tokenizer, gated=rl.max_staleness > 0)
-            if dist.is_main
-            else None
-        )
-        # whether the generator reads the policy's module (no weights to send), as rank 0's says, on every rank
-        shares = self.generator is not None and self.generator.shares_policy_weights
-        if shares:  # it decodes where the policy computes (megatron keeps rank 0's HF copy on the CPU otherwise)
-            self.policy.module.to(self.policy.device)
-        self.shares_weights = bool(all_reduce_sum(float(shares), dist))
-        if rl.max_staleness and self.shares_weights:
-            raise ValueError(
-                f"rl.max_staleness={rl.max_staleness} generates rollouts while the policy trains: the "
-                f"generator must hold its own weights (generation=vllm, or scripted), not sample from "
-                f"the policy's module; set rl.max_staleness=0 or generation=vllm"
-            )
-        sampling = SamplingParams(
-            max_new_tokens=rl.sampling.max_new_tokens, temperature=rl.sampling.temperature, top_p=rl.sampling.top_p
-        )
-        self.engine = RolloutEngine(
-            self.generator,
-            self.renderer,
-            opener,
-            sampling,
-            max_turns=rl.max_turns,
-            max_total_tokens=rl.max_total_tokens,
-            reward_goal=goal,
-            name=cfg.env.name,
-            rejected_message=cfg.chat.rejected_message,
-        )
-        # held-out episodes: greedy, the rest as in training
-        self.eval_engine = self.engine.with_sampling(
-            SamplingParams(max_new_tokens=rl.sampling.max_new_tokens, temperature=0.0)
-        )
+        parts = build_rl(cfg, dist)  # tasks, model, policy, generator, engines: recipes/rl_parts.py
+        self.parts = parts
+        self.suite, self.task_ids, self.eval_ids = parts.tasks.suite, parts.tasks.train, parts.tasks.held_out
+        m, p = parts.model, parts.policy
+        self.tokenizer, self.renderer, self.fingerprint = m.tokenizer, m.renderer, m.fingerprint
+        self.parameters, self.flop_shape, self.record = m.parameters, m.flop_shape, m.record
+        self.policy, self.reference, self.updates = p.policy, p.reference, p.updates
+        self.data_dist, self.dp_sum = p.data_dist, p.dp_sum
+        self.generator, self.shares_weights = parts.generator, parts.shares_weights
+        self.engine, self.eval_engine = parts.engine, parts.eval_engine
         self.step, self.task_cursor = 0, 0
-        # the env opens a training task with checked messages and tools, or the run stops here in one line
-        self.engine.opening(self.suite[self.task_ids[0]], None)
-        # stage 1 trained on the ids these prompts start with, or the run stops here with the setting to change
-        check_prompt_prefix(
-            self.engine,
-            self.renderer,
-            self.suite,
-            cfg.data.dir,
-            self.task_ids,
-            cfg.env,
-            conditioned=cfg.stage_spec.conditioned,
-        )
 
     # ------------------------------------------------------------------ one step
     def collect(self, step: int, cursor: int) -> StepRollouts:
