@@ -40,7 +40,7 @@ from nemo_rcgrpo.data.rl_tasks import find_pointers
 from nemo_rcgrpo.envs.interfaces import EPISODE_MODES, DataError
 from nemo_rcgrpo.envs.sources import check_categories, make_suite
 from nemo_rcgrpo.envs.splits import split_by_scenario
-from nemo_rcgrpo.registry import load_plugins, lookup
+from nemo_rcgrpo.registry import load_plugins, lookup, names
 from nemo_rcgrpo.utils.atomic import staged_folder
 from nemo_rcgrpo.utils.cli_help import resolve
 from nemo_rcgrpo.utils.config import ConfigError, check_fields, plain, reject_unknown
@@ -113,7 +113,6 @@ class PrepareDataConfig:
         if self.mode not in EPISODE_MODES:
             raise ConfigError(f"mode={self.mode!r}: choose one of {list(EPISODE_MODES)}")
         object.__setattr__(self, "categories", check_categories(self.task_source, self.categories, "categories"))
-        lookup("data_builder", self.task_source, setting="task_source")
         if self.calls_per_message not in ("turn", "one"):
             raise ConfigError(f"calls_per_message={self.calls_per_message!r}: choose 'turn' or 'one'")
         if not 0.0 < self.test_fraction < 1.0:
@@ -141,7 +140,13 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     suite = make_suite(cfg.task_source, categories, data_dir=cfg.bfcl_data_dir)
     if not len(suite.tasks):
         raise DataError(f"task_source={cfg.task_source} has no tasks of categories {list(categories)}")
-    builder = lookup("data_builder", cfg.task_source, setting="task_source")
+    # the data builder of the task source's name, else the one its suite names (a suite built on BFCL's: bfcl)
+    own = cfg.task_source in names("data_builder")
+    builder = lookup(
+        "data_builder",
+        cfg.task_source if own else getattr(suite, "data_builder", cfg.task_source),
+        setting=f"task_source={cfg.task_source}: its data_builder",
+    )
     # the suite's own split where it has one (BFCL's: by scenario); else by task, seeded (envs/splits.py)
     split = (
         suite.split(cfg.seed, cfg.test_fraction)

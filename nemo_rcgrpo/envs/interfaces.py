@@ -34,6 +34,8 @@ class Suite(Protocol):
     - ``category_order(category)``: a sort key, the order of the per-category tables (default: by name).
     - ``oracle_calls(task)``: the calls an oracle makes, per user turn (``rcgrpo eval policy=oracle``).
     - ``title``: what the evaluation results say they were run on (default: the task source's name).
+    - ``data_builder``: the registered data builder of ``prepare-data`` where none has the task source's name
+      (a suite built on `BFCLSuite` gets BFCL's).
 
     The task source itself may declare ``categories`` (a tuple attribute of the registered function): the names
     ``env.categories`` and ``categories`` are checked against, and their default. A source that declares none

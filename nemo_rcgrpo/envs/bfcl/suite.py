@@ -35,11 +35,14 @@ class BFCLSuite:
     has a fixed held-out set): the tool docs, the gold replays and the split come with it (`envs/bfcl/micro.py`).
     """
 
+    data_builder = "bfcl"  # what prepare-data builds a source's data with, where none is registered in its name
     title = "BFCL v4 multi-turn"  # what `rcgrpo eval` results and `rcgrpo compare` tables say they were run on
     category_order = staticmethod(category_order)  # BFCL's categories in BFCL's order (the per-category tables)
 
     def __init__(self, categories: Iterable[str] = CATEGORIES, data_dir: Path | None = None):
         self.data_dir = Path(data_dir) if data_dir else bfcl_data_dir()
+        # none given (a plugin's source built on this class, which declares no categories of its own): BFCL's four
+        categories = tuple(categories) or CATEGORIES
         unknown = set(categories) - set(CATEGORIES)
         if unknown:
             raise ValueError(f"unknown BFCL multi-turn categories {sorted(unknown)}; choose from {CATEGORIES}")
