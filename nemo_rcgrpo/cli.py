@@ -52,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _commands() -> dict[str, Any]:
-    from nemo_rcgrpo.registry import table
+    """The registered commands (the shipped environments', and the plugins' of the entry point group); a name the
+    CLI has already is not one of them."""
+    from nemo_rcgrpo.registry import load_plugins, table
 
-    return table("command")
+    load_plugins([])  # the entry points of nemo_rcgrpo.plugins: a plugin package's commands
+    return {name: fn for name, fn in table("command").items() if name not in {"convert", *HYDRA_COMMANDS}}
 
 
 HYDRA_COMMANDS = {

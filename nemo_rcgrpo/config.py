@@ -159,6 +159,13 @@ class TrainConfig:
             )
 
     def validate(self) -> None:
+        from nemo_rcgrpo.envs.sources import check_categories
+
+        # env.categories: [] (the default) is every category the task source declares, written out here so the
+        # run's saved config says which it played
+        categories = check_categories(self.env.task_source, self.env.categories, "env.categories")
+        if categories != self.env.categories:
+            object.__setattr__(self, "env", dataclasses.replace(self.env, categories=categories))
         lookup("stage", self.stage, setting="stage")
         lookup("loop", self.stage_spec.loop, of=Loop, setting=f"stage {self.stage}'s loop")
         self.policy_setup().validate()  # model, chat, reward tokens, generation

@@ -163,7 +163,7 @@ class VLLMConfig:
 
 @dataclass(frozen=True)
 class ScriptedConfig:
-    """generation.backend=scripted (nemo_rcgrpo/generation/scripted.py): plays the ground truth or a failure."""
+    """generation.backend=scripted (nemo_rcgrpo/envs/bfcl/scripted.py): plays the ground truth or a failure."""
 
     success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
     success_high: float = 1.0  # ... with the high reward token in its prompt (a perfectly conditioned RCTP-FT model)

@@ -141,12 +141,13 @@ def build(cfg: PrepareDataConfig, out: Path) -> dict[str, Any]:
     if not len(suite.tasks):
         raise DataError(f"task_source={cfg.task_source} has no tasks of categories {list(categories)}")
     # the data builder of the task source's name, else the one its suite names (a suite built on BFCL's: bfcl)
-    own = cfg.task_source in names("data_builder")
-    builder = lookup(
-        "data_builder",
-        cfg.task_source if own else getattr(suite, "data_builder", cfg.task_source),
-        setting=f"task_source={cfg.task_source}: its data_builder",
-    )
+    name = cfg.task_source if cfg.task_source in names("data_builder") else getattr(suite, "data_builder", None)
+    if name not in names("data_builder"):
+        raise ConfigError(
+            f"task_source={cfg.task_source} has no data builder: register one under its name (kind "
+            f"data_builder, docs/extending.md) or write its data with a script of its own"
+        )
+    builder = lookup("data_builder", name)
     # the suite's own split where it has one (BFCL's: by scenario); else by task, seeded (envs/splits.py)
     split = (
         suite.split(cfg.seed, cfg.test_fraction)

@@ -121,7 +121,7 @@ TARGETS: dict[str, Target] = {
             "PolicySetup.validate",
             "TrainConfig.validate",
             "TrainConfig._validate_stage1_dataset",
-            "TrainConfig._validate_megatron",
+            "TrainConfig._validate_megatron_section",
             "TrainConfig._validate_rl",
         ),
         glue=True,

@@ -72,7 +72,7 @@ class EnvConfig:
 
         lookup("env", self.name, setting="env.name")
         lookup("task_source", self.task_source, setting="env.task_source")
-        object.__setattr__(self, "categories", check_categories(self.task_source, self.categories, "env.categories"))
+        check_categories(self.task_source, self.categories, "env.categories")  # resolved by TrainConfig.validate
         cls = settings_class(self.name)
         if self.settings is None:
             object.__setattr__(self, "settings", cls())

@@ -36,14 +36,30 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return result
 
 
+def _source(result: dict[str, Any]) -> Any:
+    """The registered task source a result was evaluated on (its function: ``title``, ``category_order``), or None."""
+    from nemo_rcgrpo.registry import table
+
+    return table("task_source").get(str((result.get("config") or {}).get("task_source")))
+
+
 def _categories(results: Sequence[dict[str, Any]]) -> list[str]:
-    """Every category of the results, in their order (each results.json lists its own in its suite's order)."""
-    return list(dict.fromkeys(c for r in results for c in r["categories"]))
+    """Every category of the results: in the order the first result's task source declares (``category_order``),
+    else as the results list them (each results.json in its suite's order)."""
+    names = list(dict.fromkeys(c for r in results for c in r["categories"]))
+    order = getattr(_source(results[0]), "category_order", None)
+    return sorted(names, key=order) if callable(order) else names
 
 
 def _tasks_title(results: Sequence[dict[str, Any]]) -> str:
-    """What the results were evaluated on: each results.json's ``tasks_title`` (its suite's ``title``)."""
-    titles = [r.get("tasks_title") or f"task source {(r.get('config') or {}).get('task_source', '?')}" for r in results]
+    """What the results were evaluated on: each results.json's ``tasks_title`` (its suite's ``title``); for one
+    written before it, its task source's."""
+    titles = [
+        r.get("tasks_title")
+        or getattr(_source(r), "title", None)
+        or f"task source {(r.get('config') or {}).get('task_source', '?')}"
+        for r in results
+    ]
     return " / ".join(dict.fromkeys(titles))
 
 

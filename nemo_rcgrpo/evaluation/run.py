@@ -76,12 +76,14 @@ def select_tasks(cfg: EvalConfig, suite: Suite) -> list[str]:
 
 
 def held_out_ids(cfg: EvalConfig, suite: Suite) -> list[str]:
-    """The paper protocol's tasks: the data's split.json (prepare-data's); for a task source that is not BFCL's (a
-    plugin's data builder writes no split) the data's held-out RL pointers, rl_test.jsonl; without data_dir the
-    split recomputed from split_seed."""
+    """The paper protocol's tasks: the data's split.json (prepare-data's); for a suite without split() whose data
+    has no split.json (a plugin's own data script) the data's held-out RL pointers, rl_test.jsonl; without data_dir
+    the split recomputed from split_seed."""
     if cfg.data_dir:
         path = Path(cfg.data_dir) / "split.json"
-        pointers = None if hasattr(suite, "split") or path.is_file() else find_pointers(cfg.data_dir, "test")
+        pointers = (
+            None if callable(getattr(suite, "split", None)) or path.is_file() else find_pointers(cfg.data_dir, "test")
+        )
         if pointers is not None:
             return list(load_pointers(pointers)["task_id"])
         if not path.is_file():

@@ -48,7 +48,7 @@ class RLTasks:
 @dataclass
 class RLModel:
     tokenizer: Any
-    model: Any  # the HF model, reward tokens added
+    model: Any  # the HF model, reward tokens added; None once the policy is built around it
     renderer: Any
     fingerprint: str
     parameters: int
@@ -165,6 +165,7 @@ def build_rl(cfg: TrainConfig, dist: DistInfo) -> RLParts:
     setup = cfg.policy_setup()  # model, chat, reward tokens, generation, env
     model = build_model(setup, cfg.stage, cfg.stage_spec.conditioned, tasks.goal)
     policy = build_policy(cfg.policy_build(), model.model, dist, cfg.rl, cfg.trainer.max_steps)
+    model.model = None  # the policy holds what it keeps of it (megatron drops it on the ranks that do not generate)
     generator, shares = build_generator(setup, policy.policy, model.tokenizer, cfg.rl.max_staleness, dist)
     engine, eval_engine = build_engines(
         generator, model.renderer, tasks, cfg.rl, cfg.env.name, cfg.chat.rejected_message

@@ -513,3 +513,31 @@ def test_a_model_parallel_run_started_by_hand_is_not_held_to_the_layouts_gpus():
     assert cfg.parallel_plan(model_parallel=False).world_size == 3  # 3 GPUs in the layout, not a multiple of 2
     with pytest.raises(ConfigError, match=r"training GPUs are not a multiple of TP x PP x CP = 2 x 1 x 1"):
         cfg.parallel_plan()
+
+
+def test_env_categories_default_to_what_the_task_source_declares():
+    """env.categories: [] in every recipe's defaults, written out at validation as the task source's own categories
+    (BFCL's four; a plugin source's), so the saved config says which were played; an undeclared name is refused."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.registry import register, table
+    from nemo_rcgrpo.utils.config import compose, schema_defaults
+
+    assert schema_defaults("nemo_rcgrpo.config:TrainConfig")["env"]["categories"] == []
+    cfg = TrainConfig.from_dict(compose("rl_defaults", ["stage=grpo"]))
+    assert cfg.env.categories == ("base", "miss_func", "miss_param", "long_context")
+    assert cfg.to_dict()["env"]["categories"] == ["base", "miss_func", "miss_param", "long_context"]
+
+    def two_kinds(categories, data_dir=None):  # never built here
+        raise AssertionError
+
+    two_kinds.categories = ("easy", "hard")
+    register("task_source", "two_kinds")(two_kinds)
+    try:
+        cfg = TrainConfig.from_dict(compose("rl_defaults", ["stage=grpo", "env.task_source=two_kinds"]))
+        assert cfg.env.categories == ("easy", "hard")
+        with pytest.raises(ConfigError, match=r"env.categories=\['base'\]: unknown \['base'\]; use a non-empty subset"):
+            TrainConfig.from_dict(
+                compose("rl_defaults", ["stage=grpo", "env.task_source=two_kinds", "env.categories=[base]"])
+            )
+    finally:
+        table("task_source").pop("two_kinds")

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from nemo_rcgrpo.envs.bfcl import failures as _failures  # noqa: F401 - registers wrong_tool, wrong_param, ...
 from nemo_rcgrpo.envs.bfcl import reward as _reward  # noqa: F401 - registers state_x_action, state, action
 from nemo_rcgrpo.envs.bfcl.config import BFCLSettings
-from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES
+from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, category_order
 from nemo_rcgrpo.registry import register
 
 register("env_settings", "bfcl")(BFCLSettings)
@@ -34,6 +34,8 @@ def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
 
 
 bfcl.categories = bfcl_micro.categories = CATEGORIES  # BFCL's, in BFCL's order (micro: its tasks are all base)
+bfcl.category_order = bfcl_micro.category_order = category_order  # for results read without their suite (compare)
+bfcl.title, bfcl_micro.title = "BFCL v4 multi-turn", "BFCL micro tasks"
 
 
 @register("env", "bfcl")

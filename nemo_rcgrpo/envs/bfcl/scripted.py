@@ -216,7 +216,7 @@ def make_scripted_generator(cfg: Any, model: Any, tokenizer: Any) -> ScriptedGen
     from nemo_rcgrpo.models.setup import make_renderer
 
     s = cfg.generation.scripted
-    # BFCL's env and settings: PolicySetup._validate_scripted refuses another env in one line at start
+    # BFCL's env and settings: plugin.py: _check_scripted refuses another env in one line at start
     return ScriptedGenerator(
         make_renderer(cfg, tokenizer),
         make_suite(cfg.env.task_source, cfg.env.categories),

@@ -40,3 +40,23 @@ def test_bfcls_parts_are_registered_by_name():
     from nemo_rcgrpo.envs.sources import source_categories
 
     assert source_categories("bfcl") == ("base", "miss_func", "miss_param", "long_context")
+
+
+def test_a_registered_command_runs_from_the_cli_and_cannot_take_a_built_in_name(capsys):
+    from nemo_rcgrpo.cli import _commands, build_parser, main
+    from nemo_rcgrpo.registry import register, table
+
+    def hello(argv):
+        print("hello", *argv)
+        return 7
+
+    hello.help = "say hello"
+    register("command", "hello")(hello)
+    register("command", "train")(hello)
+    try:
+        assert "hello" in _commands() and "train" not in _commands()
+        assert main(["hello", "a", "b"]) == 7 and capsys.readouterr().out == "hello a b\n"
+        assert "say hello" in build_parser().format_help()
+    finally:
+        table("command").pop("hello")
+        table("command").pop("train")
