@@ -7,14 +7,13 @@ when a plugin's misses one); `run.py` runs them and writes the results.
 from __future__ import annotations
 
 import sys
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from nemo_rcgrpo.envs.interfaces import Suite
 from nemo_rcgrpo.evaluation.agents import NullAgent, OracleAgent, play_episode
 from nemo_rcgrpo.evaluation.config import EvalConfig
-from nemo_rcgrpo.evaluation.records import episode_record, failure_reason  # noqa: F401 - failure_reason: public
+from nemo_rcgrpo.evaluation.records import episode_record, failure_reason, run_episodes  # noqa: F401 - failure_reason: public
 from nemo_rcgrpo.registry import check_part, lookup, register
 from nemo_rcgrpo.utils.provenance import reward_token_value
 
@@ -138,18 +137,7 @@ class MessagePolicy:
             on_done(rec)
             return rec
 
-        jobs = [(i, t) for i, t in enumerate(task_ids) if only is None or t in only]
-        if self.concurrency == 1:
-            return [one(i, t) for i, t in jobs]
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(one, i, t) for i, t in jobs]
-            finished, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futures:  # the first failure (e.g. a dead endpoint) is raised here
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
-            return [f.result() for f in futures]
+        return run_episodes(one, task_ids, only, self.concurrency)
 
     def close(self) -> None:
         pass

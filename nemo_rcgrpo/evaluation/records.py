@@ -77,3 +77,22 @@ def episode_record(
         if key in names:
             setattr(record, key, value)
     return record.to_json()
+
+
+def run_episodes(one, task_ids: list[str], only: set[str] | None, concurrency: int) -> list[dict[str, Any]]:
+    """``one(index, task_id)`` for the tasks of ``task_ids`` in ``only`` (all without it), on ``concurrency`` threads,
+    records in task order; the first failure (a dead endpoint) cancels what has not started and is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    jobs = [(i, t) for i, t in enumerate(task_ids) if only is None or t in only]
+    if concurrency == 1:
+        return [one(i, t) for i, t in jobs]
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(one, i, t) for i, t in jobs]
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in futures:
+            if f.done() and not f.cancelled() and f.exception() is not None:
+                raise f.exception()
+        return [f.result() for f in futures]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +20,7 @@ from nemo_rcgrpo.envs.bfcl.official import BFCL_TEMPERATURE, BFCL_VERSION, Infer
 from nemo_rcgrpo.envs.bfcl.reward import compute_reward
 from nemo_rcgrpo.envs.bfcl.tasks import CATEGORIES, BFCLTask
 from nemo_rcgrpo.evaluation.agents import EpisodeRefused
+from nemo_rcgrpo.evaluation.records import episode_record, run_episodes
 
 # the handler BFCL runs for an OpenAI-compatible FC endpoint of unknown family, and its name in BFCL's code
 OPENAI_FC_HANDLER = "OpenAICompletionsHandler"
@@ -183,7 +183,6 @@ class LeaderboardPolicy:
     def run(
         self, suite, task_ids: list[str], sample: int, seed: int, on_done: Callable, only: set[str] | None = None
     ) -> list[dict]:
-        from nemo_rcgrpo.evaluation.records import episode_record
 
         for t in task_ids:
             suite.gold(t)  # memoised before the threads start
@@ -229,18 +228,7 @@ class LeaderboardPolicy:
             on_done(rec)
             return rec
 
-        jobs = [(i, t) for i, t in enumerate(task_ids) if only is None or t in only]
-        if self.concurrency == 1:
-            return [one(i, t) for i, t in jobs]
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(one, i, t) for i, t in jobs]
-            _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futures:  # the first failure (a dead endpoint) is raised here
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
-            return [f.result() for f in futures]
+        return run_episodes(one, task_ids, only, self.concurrency)
 
     def close(self) -> None:
         pass
