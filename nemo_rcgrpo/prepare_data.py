@@ -295,42 +295,66 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---------------------------------------------------------------------- what a training run reads
 # Prepared first where it is missing (``data.prepare_if_missing``): stage 1's file or an RL stage's task pointers,
 # by this command in a child process on rank 0, every rank waiting for it.
-def _needed(cfg: TrainConfig) -> Path | None:
-    """What the run reads: the stage-1 data file, or an RL stage's task pointers (``rl_<split>``; its stage-1
-    lines are only compared with, `data/consistency.py`); None when it is missing."""
-    if cfg.is_rl:
-        return find_pointers(cfg.data.dir, cfg.rl.split)
-    path = Path(cfg.data.dir) / cfg.data_file
-    return path if path.exists() else None
+@dataclass(frozen=True)
+class DataNeed:
+    """What a training run reads of its config to find its data, or to prepare it where it is missing
+    (``DataNeed.of(cfg)``)."""
+
+    dir: Path  # data.dir
+    file: str  # what the run reads there: the stage-1 data file, or an RL stage's task pointers rl_<split>
+    rl_split: str | None  # an RL stage's split (rl.split); None in stage 1
+    prepare_if_missing: bool
+    mode: str  # data.mode
+    seed: int
+    task_source: str  # env.task_source
+    plugins: tuple[str, ...]  # the modules that register a plugin's task source or failure types
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> "DataNeed":
+        split = cfg.rl.split if cfg.is_rl else None
+        file = f"rl_{split}.jsonl" if cfg.is_rl else cfg.data_file  # what prepare-data writes: JSONL
+        d = cfg.data
+        return cls(
+            Path(d.dir), file, split, d.prepare_if_missing, d.mode, cfg.seed, cfg.env.task_source, tuple(cfg.plugins)
+        )
+
+    def found(self) -> Path | None:
+        """The file the run reads (an RL stage's pointers in any of their formats; its stage-1 lines are only compared
+        with, `data/consistency.py`), or None where it is missing."""
+        if self.rl_split is not None:
+            return find_pointers(self.dir, self.rl_split)
+        path = self.dir / self.file
+        return path if path.exists() else None
 
 
-def ensure_data(cfg: TrainConfig, dist: DistInfo) -> Path:
-    found = _needed(cfg)
-    # what prepare-data writes where nothing is found: JSONL
-    path = found or Path(cfg.data.dir) / (f"rl_{cfg.rl.split}.jsonl" if cfg.is_rl else cfg.data_file)
-    if found is None and cfg.data.prepare_if_missing and dist.is_main:
-        if Path(cfg.data.dir).exists():
+def ensure_data(need: DataNeed, dist: DistInfo) -> Path:
+    """The data file the run reads; where it is missing and ``data.prepare_if_missing``, rank 0 prepares the default
+    data into a folder that does not exist yet (a `prepare-data` process) while the others wait."""
+    found = need.found()
+    path = found or need.dir / need.file
+    if found is None and need.prepare_if_missing and dist.is_main:
+        if need.dir.exists():
             raise FileNotFoundError(
-                f"{path} is missing but {cfg.data.dir} exists; prepare the data there "
-                f"(rcgrpo prepare-data out_dir={cfg.data.dir} overwrite=true) or fix data.dir"
+                f"{path} is missing but {need.dir} exists; prepare the data there "
+                f"(rcgrpo prepare-data out_dir={need.dir} overwrite=true) or fix data.dir"
             )
         # the default data (shipped failure types): neither plugins nor --config-dir are needed, so none are passed
         cmd = [
             sys.executable,
             "-m",
             "nemo_rcgrpo.prepare_data",
-            f"out_dir={cfg.data.dir}",
-            f"mode={cfg.data.mode}",
-            f"seed={cfg.seed}",
-            f"task_source={cfg.env.task_source}",
+            f"out_dir={need.dir}",
+            f"mode={need.mode}",
+            f"seed={need.seed}",
+            f"task_source={need.task_source}",
             "tokenizer=null",
         ]
-        if cfg.plugins:  # a plugin's task source (or failure types) is registered by its module
-            cmd.append(f"plugins=[{','.join(cfg.plugins)}]")
+        if need.plugins:  # a plugin's task source (or failure types) is registered by its module
+            cmd.append(f"plugins=[{','.join(need.plugins)}]")
         subprocess.run(cmd, check=True)
     barrier(dist)
     if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={cfg.data.dir}`")
+        raise FileNotFoundError(f"data file {path} does not exist; run `rcgrpo prepare-data out_dir={need.dir}`")
     return path
 
 

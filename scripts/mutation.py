@@ -152,12 +152,13 @@ TARGETS: dict[str, Target] = {
         scope=(
             "step_rng",
             "eval_reward_token",
-            "RLTrainer.train_step",
-            "RLTrainer._mine",
-            "RLTrainer._update",
             "RLTrainer._start",
-            "RLTrainer._budget_ranges",
         ),
+        glue=True,
+    ),
+    "rl_update": Target(
+        "nemo_rcgrpo/recipes/rl_update.py",
+        scope=("StepUpdate.apply", "StepUpdate._mine", "StepUpdate._update", "StepUpdate._budget_ranges"),
         glue=True,
     ),
     "eval_token": Target("nemo_rcgrpo/evaluation/policies.py", scope=("conditioning",), glue=True),

@@ -24,38 +24,29 @@ export) x the stage name.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nemo_rcgrpo.algorithms.advantages import group_advantages
-from nemo_rcgrpo.algorithms.losses import GRPOLoss, PolicyLossStats
 from nemo_rcgrpo.algorithms.rl_ahead import AheadCollector, staleness_metrics
-from nemo_rcgrpo.algorithms.rl_batch import (
-    RolloutGroup,
-    UpdateTotals,
-    rl_micro_batch,
-    step_metrics,
-    token_batches,
-    write_rollouts,
-)
+from nemo_rcgrpo.algorithms.rl_batch import RolloutGroup, write_rollouts
 from nemo_rcgrpo.algorithms.rl_collect import RolloutsFailed, StepRollouts, collect_groups
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.data.batch import MicroBatch, RLMicroBatch
-from nemo_rcgrpo.data.packing import budget_batches, forward_cost, positions_saved
-from nemo_rcgrpo.data.prefix_tree import step_savings
+from nemo_rcgrpo.config_schema import RLConfig
 from nemo_rcgrpo.envs.sources import category_key
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 from nemo_rcgrpo.models.factory import sync_generator
-from nemo_rcgrpo.recipes.rl_parts import build_rl
-from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
+from nemo_rcgrpo.recipes.rl_parts import RLParts, build_rl
+from nemo_rcgrpo.recipes.rl_update import StepUpdate, UpdateSettings
+from nemo_rcgrpo.recipes.run_loop import RunLoop, RunSettings, open_run
 from nemo_rcgrpo.rollout.multi_turn import RolloutSpec
+from nemo_rcgrpo.stages import Stage
 from nemo_rcgrpo.utils.banner import say, start_banner, step_line
 from nemo_rcgrpo.utils.bounded import bounded_line
 from nemo_rcgrpo.utils.checkpoint import latest_checkpoint
@@ -77,171 +68,90 @@ def eval_reward_token(setting: str, reward_conditioned: bool) -> bool | None:
     return reward_token_value(setting) if reward_conditioned else None
 
 
+@dataclass(frozen=True)
+class RLSettings:
+    """What the RL loop reads of its config beside its parts and the run's settings (``RLSettings.of(cfg)``)."""
+
+    rl: RLConfig
+    stage: str
+    spec: Stage  # what the stage changes in the loop (`stages.py`)
+    seed: int
+    max_steps: int  # trainer.max_steps: RL steps, each of rl.ppo_epochs x rl.mini_batches optimizer steps
+    update: UpdateSettings
+    lr: float  # trainer.lr (the banner)
+    data_dir: str  # data.dir (the banner)
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> "RLSettings":
+        t = cfg.trainer
+        update = UpdateSettings(cfg.rl, t.micro_batch_size, t.micro_batch_tokens)
+        return cls(cfg.rl, cfg.stage, cfg.stage_spec, cfg.seed, t.max_steps, update, t.lr, cfg.data.dir)
+
+
 class RLTrainer:
-    def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None):
-        self.cfg, self.dist, self.recipe = cfg, dist, recipe
-        self.run_dir = Path(cfg.run_dir)
-        parts = build_rl(cfg, dist)  # tasks, model, policy, generator, engines: recipes/rl_parts.py
-        self.parts = parts
+    """The RL loop on its built parts (`recipes/rl_parts.py`) and settings: ``RLTrainer.from_config(cfg, dist)``
+    builds both, ``run()`` runs the steps."""
+
+    def __init__(self, parts: RLParts, settings: RLSettings, run: RunSettings, dist: DistInfo, recipe: str | None):
+        self.parts, self.settings, self.run_settings, self.dist, self.recipe = parts, settings, run, dist, recipe
+        self.run_dir = run.run_dir
         self.suite, self.task_ids, self.eval_ids = parts.tasks.suite, parts.tasks.train, parts.tasks.held_out
-        m, p = parts.model, parts.policy
-        self.tokenizer, self.renderer, self.fingerprint = m.tokenizer, m.renderer, m.fingerprint
-        self.parameters, self.flop_shape, self.record = m.parameters, m.flop_shape, m.record
-        self.policy, self.reference, self.updates = p.policy, p.reference, p.updates
-        self.data_dist, self.dp_sum = p.data_dist, p.dp_sum
+        m = parts.model
+        self.tokenizer, self.fingerprint, self.record = m.tokenizer, m.fingerprint, m.record
+        self.policy = parts.policy.policy
         self.generator, self.shares_weights = parts.generator, parts.shares_weights
         self.engine, self.eval_engine = parts.engine, parts.eval_engine
+        pad_id = m.tokenizer.pad_token_id
+        self.updater = StepUpdate(
+            parts.policy, parts.generator, parts.shares_weights, pad_id, m.flop_shape, settings.update
+        )
         self.step, self.task_cursor = 0, 0
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None) -> "RLTrainer":
+        """The trainer of ``cfg``: its parts built (`build_rl`), its settings and the run's taken from it."""
+        return cls(build_rl(cfg, dist), RLSettings.of(cfg), RunSettings.of(cfg), dist, recipe)
 
     # ------------------------------------------------------------------ one step
     def collect(self, step: int, cursor: int) -> StepRollouts:
         """Step ``step``'s (from 1) rollout groups from task ``cursor`` on, their timing / filter stats and the task
         cursor after them (`algorithms/rl_collect.py`), with the step's seeded rng."""
-        cfg = self.cfg
+        s = self.settings
+        rng = step_rng(s.seed, step - 1)
         try:
             return collect_groups(
-                cfg.rl,
-                cfg.stage_spec,
-                self.engine,
-                self.suite,
-                self.task_ids,
-                cursor,
-                step - 1,
-                step_rng(cfg.seed, step - 1),
-                cfg.seed,
-                stage=cfg.stage,
+                s.rl, s.spec, self.engine, self.suite, self.task_ids, cursor, step - 1, rng, s.seed, stage=s.stage
             )
         except RolloutsFailed as e:  # the run stops; the dump says why each rollout failed
-            g = self.cfg.rl.group_size
+            g = s.rl.group_size
             trajs = e.trajectories
             groups = [trajs[i : i + g] for i in range(0, len(trajs), g)]
-            write_rollouts(
-                self.run_dir / "rollouts" / f"step_{step}.jsonl",
-                step,
-                groups,
-                torch.zeros(len(groups), g),
-                self.tokenizer.decode,
-            )
+            dump = self.run_dir / "rollouts" / f"step_{step}.jsonl"
+            write_rollouts(dump, step, groups, torch.zeros(len(groups), g), self.tokenizer.decode)
             raise
 
     def advantages(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, torch.Tensor]:
         """(rewards [N, G], advantages [N, G]) over each whole group, regardless of token."""
-        adv_cfg = self.cfg.rl.advantage
+        adv_cfg = self.settings.rl.advantage
         rewards = torch.tensor([[t.reward for t in g] for g in groups])  # [N, G]
         return rewards, group_advantages(rewards, baseline=adv_cfg.baseline, scale=adv_cfg.scale, eps=adv_cfg.eps)
 
-    def train_step(
+    def update(
         self, groups: list[RolloutGroup], rewards: torch.Tensor, adv: torch.Tensor, stats: dict[str, float]
     ) -> dict[str, float]:
-        """The updates of one batch (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default) on
-        ``groups`` with their rewards and advantages [N, G]; returns the step's metrics."""
-        rl = self.cfg.rl
-        trajs = [t for g in groups for t in g]
-        t0 = time.perf_counter()
-        tokens = token_batches(
-            trajs, self.tokenizer.pad_token_id, self.cfg.trainer.micro_batch_size, self._budget_ranges(trajs)
-        )
-        # how the policy runs each micro-batch: a group's prompt shared by its rows computed once, rows packed
-        layouts = [(self.policy.layout(b), b.attention_mask.sum(1).tolist()) for b in tokens]
-        savings = step_savings(layouts, *self.flop_shape)
-        savings.update(forward_positions_saved=positions_saved(layouts), micro_batches=float(len(tokens)))
-        # one update: the ratio is taken against the detached logprobs of the training forward pass (the old ones)
-        # and the entropies come from that pass too (torch backend): no separate old-logprob pass
-        fused = self.updates == 1 and rl.old_logprobs == "auto" and self.policy.fuses_old_logprobs
-        batches, entropy = self._score(tokens, trajs, adv.reshape(-1), recompute_old=not fused)
-        logprob_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        loss = GRPOLoss.from_config(rl.loss, ratio="current" if fused else "old")
-        out, fused_entropy = self._update(tokens, batches, loss, with_entropy=fused)
-        if fused:
-            entropy = fused_entropy
-        entropy_sums = self.dp_sum(entropy).tolist()  # every trajectory's entropy sum, from the replica that scored it
-        train_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        sync_generator(self.policy, self.generator, self.shares_weights, self.step + 1)
-        sync_seconds = time.perf_counter() - t0
-        num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens))
-        metrics = step_metrics(groups, rewards, adv, entropy_sums, out, num_valid)
-        metrics.update(
-            stats,
-            logprob_seconds=logprob_seconds,
-            train_seconds=train_seconds,
-            weight_sync_seconds=sync_seconds,
-            **savings,
-        )
-        return metrics
-
-    def _budget_ranges(self, trajs: list) -> list[tuple[int, int]] | None:
-        """With ``trainer.micro_batch_tokens``: the step's micro-batches as runs of rollouts filled to that many forward
-        positions, counted as the policy runs them (prefix tree, packed or padded rows); None without it."""
-        budget = self.cfg.trainer.micro_batch_tokens
-        if budget is None:
-            return None
-        seqs = [t.token_ids for t in trajs]
-        share, pack = self.policy.share_prefix, self.policy.packs
-        return budget_batches(
-            len(trajs), self.cfg.rl.group_size, budget, lambda lo, hi: forward_cost(seqs[lo:hi], share, pack)
-        )
-
-    def _mine(self, indices) -> list[int]:
-        """This data-parallel replica's micro-batches among ``indices`` (another replica scores and trains on the
-        rest)."""
-        return [i for i in indices if i % self.data_dist.world_size == self.data_dist.rank]
-
-    def _score(
-        self, tokens: list[MicroBatch], trajs: list, flat_adv: torch.Tensor, recompute_old: bool
-    ) -> tuple[dict[int, RLMicroBatch], torch.Tensor]:
-        """This replica's complete micro-batches (by index among ``tokens``), scored before any update: reference
-        logprobs and, where the loss takes its ratio against them, old logprobs and entropies; with the [N * G]
-        entropy sums (zeros where not computed here)."""
-        entropy = torch.zeros(len(trajs), dtype=torch.float64)
-        firsts = list(itertools.accumulate((b.rows for b in tokens), initial=0))  # each batch's first rollout
-        batches = {}
-        for i in self._mine(range(len(tokens))):
-            b, first, old = tokens[i], firsts[i], None
-            if recompute_old:
-                old, ent = self.policy.logprobs(b, with_entropy=True)
-                entropy[first : first + b.rows] = (ent * b.loss_mask.float()).sum(1)
-            batches[i] = rl_micro_batch(b, trajs, first, flat_adv, self.reference(b), old)
-        return batches, entropy
-
-    def _update(
-        self, tokens: list[MicroBatch], batches: dict[int, RLMicroBatch], loss: GRPOLoss, with_entropy: bool
-    ) -> tuple[UpdateTotals, torch.Tensor]:
-        """``rl.ppo_epochs`` passes over ``rl.mini_batches`` consecutive slices of the micro-batches, one optimizer step
-        each (normalised by the slice's global token and sequence counts, from every replica's ``tokens``; this
-        replica trains on its ``batches``). Returns the updates' totals and the fused pass's entropy sums."""
-        rl = self.cfg.rl
-        n = len(tokens)
-        slices = min(rl.mini_batches, n)  # dapo_filter may train on fewer groups than a full step: no empty slice
-        bounds = [round(k * n / slices) for k in range(slices + 1)]
-        stats, grad_norm, lr, skipped = PolicyLossStats(), 0.0, 0.0, 0
-        entropy = torch.zeros(sum(b.rows for b in tokens), dtype=torch.float64)
-        for _epoch in range(rl.ppo_epochs):
-            for lo, hi in zip(bounds, bounds[1:]):
-                num_valid = float(sum(int(b.loss_mask.sum()) for b in tokens[lo:hi]))
-                sequences = float(sum(b.rows for b in tokens[lo:hi]))
-                mine = [batches[i] for i in self._mine(range(lo, hi))]
-                kwargs = {"with_entropy": True} if with_entropy else {}
-                result = self.policy.train_step(
-                    mine, dataclasses.replace(loss, num_sequences=sequences), num_valid, **kwargs
-                )
-                for b, sums in zip(mine, result.entropy_sums or []):
-                    entropy[b.first : b.first + len(sums)] = sums
-                # one collective per update, on every replica alike (one without micro-batches adds zeros)
-                stats = stats + PolicyLossStats.total(result.stats, self.dp_sum)
-                grad_norm, lr, skipped = grad_norm + result.grad_norm, lr + result.lr, skipped + result.skipped
-        updates = rl.ppo_epochs * slices
-        return UpdateTotals(stats, updates, grad_norm / updates, lr / updates, skipped), entropy
+        """The step's updates on ``groups`` (``rl.ppo_epochs`` x ``rl.mini_batches`` optimizer steps, one by default;
+        `recipes/rl_update.py`), after which the generator samples from the weights of ``step + 1`` steps."""
+        return self.updater.apply(groups, rewards, adv, stats, self.step + 1)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy rollouts on held-out tasks (the paper protocol's episodes), conditioned on ``rl.eval_token``
-        where the model is reward-conditioned (its training record: rctp / rcgrpo, or trained from one); accuracy in percent overall and per category, episodes in eval/step_N.jsonl."""
+        where the model is reward-conditioned (its training record: rctp / rcgrpo, or trained from one); accuracy in
+        percent overall and per category, episodes in eval/step_N.jsonl."""
         from nemo_rcgrpo.evaluation.run import summarize
 
-        token = eval_reward_token(self.cfg.rl.eval_token, self.record["reward_conditioned"])
+        token = eval_reward_token(self.settings.rl.eval_token, self.record["reward_conditioned"])
         specs = [RolloutSpec(self.suite[t], g, token) for g, t in enumerate(self.eval_ids)]
-        trajs = self.eval_engine.rollout(specs, seed=self.cfg.seed)
+        trajs = self.eval_engine.rollout(specs, seed=self.settings.seed)
         records = [{"task_id": t.task_id, "category": t.category, "success": t.reward == 1.0} for t in trajs]
         summary = summarize(records, order=category_key(self.suite))
         out = {"eval_reward": statistics.fmean(t.reward for t in trajs), "eval_accuracy": summary["overall"]}
@@ -251,11 +161,8 @@ class RLTrainer:
         dump = folder / f"step_{self.step}.jsonl"
         with writing("the evaluation dump", dump), dump.open("w") as f:
             for t in trajs:  # the paper protocol's success: reward 1
-                record = t.record(
-                    step=self.step,
-                    success=t.reward == 1.0,
-                    prompt=self.tokenizer.decode(t.token_ids[: t.prompt_length]),
-                )
+                prompt = self.tokenizer.decode(t.token_ids[: t.prompt_length])
+                record = t.record(step=self.step, success=t.reward == 1.0, prompt=prompt)
                 f.write(bounded_line(record) + "\n")  # tool results clipped past the dump cap (utils/bounded.py)
         return out
 
@@ -263,7 +170,7 @@ class RLTrainer:
     def resume(self) -> Path | None:
         """The run folder checked, and where resuming the newest checkpoint loaded (`recipes/run_loop.py`); the
         step and task cursor continue from it."""
-        ckpt, ts = open_run(self.cfg, self.dist, self.policy, self.fingerprint)
+        ckpt, ts = open_run(self.run_settings, self.dist, self.policy, self.fingerprint)
         if ckpt is not None:
             self.step, self.task_cursor = ts["step"], ts["task_cursor"]
         return ckpt
@@ -273,23 +180,21 @@ class RLTrainer:
         return sorted({self.suite[t].category for t in self.task_ids}, key=category_key(self.suite))
 
     def _banner(self, ckpt: Path | None) -> None:
-        cfg, rl = self.cfg, self.cfg.rl
+        s, rl = self.settings, self.settings.rl
         start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
-        tokens = (
-            f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})" if cfg.stage_spec.conditioned else ""
-        )
+        tokens = f", reward tokens {rl.reward_token_sampling} (p_high {rl.p_high:g})" if s.spec.conditioned else ""
+        evaluated = f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"
         say(
             start_banner(
-                cfg,
+                self.run_settings,
                 recipe=self.recipe,
-                parameters=self.parameters,
+                parameters=self.parts.model.parameters,
                 checkpoint=ckpt,
                 start_step=start,
-                data=f"{cfg.data.dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
-                f"{len(self.eval_ids)} held-out for evaluation"
-                + (f" every {rl.eval_every} steps" if rl.eval_every else " (rl.eval_every=0: not evaluated)"),
-                steps=f"{cfg.trainer.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
-                f"lr {cfg.trainer.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
+                data=f"{s.data_dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
+                f"{len(self.eval_ids)} held-out for evaluation{evaluated}",
+                steps=f"{s.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
+                f"lr {s.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
                 f"{rl.sampling.max_new_tokens} new tokens at most",
             )
         )
@@ -317,41 +222,43 @@ class RLTrainer:
         sync_generator(self.policy, self.generator, self.shares_weights, self.step)
 
     def _run(self) -> dict[str, Any]:
-        cfg = self.cfg
         self._start()
-        main = self.dist.is_main
-        total = cfg.trainer.max_steps
-        metrics: dict[str, float] = {}
+        total, metrics = self.settings.max_steps, {}
         with RunLoop(
-            cfg, self.dist, self.policy, self.tokenizer, self.record, self.step, total, self.fingerprint
+            self.run_settings, self.dist, self.policy, self.tokenizer, self.record, self.step, total, self.fingerprint
         ) as loop:
-            k = cfg.rl.max_staleness
+            k = self.settings.rl.max_staleness
             # k >= 1: rank 0's thread collects the next steps while this one trains (algorithms/rl_ahead.py)
+            main = self.dist.is_main
             ahead = AheadCollector(self.collect, self.step + 1, loop.end, self.task_cursor, k) if k and main else None
             try:
                 for step in loop.steps():
-                    started = time.perf_counter()
-                    if ahead is not None:
-                        mine, waited = ahead.get(step)
-                    else:
-                        mine, waited = (self.collect(step, self.task_cursor), 0.0) if main else (None, 0.0)
-                    rollouts = self._share(mine)  # rank 0 rolls out, every rank trains
-                    self.task_cursor = rollouts.cursor
-                    rewards, adv = self.advantages(rollouts.groups)
-                    groups = rollouts.groups
-                    metrics = self.train_step(groups, rewards, adv, rollouts.stats)
-                    self.step = step
-                    if ahead is not None:
-                        ahead.trained(step)  # the generator holds step's weights: the next collections may start
-                        metrics.update(
-                            staleness_metrics(groups, step), rollout_wait_seconds=waited, **self.generator.take_waits()
-                        )
-                    self._after_step(loop, step, groups, adv, metrics, started)
+                    metrics = self._one_step(loop, step, ahead)
             finally:
                 if ahead is not None:
                     ahead.close()  # what was collected ahead is dropped: a resume draws the same tasks again
         loop.finish()
         return {"steps": self.step, **metrics}
+
+    def _one_step(self, loop: RunLoop, step: int, ahead: AheadCollector | None) -> dict[str, float]:
+        """Step ``step``: rank 0's rollouts (collected now, or ahead) on every rank, the update, what follows it."""
+        started = time.perf_counter()
+        if ahead is not None:
+            mine, waited = ahead.get(step)
+        else:
+            mine, waited = (self.collect(step, self.task_cursor), 0.0) if self.dist.is_main else (None, 0.0)
+        rollouts = self._share(mine)  # rank 0 rolls out, every rank trains
+        self.task_cursor = rollouts.cursor
+        groups = rollouts.groups
+        rewards, adv = self.advantages(groups)
+        metrics = self.update(groups, rewards, adv, rollouts.stats)
+        self.step = step
+        if ahead is not None:
+            ahead.trained(step)  # the generator holds step's weights: the next collections may start
+            waits = self.generator.take_waits()
+            metrics.update(staleness_metrics(groups, step), rollout_wait_seconds=waited, **waits)
+        self._after_step(loop, step, groups, adv, metrics, started)
+        return metrics
 
     def _after_step(
         self,
@@ -363,29 +270,21 @@ class RLTrainer:
         started: float,
     ) -> None:
         """The step's rollout dump, evaluation where due, timing, metrics line and checkpoint."""
-        cfg, main = self.cfg, self.dist.is_main
-        total = cfg.trainer.max_steps
+        rl, main = self.settings.rl, self.dist.is_main
         if main:
             dump = self.run_dir / "rollouts" / f"step_{step}.jsonl"
             with writing("the rollout dump", dump):
                 write_rollouts(dump, step, groups, adv, self.tokenizer.decode)
-        if cfg.rl.eval_every and step % cfg.rl.eval_every == 0 and self.eval_ids and main:
+        if rl.eval_every and step % rl.eval_every == 0 and self.eval_ids and main:
             t0 = time.perf_counter()
             metrics.update(self.evaluate(), eval_seconds=time.perf_counter() - t0)
         metrics["step_seconds"] = time.perf_counter() - started
         metrics["tokens_per_s"] = metrics["tokens"] / metrics["step_seconds"]
         loop.end_step(step, metrics, log=True, trainer_state={"task_cursor": self.task_cursor})
         loop.bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
-        if main and not cfg.logging.progress:
-            say(
-                step_line(
-                    cfg.stage,
-                    step,
-                    total,
-                    metrics,
-                    ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy", "step_seconds"),
-                )
-            )
+        if main and not self.run_settings.logging.progress:
+            keys = ("reward_mean", "zero_variance_fraction", "loss", "kl", "entropy", "eval_accuracy", "step_seconds")
+            say(step_line(self.settings.stage, step, self.settings.max_steps, metrics, keys))
 
     def _share(self, rollouts: StepRollouts | None) -> StepRollouts:
         """Rank 0's rollouts (groups, stats, task cursor) on every rank; a no-op in one process."""
@@ -402,6 +301,6 @@ def run_rl(cfg: TrainConfig, recipe: str | None = None) -> dict[str, Any]:
     """Stage 2 on model.path, which exists (`loops.rl_loop` trains it first from rl.stage1_recipe where it does not)."""
     dist = init_distributed()
     try:
-        return RLTrainer(cfg, dist, recipe).run()
+        return RLTrainer.from_config(cfg, dist, recipe).run()
     finally:
         shutdown(dist)

@@ -30,7 +30,7 @@ from nemo_rcgrpo.generation import make_generator
 from nemo_rcgrpo.generation.base import SamplingParams
 from nemo_rcgrpo.models.factory import make_policy
 from nemo_rcgrpo.models.setup import load_tokenizer_and_model, make_renderer, model_fingerprint, seed_everything
-from nemo_rcgrpo.prepare_data import ensure_data
+from nemo_rcgrpo.prepare_data import DataNeed, ensure_data
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine
 from nemo_rcgrpo.utils.dist import DistInfo, all_reduce_sum
 from nemo_rcgrpo.utils.provenance import training_record
@@ -79,7 +79,7 @@ class RLParts:
 def build_tasks(cfg: TrainConfig, dist: DistInfo) -> RLTasks:
     """The data, the tasks of the env section's task source, the reward goal and the env opener (sections: data, rl,
     env, reward_tokens, seed)."""
-    ensure_data(cfg, dist)
+    ensure_data(DataNeed.of(cfg), dist)
     tasks = load_rl_tasks(cfg.data.dir, cfg.rl.split, cfg.env, cfg.rl.eval_tasks, cfg.seed)
     goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
     return RLTasks(tasks.suite, tasks.train, tasks.held_out, goal, make_opener(cfg.env, tasks.suite))

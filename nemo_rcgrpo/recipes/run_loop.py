@@ -1,5 +1,7 @@
 """What every training loop does around its steps (stage 1 and RL alike), in one place:
 
+- ``RunSettings``: the settings it reads, and only those (``RunSettings.of(cfg)``): the run folder, the trainer's
+  checkpoint, resume and stop settings, logging, and what the banner and the HF export name;
 - ``open_run``: refuse another run's folder, keep this invocation's config (config.N.yaml), and where resuming load
   the newest checkpoint that verifies against its manifest into the policy (refused when it was written for another
   model) and the RNG state;
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from tqdm import tqdm
 
+from nemo_rcgrpo.config_schema import ChatConfig, LoggingConfig, ModelConfig, TrainerConfig
 from nemo_rcgrpo.models.factory import save_policy_checkpoint
 from nemo_rcgrpo.models.setup import export_hf
 from nemo_rcgrpo.utils.banner import say
@@ -34,16 +38,47 @@ from nemo_rcgrpo.utils.run_lock import writing
 from nemo_rcgrpo.utils.signals import StopFlag, StopRequested
 
 
-def open_run(cfg, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None, dict[str, Any]]:
+@dataclass(frozen=True)
+class RunSettings:
+    """What the loop around a run's steps reads of its config, and nothing else."""
+
+    run_dir: Path
+    stage: str
+    trainer: TrainerConfig  # resume, save_every, keep_last, stop_after, on_nonfinite, export_hf
+    logging: LoggingConfig
+    model: ModelConfig  # its path (checkpoints, banner) and what the banner says of it
+    chat: ChatConfig  # the chat template the HF export carries
+    policy_backend: str
+    generation_backend: str | None  # an RL stage's generator; None in stage 1
+    overwrite: bool
+    config: dict[str, Any]  # the whole config: compared with the run folder's, kept as config.N.yaml, logged
+
+    @classmethod
+    def of(cls, cfg) -> "RunSettings":
+        return cls(
+            Path(cfg.run_dir),
+            cfg.stage,
+            cfg.trainer,
+            cfg.logging,
+            cfg.model,
+            cfg.chat,
+            cfg.policy.backend,
+            cfg.generation.backend if cfg.is_rl else None,
+            cfg.overwrite,
+            cfg.to_dict(),
+        )
+
+
+def open_run(run: RunSettings, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None, dict[str, Any]]:
     """The run folder checked and this invocation's config kept; where ``trainer.resume`` finds a checkpoint, its
     weights, optimizer, scheduler and RNG state restored. Returns (that checkpoint, its trainer state) or (None, {})."""
-    t, run_dir = cfg.trainer, Path(cfg.run_dir)
+    t, run_dir = run.trainer, run.run_dir
     # every rank refuses another run's folder; then rank 0 keeps this invocation's config (config.N.yaml)
-    check_run_dir(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite, may_change=t.resume_may_change)
+    check_run_dir(run_dir, run.config, resume=t.resume, overwrite=run.overwrite, may_change=t.resume_may_change)
     barrier(dist)
     if dist.is_main:
         with writing("the run's config", run_dir):
-            save_run_config(run_dir, cfg.to_dict(), resume=t.resume, overwrite=cfg.overwrite)
+            save_run_config(run_dir, run.config, resume=t.resume, overwrite=run.overwrite)
     barrier(dist)
     ckpt = resume_checkpoint(run_dir, dist) if t.resume else None
     if ckpt is None:
@@ -99,19 +134,29 @@ class RunLoop:
     """Steps ``start + 1 .. end`` of ``total`` (``end``: ``total``, or ``trainer.stop_after`` steps on). Use as a
     context manager; ``steps()`` yields each step's number (from 1) and ``end_step`` ends it::
 
-        with RunLoop(cfg, dist, policy, tokenizer, record, start, total, fingerprint) as loop:
+        with RunLoop(run, dist, policy, tokenizer, record, start, total, fingerprint) as loop:
             for step in loop.steps():
                 ...  # train
                 signum = loop.end_step(step, metrics, log=True, trainer_state={...})
         loop.finish()   # raises StopRequested after a signal; exports run_dir/hf at the last step
     """
 
-    def __init__(self, cfg, dist: DistInfo, policy, tokenizer, record: dict, start: int, total: int, fingerprint: str):
-        self.cfg, self.dist, self.policy, self.tokenizer, self.record = cfg, dist, policy, tokenizer, record
+    def __init__(
+        self,
+        run: RunSettings,
+        dist: DistInfo,
+        policy,
+        tokenizer,
+        record: dict,
+        start: int,
+        total: int,
+        fingerprint: str,
+    ):
+        self.run, self.dist, self.policy, self.tokenizer, self.record = run, dist, policy, tokenizer, record
         self.start, self.total, self.fingerprint = start, total, fingerprint
-        t = cfg.trainer
+        t = run.trainer
         self.end = total if t.stop_after is None else min(total, start + t.stop_after)
-        self.run_dir = Path(cfg.run_dir)
+        self.run_dir = run.run_dir
         self.step = start  # the last step that finished
         self.stopped: StopRequested | None = None
         self._stop = StopFlag()
@@ -121,28 +166,28 @@ class RunLoop:
 
             raise ConfigError(
                 f"trainer.on_nonfinite=skip needs a policy backend that skips non-finite updates; "
-                f"policy.backend={cfg.policy.backend} applies them (use trainer.on_nonfinite=stop)"
+                f"policy.backend={run.policy_backend} applies them (use trainer.on_nonfinite=stop)"
             )
         self._last_state: dict[str, Any] | None = None  # the trainer state of the last finished step
         self._saved_step: int | None = None  # the last step this invocation saved
 
     def __enter__(self) -> "RunLoop":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg = self.cfg
+        run = self.run
         self.logger = MetricsLogger(
             self.run_dir,
             rank=self.dist.rank,
-            tensorboard=cfg.logging.tensorboard,
-            wandb_cfg=cfg.logging.wandb,
-            config=cfg.to_dict(),
+            tensorboard=run.logging.tensorboard,
+            wandb_cfg=run.logging.wandb,
+            config=run.config,
             resume_step=self.start,
         )
         self.bar = tqdm(
             total=self.total,
             initial=self.start,
-            desc=cfg.stage,
+            desc=run.stage,
             unit="step",
-            disable=not (cfg.logging.progress and self.dist.is_main),
+            disable=not (run.logging.progress and self.dist.is_main),
             file=sys.stderr,
         )
         self._stop.install()
@@ -189,14 +234,14 @@ class RunLoop:
                 self.dist,
                 self.run_dir,
                 step,
-                keep_last=self.cfg.trainer.keep_last,
+                keep_last=self.run.trainer.keep_last,
                 tokenizer=self.tokenizer,
                 record=self.record,
                 trainer_state={
                     **trainer_state,
                     "fingerprint": self.fingerprint,
-                    "model_path": self.cfg.model.path,
-                    "stage": self.cfg.stage,
+                    "model_path": self.run.model.path,
+                    "stage": self.run.stage,
                 },
             )
 
@@ -218,7 +263,7 @@ class RunLoop:
         if stop:
             raise NonFiniteTraining(stop)
         self._last_state = trainer_state
-        if step % self.cfg.trainer.save_every == 0 or step == self.end or signum:
+        if step % self.run.trainer.save_every == 0 or step == self.end or signum:
             self._save(step, trainer_state)
         if signum:  # the last step too: the export is left to the resume
             self.stopped = StopRequested(
@@ -235,7 +280,7 @@ class RunLoop:
         """A NaN or infinite loss or gradient norm: why the run stops (nothing saved from this step), or None with
         ``trainer.on_nonfinite=skip`` where the policy applied no update from it."""
         what = " ".join(f"{k}={v}" for k, v in bad.items())
-        skip = self.cfg.trainer.on_nonfinite == "skip"
+        skip = self.run.trainer.on_nonfinite == "skip"
         skipped = skip and metrics.get("skipped_updates", 0) > 0
         self.skips = self.skips + 1 if skipped else 0
         newest = latest_checkpoint(self.run_dir)
@@ -271,11 +316,11 @@ class RunLoop:
                     command_hint="run the same command again (it writes what is left)",
                 )
             exported = False
-            if self.cfg.trainer.export_hf and self.step == self.total:
+            if self.run.trainer.export_hf and self.step == self.total:
                 hf = self.policy.sync_hf_model()  # a collective with the megatron backend
                 if self.dist.is_main:
                     with writing("the HF export", self.run_dir / "hf"):
-                        export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=self.cfg.chat)
+                        export_hf(hf, self.tokenizer, self.run_dir / "hf", self.record, chat=self.run.chat)
                 exported = True
             barrier(self.dist)
             signum = self._stop.requested(self.dist)

@@ -7,18 +7,19 @@ from pathlib import Path
 from typing import Any
 
 
-def loggers(cfg: Any) -> str:
+def loggers(logging: Any) -> str:
+    """Where the ``logging`` section sends a run's metrics."""
     out = ["metrics.jsonl"]
-    if cfg.logging.tensorboard:
+    if logging.tensorboard:
         out.append("tensorboard/")
-    if cfg.logging.wandb.enabled and cfg.logging.wandb.mode != "disabled":
-        out.append(f"W&B ({cfg.logging.wandb.mode}, project {cfg.logging.wandb.project})")
-    out.append("a progress bar" if cfg.logging.progress else "a log line per step")
+    if logging.wandb.enabled and logging.wandb.mode != "disabled":
+        out.append(f"W&B ({logging.wandb.mode}, project {logging.wandb.project})")
+    out.append("a progress bar" if logging.progress else "a log line per step")
     return ", ".join(out)
 
 
 def start_banner(
-    cfg: Any,
+    run: Any,
     *,
     recipe: str | None,
     parameters: int,
@@ -28,19 +29,20 @@ def start_banner(
     start_step: int,
     extra: list[str] = (),
 ) -> str:
-    """Lines naming the recipe, model, data, run folder, fresh start or resume, and where the metrics go."""
+    """Lines naming the recipe, model, data, run folder, fresh start or resume, and where the metrics go (``run``:
+    the run's `recipes/run_loop.py: RunSettings`)."""
     name = recipe or "(a config given in code)"
     start = f"resumes from {checkpoint} (step {start_step})" if checkpoint is not None else "fresh start"
     lines = [
-        f"recipe  {name}: stage {cfg.stage}, policy backend {cfg.policy.backend}"
-        + (f", generation {cfg.generation.backend}" if cfg.is_rl else ""),
-        f"model   {cfg.model.path}: {parameters / 1e6:.1f}M parameters, {cfg.model.dtype}, "
-        f"chat format {cfg.chat.format}, reward tokens {cfg.model.reward_tokens}",
+        f"recipe  {name}: stage {run.stage}, policy backend {run.policy_backend}"
+        + (f", generation {run.generation_backend}" if run.generation_backend else ""),
+        f"model   {run.model.path}: {parameters / 1e6:.1f}M parameters, {run.model.dtype}, "
+        f"chat format {run.chat.format}, reward tokens {run.model.reward_tokens}",
         f"data    {data}",
         f"steps   {steps}",
         *extra,
-        f"run     {cfg.run_dir}: {start}",
-        f"logs    {loggers(cfg)}",
+        f"run     {run.run_dir}: {start}",
+        f"logs    {loggers(run.logging)}",
     ]
     return "\n".join(lines)
 

@@ -76,7 +76,7 @@ def main() -> int:
         "logging.tensorboard=false",
     ]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
-    trainer = RLTrainer(cfg, init_distributed())
+    trainer = RLTrainer.from_config(cfg, init_distributed())
     rollouts = trainer.collect(1, 0)
     groups, stats = rollouts.groups, rollouts.stats
     rewards, adv = trainer.advantages(groups)
@@ -86,9 +86,11 @@ def main() -> int:
     order = ["recompute", "auto"]
     for rep in range(args.repeats + 1):  # the first round warms up both sides
         for mode in order if rep % 2 == 0 else order[::-1]:
-            trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
+            trainer.updater.settings = dataclasses.replace(
+                trainer.updater.settings, rl=dataclasses.replace(cfg.rl, old_logprobs=mode)
+            )
             trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
-            metrics = trainer.train_step(groups, rewards, adv, dict(stats))
+            metrics = trainer.update(groups, rewards, adv, dict(stats))
             if rep:
                 results[mode].append(metrics)
     med = {
@@ -164,7 +166,7 @@ def full_steps(args, run_dir: str) -> list[str]:
         "logging.tensorboard=false",
     ]
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
-    trainer = RLTrainer(cfg, init_distributed())
+    trainer = RLTrainer.from_config(cfg, init_distributed())
     initial = copy.deepcopy(trainer.policy.state_dict())
     trainer.engine.sampling = dataclasses.replace(trainer.engine.sampling, temperature=0.0)  # see the docstring
     new = trainer.generator
@@ -174,8 +176,10 @@ def full_steps(args, run_dir: str) -> list[str]:
     for rep in range(args.full_repeats):
         for side in ("before", "now") if rep % 2 == 0 else ("now", "before"):
             mode, generator = sides[side]
-            trainer.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, old_logprobs=mode))
-            trainer.generator = trainer.engine.generator = generator
+            trainer.updater.settings = dataclasses.replace(
+                trainer.updater.settings, rl=dataclasses.replace(cfg.rl, old_logprobs=mode)
+            )
+            trainer.generator = trainer.engine.generator = trainer.updater.generator = generator
             trainer.policy.load_state_dict(initial["model"], initial["optimizer"], initial["scheduler"])
             trainer.task_cursor = 0  # the same tasks, tokens and sampling seeds on both sides
             shared = trainer.generator.prefilled["shared"]
@@ -184,7 +188,7 @@ def full_steps(args, run_dir: str) -> list[str]:
             rollout_s = time.perf_counter() - t0
             groups = rollouts.groups
             rewards, adv = trainer.advantages(groups)
-            metrics = trainer.train_step(groups, rewards, adv, dict(rollouts.stats))
+            metrics = trainer.update(groups, rewards, adv, dict(rollouts.stats))
             total = time.perf_counter() - t0
             runs[side].append(
                 {

@@ -102,7 +102,7 @@ def main() -> int:
     if args.side:
         overrides.append("trainer.micro_batch_size=1" if args.side == "full" else "trainer.micro_batch_size=5")
     cfg = TrainConfig.from_dict(compose("rcgrpo_smollm_cpu", overrides))
-    trainer = RLTrainer(cfg, init_distributed())
+    trainer = RLTrainer.from_config(cfg, init_distributed())
     rollouts = trainer.collect(1, 0)
     groups, stats = rollouts.groups, rollouts.stats
     rewards, adv = trainer.advantages(groups)
@@ -135,7 +135,7 @@ def measure_side(args, trainer, groups, rewards, adv, stats) -> int:
     runs = []
     for _ in range(args.repeats):
         policy.load_state_dict(state["model"], state["optimizer"], state["scheduler"])
-        runs.append(trainer.train_step(groups, rewards, adv, dict(stats)))
+        runs.append(trainer.update(groups, rewards, adv, dict(stats)))
     keys = ("logprob_seconds", "train_seconds", "loss", "entropy", "grad_norm", "micro_batches", "forward_flops_saved")
     out = {k: statistics.median(m[k] for m in runs) for k in keys}
     out.update(

@@ -63,7 +63,7 @@ def test_the_data_s_reward_goal_is_used(tmp_path):
     goal = RewardGoal(template="<<goal {token}>>", position="prefix", separator="\n")
     run(PrepareDataConfig(out_dir=str(data), categories=("base",), tokenizer=None, progress=False, reward_goal=goal))
     name, overrides = split_argv(_rl(data, tmp_path / "r"), "")
-    trainer = RLTrainer(TrainConfig.from_dict(compose(name, overrides)), init_distributed())
+    trainer = RLTrainer.from_config(TrainConfig.from_dict(compose(name, overrides)), init_distributed())
     assert trainer.engine.reward_goal == goal and trainer.record["reward_goal"]["template"] == "<<goal {token}>>"
     ids = trainer.engine.prompt_ids(trainer.suite[trainer.task_ids[0]], True)
     text = trainer.tokenizer.decode(ids)

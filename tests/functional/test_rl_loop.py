@@ -140,13 +140,13 @@ def test_one_step_equals_a_hand_built_batch(data_dir, tmp_path):
 
     name, overrides = split_argv(_args(data_dir, tmp_path / "h", "rl.loss.kl_beta=0.3"), "")
     cfg = TrainConfig.from_dict(compose(name, overrides))
-    trainer = RLTrainer(cfg, init_distributed())
+    trainer = RLTrainer.from_config(cfg, init_distributed())
     rollouts = trainer.collect(1, 0)
     groups = rollouts.groups
     assert rollouts.cursor == cfg.rl.tasks_per_step  # the cursor after the tasks drawn, handed back
     model = copy.deepcopy(trainer.policy.module)  # the weights before the step
     rewards, adv = trainer.advantages(groups)
-    metrics = trainer.train_step(groups, rewards, adv, rollouts.stats)
+    metrics = trainer.update(groups, rewards, adv, rollouts.stats)
 
     trajs = [t for g in groups for t in g]
     hand_adv = [a for g in groups for a in hand_advantages([t.reward for t in g])]

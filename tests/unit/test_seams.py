@@ -248,3 +248,27 @@ def test_a_plugin_loop_says_whether_it_trains_from_rollouts():
     finally:
         registry.table("stage").pop("test_rl_like", None)
         registry.table("loop").pop("test_rl_like", None)
+
+
+RECIPE_FUNCTION_LINES = 40  # a recipe reads as the steps it takes; what a step does is a part of its own
+
+
+def long_functions(folder: Path, limit: int = RECIPE_FUNCTION_LINES) -> list[str]:
+    """``file:function (lines)`` of every function (docstring included) in ``folder`` longer than ``limit`` lines."""
+    import ast
+
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.name}:{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_in_the_recipes_runs_past_40_lines(tmp_path):
+    assert long_functions(PACKAGE / "recipes") == []
+    body = "\n".join(f"    x{i} = {i}" for i in range(RECIPE_FUNCTION_LINES))  # with its def: one line too many
+    (tmp_path / "long.py").write_text(f"def short():\n    pass\n\n\ndef run():\n{body}\n")
+    assert long_functions(tmp_path) == [f"long.py:run ({RECIPE_FUNCTION_LINES + 1} lines)"]

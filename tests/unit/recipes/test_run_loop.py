@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nemo_rcgrpo.config import TrainConfig
-from nemo_rcgrpo.recipes.run_loop import RunLoop, open_run
+from nemo_rcgrpo.recipes.run_loop import RunLoop, RunSettings, open_run
 from nemo_rcgrpo.utils.checkpoint import CheckpointError, latest_checkpoint
 from nemo_rcgrpo.utils.config import compose
 from nemo_rcgrpo.utils.dist import DistInfo
@@ -49,7 +49,7 @@ def _cfg(tmp_path, *extra):
         "trainer.export_hf=true",
         *extra,
     ]
-    return TrainConfig.from_dict(compose("smoke_stage1", overrides))
+    return RunSettings.of(TrainConfig.from_dict(compose("smoke_stage1", overrides)))
 
 
 def _train(cfg, policy, start, total, stop_at=None, monkeypatch=None):
