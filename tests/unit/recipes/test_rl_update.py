@@ -53,19 +53,7 @@ def test_updates_of_a_batch(epochs, minis, replicas):
     ]
     results = []
     for rank in range(replicas):
-        rl = types.SimpleNamespace(
-            ppo_epochs=epochs,
-            mini_batches=minis,
-            loss=types.SimpleNamespace(
-                clip_low=0.2,
-                clip_high=0.2,
-                kl_beta=0.1,
-                kl_estimator="k3",
-                aggregation="token",
-                correction="none",
-                correction_cap=2.0,
-            ),
-        )
+        rl = types.SimpleNamespace(ppo_epochs=epochs, mini_batches=minis)  # the loss is handed to _update
         reduced = []
         dp_sum = lambda v, reduced=reduced: reduced.append(v) or v  # noqa: E731 - records every collective
         trainer = _updater(_RecordingPolicy(), rl, DistInfo(rank=rank, world_size=replicas), dp_sum, epochs * minis)
