@@ -237,11 +237,11 @@ class RLConfig:
     group_filter: str | None = (
         None  # a registered group filter (has_variance | not_all_failed | a plugin's); null: the stage's
     )
-    dapo_max_rounds: int = (
-        2  # with a group filter (dapo_filter, rl.group_filter): extra rounds to replace refused groups
-    )
-    # with a group filter, too few groups kept after the rounds: train (on fewer) | error
-    dapo_shortfall: Literal["train", "error"] = "train"
+    # with a group filter (rl.group_filter, a stage's keep_group: dapo_filter's and a plugin's): extra rounds that
+    # roll out new tasks in place of the groups it refused
+    group_filter_refills: int = 2
+    # with a group filter, too few groups kept after the refills: train (on fewer) | error
+    group_filter_shortfall: Literal["train", "error"] = "train"
     split: Literal["train", "test"] = "train"  # tasks from rl_train.jsonl (train) or rl_test.jsonl (test)
     max_failed_share: float = 0.25  # a step in which more rollouts failed (env errors, bad values) warns on stderr
     stage1_recipe: str | None = None  # run this stage-1 recipe first when model.path does not exist yet

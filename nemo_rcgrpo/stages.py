@@ -13,9 +13,10 @@ A stage says which loop trains it and how it differs from its siblings in that l
   overrides it; None: ``rctp`` for a conditioned stage, else ``sft``);
 - ``keep_group``: RL only: the groups it trains on, a registered group filter's name (kind ``group_filter``:
   ``fn(rewards of one group) -> bool``) or such a function; ``None`` trains on every group. ``rl.group_filter``
-  overrides it for a run (``stage=rcgrpo rl.group_filter=has_variance``). A group it refuses is never trained on, and a new task is rolled out in its place, for up to
-  ``rl.dapo_max_rounds`` more rounds. After that the step trains on fewer groups (``rl.dapo_shortfall=train``)
-  or stops with an error (``error``). This is DAPO's dynamic sampling when the rule is "has reward variance".
+  overrides it for a run (``stage=rcgrpo rl.group_filter=has_variance``). A group it refuses is never trained on,
+  and a new task is rolled out in its place, for up to ``rl.group_filter_refills`` more rounds. After that the
+  step trains on fewer groups (``rl.group_filter_shortfall=train``) or stops with an error (``error``). This is
+  DAPO's dynamic sampling when the rule is "has reward variance".
 
 Shipped: ``sft``, ``rctp`` (stage 1); ``grpo``, ``rcgrpo``, ``dapo_filter`` (RL). A user's stage:
 

@@ -439,7 +439,7 @@ EQUIVALENT: dict[tuple[str, str, str, int], str] = {
     (
         "rl_collect",
         "collect_groups",
-        "rounds = 1 + (rl.dapo_max_rounds if filtering else 1)",
+        "rounds = 1 + (rl.group_filter_refills if filtering else 1)",
         1,
     ): "without a filter the first round keeps every group, and the loop stops at `need <= 0` before a second",
     (

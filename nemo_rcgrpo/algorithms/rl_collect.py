@@ -1,7 +1,7 @@
 """The rollout groups of one RL step (steps 1-4 of `recipes/rl.py`): the next training tasks of a seeded
 per-epoch shuffle, a reward token for each rollout of a conditioned stage, the rollouts, and the group filter's
 rounds (a stage's keep_group or ``rl.group_filter``: a refused group is never trained on and a new task is rolled
-out in its place, for up to ``rl.dapo_max_rounds`` more rounds).
+out in its place, for up to ``rl.group_filter_refills`` more rounds).
 
 A rollout that failed (an exception or a value that breaks the plugin contract, `rollout/multi_turn.py`) pays 0 and
 carries its ``error``; a step whose rollouts all failed stops the run (there is nothing to learn from, and training
@@ -98,7 +98,7 @@ def collect_groups(
     stage: str = "rl",
 ) -> StepRollouts:
     """``rl.tasks_per_step`` groups of G trajectories (fewer only when a group filter's rounds ran out and
-    ``rl.dapo_shortfall=train``), with the step's generation / env / reward seconds and filter counts. Tasks are
+    ``rl.group_filter_shortfall=train``), with the step's generation / env / reward seconds and filter counts. Tasks are
     drawn from ``cursor`` on in the seeded per-epoch shuffle of ``task_ids`` (``shuffled_tasks``); the stage's
     spec (``spec``, registered or not) says whether rollouts get reward tokens and which groups are kept;
     ``stage``: its name in messages."""
@@ -112,7 +112,7 @@ def collect_groups(
     groups: list[RolloutGroup] = []
     keep = group_filter(spec, rl.group_filter)  # None: every group is trained on
     filtering = keep is not None
-    rounds = 1 + (rl.dapo_max_rounds if filtering else 0)
+    rounds = 1 + (rl.group_filter_refills if filtering else 0)
     dropped = zero_sampled = 0
     sampled: list[Any] = []  # every trajectory of the step, for the failure count
     for round_index in range(rounds):
@@ -144,14 +144,14 @@ def collect_groups(
     if filtering:  # the zero-variance share of everything sampled, before the filter
         stats["dropped_groups"] = float(dropped)
         stats["zero_variance_fraction_sampled"] = zero_sampled / stats["sampled_groups"]
-    if filtering and len(groups) < rl.tasks_per_step and (rl.dapo_shortfall == "error" or not groups):
+    if filtering and len(groups) < rl.tasks_per_step and (rl.group_filter_shortfall == "error" or not groups):
         what = "have reward variance" if keep is has_variance else "pass its group filter"
         zero = int(stats["dropped_zero_variance_groups"])
         also = "" if dropped == zero else f", {dropped} in all"
         raise ValueError(
             f"{stage}: {len(groups)} of rl.tasks_per_step={rl.tasks_per_step} groups {what} "
             f"after {rounds} rounds ({zero} zero-variance groups dropped{also}, none is trained "
-            "on); raise rl.dapo_max_rounds"
-            + ("" if not groups else ", or set rl.dapo_shortfall=train to train on fewer groups")
+            "on); raise rl.group_filter_refills"
+            + ("" if not groups else ", or set rl.group_filter_shortfall=train to train on fewer groups")
         )
     return StepRollouts(groups, stats, cursor)

@@ -10,8 +10,8 @@ One step (the RC-GRPO paper, "The method"):
   4. group advantages over the whole group regardless of token;
      with a group filter (rl.group_filter, or the stage's keep_group; dapo_filter: DAPO's dynamic sampling,
      never train on a zero-variance group) train only on the groups it keeps; roll out replacement tasks
-     for up to rl.dapo_max_rounds more rounds, then train on the groups found (rl.dapo_shortfall=train) or stop
-     (error) (1-4: `algorithms/rl_collect.py`);
+     for up to rl.group_filter_refills more rounds, then train on the groups found
+     (rl.group_filter_shortfall=train) or stop (error) (1-4: `algorithms/rl_collect.py`);
   5. reference logprobs from the frozen initial model; rl.ppo_epochs x rl.mini_batches optimizer steps of
      the policy loss (rl.loss.policy_loss, by default PPO's clipped surrogate) + KL (old logprobs recomputed before the first; with one update, the default, the
      ratio is taken against the detached logprobs of the training pass itself, which also gives the

@@ -92,12 +92,18 @@ MOVED = {
 
 
 def moved_line(key: str) -> str | None:
-    """``"unknown setting KEY: ..."``, the line for a setting that moved: ``MOVED``'s, and the env section's keys
-    that went into ``env.settings`` (`utils/run_dir.py: RENAMED`, which also lets a run saved under them resume)."""
-    from nemo_rcgrpo.utils.run_dir import RENAMED  # imported here: run_dir imports this module
+    """``"unknown setting KEY: ..."``, the line for a setting that moved: ``MOVED``'s, the renamed RL settings and
+    the env section's keys that went into ``env.settings`` (`utils/run_dir.py: RENAMED_RL`, ``RENAMED``, which also
+    let a run saved under them resume)."""
+    from nemo_rcgrpo.utils.run_dir import RENAMED, RENAMED_RL  # imported here: run_dir imports this module
 
     if key in MOVED:
         return f"unknown setting {key}: it is now {MOVED[key]}"
+    if key in RENAMED_RL:
+        return (
+            f"unknown setting {key}: it was renamed {RENAMED_RL[key]} (the same meaning: it governs any group "
+            f"filter, rl.group_filter or a stage's, not only dapo_filter's)"
+        )
     if key in RENAMED:
         return (
             f"unknown setting {key}: it moved to {RENAMED[key]} (each env has a settings section of its own; "

@@ -118,12 +118,19 @@ RENAMED = {
         "reward",
     )
 }
+# settings renamed for what they govern (the same value means the same thing): the refill rounds of any group
+# filter (rl.group_filter, a stage's keep_group), not of dapo_filter's only
+RENAMED_RL = {
+    "rl.dapo_max_rounds": "rl.group_filter_refills",
+    "rl.dapo_shortfall": "rl.group_filter_shortfall",
+}
 
 
 def _upgraded(flat: dict[str, Any]) -> dict[str, Any]:
-    """A saved run's flat settings in today's keys: the renamed ones, and ``rl.loss.tis_cap`` (null: off), which
-    became ``rl.loss.correction`` (token_tis where a cap was set) and ``rl.loss.correction_cap``."""
-    out = {RENAMED.get(k, k): v for k, v in flat.items()}
+    """A saved run's flat settings in today's keys: the renamed ones (``RENAMED``, ``RENAMED_RL``), and
+    ``rl.loss.tis_cap`` (null: off), which became ``rl.loss.correction`` (token_tis where a cap was set) and
+    ``rl.loss.correction_cap``."""
+    out = {RENAMED.get(k, RENAMED_RL.get(k, k)): v for k, v in flat.items()}
     if "rl.loss.tis_cap" in out:
         cap = out.pop("rl.loss.tis_cap")
         out["rl.loss.correction"] = "none" if cap is None else "token_tis"

@@ -193,6 +193,25 @@ def test_resume_reproduces_the_uninterrupted_run(data_dir, tmp_path, uninterrupt
     _same_as_uninterrupted(tmp_path / "b", uninterrupted)
 
 
+def test_a_run_saved_with_the_group_filters_former_names_resumes(data_dir, tmp_path, uninterrupted):
+    """A run folder whose config.yaml was saved when rl.group_filter_refills / rl.group_filter_shortfall were
+    rl.dapo_max_rounds / rl.dapo_shortfall resumes under the new names and continues as the uninterrupted run."""
+    import yaml
+
+    run_dir = tmp_path / "o"
+    assert main(_args(data_dir, run_dir, "trainer.stop_after=1")) == 0
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    rl = saved["rl"]
+    saved["rl"] = {
+        {"group_filter_refills": "dapo_max_rounds", "group_filter_shortfall": "dapo_shortfall"}.get(k, k): v
+        for k, v in rl.items()
+    }
+    assert saved["rl"]["dapo_max_rounds"] == rl["group_filter_refills"] and "group_filter_refills" not in saved["rl"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    assert main(_args(data_dir, run_dir)) == 0
+    _same_as_uninterrupted(run_dir, uninterrupted)
+
+
 def _same_as_uninterrupted(run_dir, uninterrupted):
     a, b = read_metrics(uninterrupted), read_metrics(run_dir)
     assert [m["step"] for m in b] == [1, 2, 3]
@@ -365,7 +384,7 @@ def test_dapo_filter_never_trains_on_a_zero_variance_group(data_dir, tmp_path):
                 data_dir,
                 tmp_path / "d",
                 "stage=dapo_filter",
-                "rl.dapo_max_rounds=4",
+                "rl.group_filter_refills=4",
                 "trainer.max_steps=2",
                 "generation.scripted.success_rate=0.8",
             )
@@ -389,7 +408,7 @@ def test_dapo_filter_stops_when_no_group_has_variance(data_dir, tmp_path, capsys
         data_dir,
         tmp_path / "e",
         "stage=dapo_filter",
-        "rl.dapo_max_rounds=1",
+        "rl.group_filter_refills=1",
         "trainer.max_steps=1",
         "generation.scripted.success_rate=0.0",
     )
@@ -455,7 +474,7 @@ def test_a_users_stage_loaded_by_name(data_dir, tmp_path, monkeypatch):
             tmp_path / "s",
             "plugins=[rc_plugin_example]",
             "stage=rcgrpo_no_all_fail_example",
-            "rl.dapo_max_rounds=4",
+            "rl.group_filter_refills=4",
             "trainer.max_steps=2",
             "trainer.export_hf=true",
             "generation.scripted.success_high=0.3",

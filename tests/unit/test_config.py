@@ -68,6 +68,16 @@ def test_bad_settings_are_explained(override, message):
             ["rl.loss.tis_cap=2"],
             "unknown setting rl.loss.tis_cap: it is now rl.loss.correction=token_tis rl.loss.correction_cap=<the cap>",
         ),
+        (
+            "train",
+            ["rl.dapo_max_rounds=3"],
+            "unknown setting rl.dapo_max_rounds: it was renamed rl.group_filter_refills",
+        ),
+        (
+            "train",
+            ["+rl.dapo_shortfall=error"],
+            "unknown setting rl.dapo_shortfall: it was renamed rl.group_filter_shortfall",
+        ),
         ("train", ["env.settings.mdoe=per_turn"], "unknown setting env.settings.mdoe; did you mean env.settings.mode?"),
         ("train", ["trainer.stpes=3"], "unknown setting trainer.stpes; did you mean trainer.max_steps?"),
         ("train", ["+rl.grop_size=3"], "unknown setting rl.grop_size; did you mean rl.group_size?"),
@@ -98,6 +108,32 @@ def test_every_command_checks_types_and_names_at_start(command, overrides, messa
     err = capfd.readouterr().err.strip()
     assert err == f"error: {err[7:]}" and message in err and "\n" not in err, err
     assert not Path("/nonexistent").exists()
+
+
+def test_a_recipe_with_the_group_filters_former_names_is_one_line_naming_the_new_ones(tmp_path, capfd, monkeypatch):
+    """rl.dapo_max_rounds and rl.dapo_shortfall govern any group filter and were renamed rl.group_filter_refills and
+    rl.group_filter_shortfall: a user's recipe that still gives them is refused in one line naming the new setting
+    (the others renamed with it listed), and the new names compose and reach the config."""
+    from nemo_rcgrpo.cli import main
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils import config as config_utils
+
+    (tmp_path / "old_names.yaml").write_text(
+        "defaults:\n  - rcgrpo_smollm_cpu\n  - _self_\nrl:\n  dapo_max_rounds: 3\n  dapo_shortfall: error\n"
+    )
+    monkeypatch.setattr(config_utils, "_USER_DIRS", [])  # --config-dir is remembered for the process
+    assert main(["train", "--config-dir", str(tmp_path), "--config-name", "old_names"]) == 2
+    err = capfd.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(
+        "error: unknown setting rl.dapo_max_rounds: it was renamed rl.group_filter_refills"
+    ), err
+    assert err.endswith("(moved too: ['rl.dapo_shortfall'])"), err
+    from nemo_rcgrpo.utils.config import compose
+
+    rl = TrainConfig.from_dict(
+        compose("rcgrpo_smollm_cpu", ["rl.group_filter_refills=3", "rl.group_filter_shortfall=error"])
+    ).rl
+    assert (rl.group_filter_refills, rl.group_filter_shortfall) == (3, "error")
 
 
 def test_the_scripted_generator_is_refused_for_an_env_that_is_not_bfcls():

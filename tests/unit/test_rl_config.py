@@ -15,7 +15,7 @@ from nemo_rcgrpo.utils.config import ConfigError, compose
             "rl.sampling.temperature=0.7, top_p=1.0: RL samples at temperature 1 and top_p 1",
         ),
         ("rl.sampling.top_p=0.9", "rl.sampling.temperature=1.0, top_p=0.9: RL samples at temperature 1"),
-        ("rl.dapo_shortfall=skip", "rl.dapo_shortfall='skip': choose one of ['train', 'error']"),
+        ("rl.group_filter_shortfall=skip", "rl.group_filter_shortfall='skip': choose one of ['train', 'error']"),
         ("rl.max_failed_share=1.5", "rl.max_failed_share=1.5: must be in [0, 1]"),
         ("rl.max_failed_share=-0.1", "rl.max_failed_share=-0.1: must be in [0, 1]"),
     ],

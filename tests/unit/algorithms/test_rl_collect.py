@@ -75,7 +75,7 @@ def test_the_cursor_flows_in_and_out_and_a_resumed_step_draws_the_same_tasks():
 def test_refused_groups_are_replaced_by_new_tasks_for_the_rounds_then_the_step_trains_on_fewer():
     order = shuffled_tasks(TASKS, 0, 7, 3)
     engine = FakeEngine(varied=order[2:3])  # only the third task drawn has reward variance
-    out = _collect(engine, stage="dapo_filter", dapo_max_rounds=2)
+    out = _collect(engine, stage="dapo_filter", group_filter_refills=2)
     # round 1: tasks 1-2 (both flat: dropped); round 2: tasks 3-4 (task 3 kept); round 3: task 5 (dropped)
     assert [[c[0] for c in call[0][::2]] for call in engine.calls] == [order[0:2], order[2:4], order[4:5]]
     assert [g[0].task_id for g in out.groups] == [order[2]] and out.cursor == 5
@@ -83,7 +83,9 @@ def test_refused_groups_are_replaced_by_new_tasks_for_the_rounds_then_the_step_t
     assert out.stats["sampled_groups"] == 5 and out.stats["zero_variance_fraction_sampled"] == 4 / 5
     assert [s.group for s in out.groups[0]] == [0, 0]  # numbered among the groups kept so far
     with pytest.raises(ValueError, match="1 of rl.tasks_per_step=2 groups have reward variance after 3 rounds"):
-        _collect(FakeEngine(varied=order[2:3]), stage="dapo_filter", dapo_max_rounds=2, dapo_shortfall="error")
+        _collect(
+            FakeEngine(varied=order[2:3]), stage="dapo_filter", group_filter_refills=2, group_filter_shortfall="error"
+        )
     # without a filter every group is trained on, in one round
     plain = _collect(FakeEngine())
     assert len(plain.groups) == 2 and plain.cursor == 2 and "dropped_groups" not in plain.stats
@@ -114,9 +116,9 @@ def test_failed_rollouts_are_counted_and_warned_about_with_the_step_number(capsy
 
 
 def test_a_filter_that_finds_every_group_stops_after_one_round():
-    # every group has variance: one round, no error even with dapo_shortfall=error, no empty round after it
+    # every group has variance: one round, no error even with group_filter_shortfall=error, no empty round after it
     engine = FakeEngine(varied=TASKS)
-    out = _collect(engine, stage="dapo_filter", dapo_max_rounds=3, dapo_shortfall="error")
+    out = _collect(engine, stage="dapo_filter", group_filter_refills=3, group_filter_shortfall="error")
     assert len(out.groups) == 2 and len(engine.calls) == 1 and out.stats["dropped_groups"] == 0
 
 
@@ -127,14 +129,18 @@ def test_the_shortfall_message_says_what_was_dropped_and_what_to_change():
     engine = FakeEngine(flat=0.0, varied=())
     engine.flat_by_task = {order[0]: 1.0}
     with pytest.raises(ValueError) as e:
-        _collect(engine, stage="grpo", group_filter="not_all_failed", dapo_max_rounds=1, dapo_shortfall="error")
+        _collect(
+            engine, stage="grpo", group_filter="not_all_failed", group_filter_refills=1, group_filter_shortfall="error"
+        )
     assert "1 of rl.tasks_per_step=2 groups pass its group filter after 2 rounds" in str(e.value)
     assert "(2 zero-variance groups dropped, none is trained on)" in str(e.value)  # every drop was flat: no "in all"
-    assert str(e.value).endswith("raise rl.dapo_max_rounds, or set rl.dapo_shortfall=train to train on fewer groups")
+    assert str(e.value).endswith(
+        "raise rl.group_filter_refills, or set rl.group_filter_shortfall=train to train on fewer groups"
+    )
     # none found: training on fewer is no way out, so the message does not offer it
     with pytest.raises(ValueError) as e:
-        _collect(FakeEngine(), stage="dapo_filter", dapo_max_rounds=1, dapo_shortfall="train")
-    assert str(e.value).endswith("raise rl.dapo_max_rounds") and "0 of rl.tasks_per_step=2 groups" in str(e.value)
+        _collect(FakeEngine(), stage="dapo_filter", group_filter_refills=1, group_filter_shortfall="train")
+    assert str(e.value).endswith("raise rl.group_filter_refills") and "0 of rl.tasks_per_step=2 groups" in str(e.value)
 
 
 def test_failed_rollouts_of_a_step_warn_past_the_share_and_stop_when_all_failed():
@@ -167,11 +173,11 @@ def test_rollout_seeds_differ_across_steps_and_rounds_and_repeat():
     seeds = []
     for step in (0, 1):
         engine = FakeEngine(varied=order[2:3])  # two filter rounds at least
-        _collect(engine, stage="dapo_filter", dapo_max_rounds=2, step=step)
+        _collect(engine, stage="dapo_filter", group_filter_refills=2, step=step)
         seeds.append([seed for _, seed in engine.calls])
     assert len(seeds[0]) == 3 and len({*seeds[0], *seeds[1]}) == 6  # 3 rounds x 2 steps, all different
     again = FakeEngine(varied=order[2:3])
-    _collect(again, stage="dapo_filter", dapo_max_rounds=2, step=1)
+    _collect(again, stage="dapo_filter", group_filter_refills=2, step=1)
     assert [seed for _, seed in again.calls] == seeds[1]
     # the task order: another for the next epoch and for another run seed, the same for the same ones
     epoch0 = shuffled_tasks(TASKS, 0, 7, 3)
@@ -185,7 +191,9 @@ def test_collection_takes_the_stages_spec_registered_or_not():
     drawn = shuffled_tasks(TASKS, 0, 2, 3)
     engine = FakeEngine(varied=drawn[:1], flat=1.0)  # the first drawn task's group has a failure; the other pays 1
     picky = Stage("rl", keep_group=lambda rewards: min(rewards) == 1.0, description="only all-successful groups")
-    out = collect_groups(_rl(dapo_max_rounds=0), picky, engine, SUITE, TASKS, 0, 0, random.Random(0), 3, stage="picky")
+    out = collect_groups(
+        _rl(group_filter_refills=0), picky, engine, SUITE, TASKS, 0, 0, random.Random(0), 3, stage="picky"
+    )
     assert [g[0].task_id for g in out.groups] == drawn[1:] and out.stats["dropped_groups"] == 1.0
     with pytest.raises(RolloutsFailed, match="^picky step 1: all 4 rollouts failed"):
         collect_groups(_rl(), picky, FakeEngine(failing=TASKS), SUITE, TASKS, 0, 0, random.Random(0), 3, stage="picky")

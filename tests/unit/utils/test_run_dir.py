@@ -179,6 +179,36 @@ def test_a_run_saved_with_rl_loss_tis_cap_resumes_as_its_correction():
     ]
 
 
+def test_a_run_saved_with_the_group_filters_former_names_resumes(tmp_path):
+    """rl.dapo_max_rounds and rl.dapo_shortfall became rl.group_filter_refills and rl.group_filter_shortfall (the
+    same meaning): a run folder whose saved config has the old names resumes when the new ones hold the same values,
+    and a changed one is named by its new key, with the resume_may_change that allows it."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose
+
+    now = TrainConfig.from_dict(compose("smoke_rl", ["stage=dapo_filter"])).to_dict()
+    old_rl = {k: v for k, v in now["rl"].items() if k not in ("group_filter_refills", "group_filter_shortfall")}
+    saved = {**now, "rl": {**old_rl, "dapo_max_rounds": 2, "dapo_shortfall": "train"}}
+    assert differences(saved, now, ()) == []
+    more = {**now, "rl": {**now["rl"], "group_filter_refills": 4}}
+    assert differences(saved, more, ()) == ["rl.group_filter_refills is 2 there and 4 now"]
+    strict = {**now, "rl": {**now["rl"], "group_filter_shortfall": "error"}}
+    assert differences(saved, strict, ()) == ["rl.group_filter_shortfall is 'train' there and 'error' now"]
+    # the folder as the trainer finds it: the old run's config.yaml and a checkpoint
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    assert prepare_run_dir(tmp_path, now, resume=True, overwrite=False).name == "config.1.yaml"
+    assert "group_filter_refills" in yaml.safe_load((tmp_path / "config.1.yaml").read_text())["rl"]
+    (tmp_path / "config.1.yaml").unlink()  # compare with the old run's again
+    with pytest.raises(ConfigError) as e:
+        prepare_run_dir(tmp_path, more, resume=True, overwrite=False)
+    assert str(e.value) == (
+        f"cannot resume run_dir {tmp_path} (config.yaml): rl.group_filter_refills is 2 there and 4 now; use a new "
+        "run_dir, or allow the change: trainer.resume_may_change=[rl.group_filter_refills]"
+    )
+    prepare_run_dir(tmp_path, more, resume=True, overwrite=False, may_change=("rl.group_filter_refills",))
+
+
 def test_a_plugin_env_run_saved_with_bfcls_settings_at_the_top_of_env_resumes():
     """Before env.settings, every env's section held BFCL's settings (env.mode, ...), read only by BFCL's env: a
     plugin env's run saved so resumes on the settings its env takes, and a changed one is still named."""
