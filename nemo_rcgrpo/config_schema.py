@@ -57,11 +57,13 @@ class TrainerConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # cosine | linear | constant
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # optimizer steps of linear warmup (in stage 2 too: the schedule counts every update)
     min_lr_ratio: float = 0.0
     epochs: int = 2
-    max_steps: int | None = None  # length of the run in optimizer steps (null: all epochs)
-    stop_after: int | None = None  # end this invocation after N steps (time-boxed jobs); resume continues
+    # the run's length in the stage's steps: stage 1 optimizer steps (null: all epochs); stage 2 RL steps (required),
+    # each rl.ppo_epochs x rl.mini_batches optimizer steps
+    max_steps: int | None = None
+    stop_after: int | None = None  # end this invocation after N steps (the stage's, as max_steps); resume continues
     global_batch_size: int = 16  # sequences per optimizer step (across ranks)
     micro_batch_size: int = 1  # sequences per forward/backward
     # micro-batches filled to this many forward positions instead (the prefix tree's, packed rows' or padded rows',
@@ -72,7 +74,7 @@ class TrainerConfig:
     # update from a non-finite gradient; the run stops after 5 such steps in a row)
     on_nonfinite: Literal["stop", "skip"] = "stop"
     log_every: int = 1
-    save_every: int = 50  # optimizer steps between checkpoints (and at the end)
+    save_every: int = 50  # steps (the stage's, as max_steps) between checkpoints (and at the end)
     keep_last: int = 2  # checkpoints kept (the newest)
     resume: bool = True  # continue from the newest checkpoint in run_dir (refused if it is another run)
     resume_may_change: tuple[str, ...] = ()  # settings allowed to differ from the run resumed, e.g. [trainer.max_steps]
@@ -221,12 +223,14 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class RLConfig:
     group_size: int = 5  # G rollouts per task
-    tasks_per_step: int = 64  # groups per optimizer step (the paper's "batch": 64 for GRPO, 256 for RC-GRPO)
+    # groups per RL step, split over rl.mini_batches optimizer steps (the paper's "batch", 64 for GRPO and 256 for
+    # RC-GRPO, is groups per optimizer step = tasks_per_step / mini_batches: equal at the default mini_batches=1)
+    tasks_per_step: int = 64
     reward_token_sampling: str = "iid"  # iid (paper, P(high) = p_high) | stratified (both tokens in every group)
     p_high: float = 0.5  # P(high token): the success share of the stage-1 data
     max_turns: int = 20  # assistant messages per rollout
     max_total_tokens: int = 16384  # context budget of a rollout (prompt + everything generated; truncated: reward 0)
-    ppo_epochs: int = 1  # passes over each batch of rollouts
+    ppo_epochs: int = 1  # passes over each RL step's rollouts
     mini_batches: int = 1  # optimizer steps per pass (consecutive slices of the micro-batches)
     # auto: no separate old-logprob pass with one update (torch backend) | recompute
     old_logprobs: Literal["auto", "recompute"] = "auto"

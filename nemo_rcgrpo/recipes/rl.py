@@ -193,7 +193,8 @@ class RLTrainer:
                 start_step=start,
                 data=f"{s.data_dir}: {len(self.task_ids)} {rl.split} tasks of categories {self._categories()}, "
                 f"{len(self.eval_ids)} held-out for evaluation{evaluated}",
-                steps=f"{s.max_steps} RL steps of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
+                steps=f"{s.max_steps} RL steps (= {s.max_steps * rl.ppo_epochs * rl.mini_batches} optimizer steps) "
+                f"of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
                 f"lr {s.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
                 f"{rl.sampling.max_new_tokens} new tokens at most",
             )

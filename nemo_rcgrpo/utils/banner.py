@@ -30,7 +30,9 @@ def start_banner(
     extra: list[str] = (),
 ) -> str:
     """Lines naming the recipe, model, data, run folder, fresh start or resume, and where the metrics go (``run``:
-    the run's `recipes/run_loop.py: RunSettings`)."""
+    the run's `recipes/run_loop.py: RunSettings`). ``steps`` says the run's length in the unit ``trainer.max_steps``
+    counts in the stage: optimizer steps in stage 1, RL steps in stage 2 (with the optimizer steps they make:
+    rl.ppo_epochs x rl.mini_batches each)."""
     name = recipe or "(a config given in code)"
     start = f"resumes from {checkpoint} (step {start_step})" if checkpoint is not None else "fresh start"
     lines = [

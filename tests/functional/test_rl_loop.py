@@ -328,9 +328,11 @@ def test_a_step_is_the_same_with_shared_prefixes_packing_and_a_token_budget(data
         assert c[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
-def test_epochs_and_mini_batches(data_dir, tmp_path):
-    """rl.ppo_epochs=2 x rl.mini_batches=2: four optimizer steps per RL step, the LR schedule counts all four."""
+def test_epochs_and_mini_batches(data_dir, tmp_path, capsys):
+    """rl.ppo_epochs=2 x rl.mini_batches=2: four optimizer steps per RL step, the LR schedule counts all four, and
+    the start banner says both units."""
     assert main(_args(data_dir, tmp_path / "p", "trainer.max_steps=1", "rl.ppo_epochs=2", "rl.mini_batches=2")) == 0
+    assert "steps   1 RL steps (= 4 optimizer steps) of 2 tasks x G=4" in capsys.readouterr().err
     m = read_metrics(tmp_path / "p")[0]
     assert m["updates"] == 4.0 and math.isfinite(m["loss"]) and m["kl"] > 0  # later updates move off the reference
     extra = torch.load(tmp_path / "p" / "checkpoints" / "step_1" / "extra.pt", weights_only=True)

@@ -203,7 +203,7 @@ def test_the_help_prints_every_default_the_schema_has():
     from nemo_rcgrpo.config_schema import RLConfig
 
     assert field_comments(RLConfig)["group_size"] == "G rollouts per task"
-    assert field_comments(RLConfig)["tasks_per_step"].startswith("groups per optimizer step")
+    assert field_comments(RLConfig)["tasks_per_step"].startswith("groups per RL step")
     # a section heading (# -- which tasks --) is no field's meaning
     from nemo_rcgrpo.evaluation.config import EvalConfig
 
