@@ -91,12 +91,36 @@ MOVED = {
 }
 
 
+# settings that moved: ``moved_line`` names the new key, and a run saved under the old key resumes where the new key
+# holds the same value (`utils/run_dir.py`). BFCL's env settings went from env.* to env.settings.* when each env got a
+# settings section of its own
+RENAMED = {
+    f"env.{key}": f"env.settings.{key}"
+    for key in (
+        "mode",
+        "max_steps",
+        "max_calls_per_step",
+        "arg_types",
+        "on_parse_failure",
+        "tool_response",
+        "system_prompt",
+        "holdout_tools_in_message",
+        "max_observation_chars",
+        "reward",
+    )
+}
+# settings renamed for what they govern (the same value means the same thing): the refill rounds of any group
+# filter (rl.group_filter, a stage's keep_group), not of dapo_filter's only
+RENAMED_RL = {
+    "rl.dapo_max_rounds": "rl.group_filter_refills",
+    "rl.dapo_shortfall": "rl.group_filter_shortfall",
+}
+
+
 def moved_line(key: str) -> str | None:
     """``"unknown setting KEY: ..."``, the line for a setting that moved: ``MOVED``'s, the renamed RL settings and
-    the env section's keys that went into ``env.settings`` (`utils/run_dir.py: RENAMED_RL`, ``RENAMED``, which also
+    the env section's keys that went into ``env.settings`` (``RENAMED_RL``, ``RENAMED``, which also
     let a run saved under them resume)."""
-    from nemo_rcgrpo.utils.run_dir import RENAMED, RENAMED_RL  # imported here: run_dir imports this module
-
     if key in MOVED:
         return f"unknown setting {key}: it is now {MOVED[key]}"
     if key in RENAMED_RL:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from nemo_rcgrpo.utils.config import ConfigError
+from nemo_rcgrpo.utils.config import RENAMED, RENAMED_RL, ConfigError
 
 RESUME_FREE = (
     "run_dir",
@@ -99,30 +99,6 @@ NEWER_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "rl.max_staleness": (0,),  # generated, then trained
     # runs before it answered a rejected message with error observations
     "chat.rejected_message": ("error",),
-}
-
-# settings that moved: a run saved under the old key resumes when the new key holds the same value (BFCL's env
-# settings went from env.* to env.settings.* when each env got a settings section of its own)
-RENAMED = {
-    f"env.{key}": f"env.settings.{key}"
-    for key in (
-        "mode",
-        "max_steps",
-        "max_calls_per_step",
-        "arg_types",
-        "on_parse_failure",
-        "tool_response",
-        "system_prompt",
-        "holdout_tools_in_message",
-        "max_observation_chars",
-        "reward",
-    )
-}
-# settings renamed for what they govern (the same value means the same thing): the refill rounds of any group
-# filter (rl.group_filter, a stage's keep_group), not of dapo_filter's only
-RENAMED_RL = {
-    "rl.dapo_max_rounds": "rl.group_filter_refills",
-    "rl.dapo_shortfall": "rl.group_filter_shortfall",
 }
 
 
