@@ -161,10 +161,11 @@ def build_engines(
 def build_rl(cfg: TrainConfig, dist: DistInfo) -> RLParts:
     """Every part of an RL run, built in order and checked together (module docstring)."""
     seed_everything(cfg.seed)  # first: whatever a task source, an env or the model draws is seeded
+    # the two views the policy side is built from: model, chat, reward tokens, generation, env; policy, trainer
+    setup, build = cfg.policy_setup(), cfg.policy_build()
     tasks = build_tasks(cfg, dist)
-    setup = cfg.policy_setup()  # model, chat, reward tokens, generation, env
     model = build_model(setup, cfg.stage, cfg.stage_spec.conditioned, tasks.goal)
-    policy = build_policy(cfg.policy_build(), model.model, dist, cfg.rl, cfg.trainer.max_steps)
+    policy = build_policy(build, model.model, dist, cfg.rl, cfg.trainer.max_steps)
     model.model = None  # the policy holds what it keeps of it (megatron drops it on the ranks that do not generate)
     generator, shares = build_generator(setup, policy.policy, model.tokenizer, cfg.rl.max_staleness, dist)
     engine, eval_engine = build_engines(

@@ -34,11 +34,10 @@ RULES = [
     ),
     # stages.py: a Stage's shape rules for the two shipped loops (a stage-1 stage names its data file)
     ("a dispatch on a stage's loop name (kind loop: ask Loop.rl)", r"\.loop\s*(==|!=)\s*[\"']rl", {"stages.py"}),
-    # envs/bfcl/plugin.py: BFCL's official pipeline plays only BFCL's own entries
     (
         "a branch on an environment's or task source's name (ask the registry or the suite)",
         r"\b(env|env\.name|task_source|env_name)\s*(==|!=)\s*[\"']",
-        {"plugin.py"},
+        set(),
     ),
 ]
 

@@ -36,6 +36,7 @@ def bfcl_micro(categories: Iterable[str], data_dir: Path | None = None):
 bfcl.categories = bfcl_micro.categories = CATEGORIES  # BFCL's, in BFCL's order (micro: its tasks are all base)
 bfcl.category_order = bfcl_micro.category_order = category_order  # for results read without their suite (compare)
 bfcl.title, bfcl_micro.title = "BFCL v4 multi-turn", "BFCL micro tasks"
+bfcl.leaderboard_entries, bfcl_micro.leaderboard_entries = True, False  # BFCL's own pipeline plays only BFCL's entries
 
 
 @register("env", "bfcl")
@@ -90,8 +91,10 @@ register("data_builder", "bfcl_micro")(_build_records)
 @register("official_pipeline", "bfcl")
 def official_pipeline(cfg):
     """BFCL's own multi-turn inference pipeline under ``protocol=bfcl`` on BFCL's own entries (`leaderboard.py`)."""
-    if cfg.task_source != "bfcl":
-        return None
+    from nemo_rcgrpo.registry import lookup
+
+    if not getattr(lookup("task_source", cfg.task_source), "leaderboard_entries", False):
+        return None  # another source's tasks (bfcl_micro's, a plugin's on BFCL's env): not in BFCL's pipeline
     from nemo_rcgrpo.envs.bfcl.leaderboard import BFCLPipeline
 
     return BFCLPipeline()

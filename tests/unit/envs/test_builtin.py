@@ -42,6 +42,23 @@ def test_bfcls_parts_are_registered_by_name():
     assert source_categories("bfcl") == ("base", "miss_func", "miss_param", "long_context")
 
 
+def test_bfcls_own_pipeline_plays_only_the_sources_that_hold_its_leaderboard_entries(monkeypatch):
+    """protocol=bfcl's pipeline is BFCL's inference code on BFCL's entries: the bfcl task source's, never
+    bfcl_micro's tasks or a plugin source's (it asks the registered source, not its name)."""
+    import types
+
+    from nemo_rcgrpo import registry
+    from nemo_rcgrpo.envs.bfcl.leaderboard import BFCLPipeline
+    from nemo_rcgrpo.registry import register, table
+
+    pipeline = table("official_pipeline")["bfcl"]
+    monkeypatch.setitem(registry._TABLES, "task_source", dict(registry._TABLES["task_source"]))  # undone after
+    assert isinstance(pipeline(types.SimpleNamespace(task_source="bfcl")), BFCLPipeline)
+    assert pipeline(types.SimpleNamespace(task_source="bfcl_micro")) is None
+    register("task_source", "bfcl_lookalike", replace=True)(lambda categories, data_dir=None: None)
+    assert pipeline(types.SimpleNamespace(task_source="bfcl_lookalike")) is None
+
+
 def test_a_registered_command_runs_from_the_cli_and_cannot_take_a_built_in_name(capsys):
     from nemo_rcgrpo.cli import _commands, build_parser, main
     from nemo_rcgrpo.registry import register, table
