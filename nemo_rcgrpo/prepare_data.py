@@ -330,6 +330,8 @@ class DataNeed:
 def ensure_data(need: DataNeed, dist: DistInfo) -> Path:
     """The data file the run reads; where it is missing and ``data.prepare_if_missing``, rank 0 prepares the default
     data into a folder that does not exist yet (a `prepare-data` process) while the others wait."""
+    if not isinstance(need, DataNeed):  # a whole TrainConfig is not what it takes
+        raise TypeError(f"ensure_data takes DataNeed.of(cfg), not {type(need).__name__}")
     found = need.found()
     path = found or need.dir / need.file
     if found is None and need.prepare_if_missing and dist.is_main:

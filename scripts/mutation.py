@@ -153,6 +153,7 @@ TARGETS: dict[str, Target] = {
             "step_rng",
             "eval_reward_token",
             "RLTrainer._start",
+            "RLTrainer.update",
         ),
         glue=True,
     ),

@@ -76,13 +76,13 @@ class RLParts:
     eval_engine: RolloutEngine
 
 
-def build_tasks(cfg: TrainConfig, dist: DistInfo) -> RLTasks:
-    """The data, the tasks of the env section's task source, the reward goal and the env opener (sections: data, rl,
-    env, reward_tokens, seed)."""
-    ensure_data(DataNeed.of(cfg), dist)
-    tasks = load_rl_tasks(cfg.data.dir, cfg.rl.split, cfg.env, cfg.rl.eval_tasks, cfg.seed)
-    goal = reward_goal_of(cfg.data.dir, cfg.reward_tokens.high, cfg.reward_tokens.low)
-    return RLTasks(tasks.suite, tasks.train, tasks.held_out, goal, make_opener(cfg.env, tasks.suite))
+def build_tasks(need: DataNeed, rl: RLConfig, env, reward_tokens, dist: DistInfo) -> RLTasks:
+    """The data (``need``: prepared first where missing), the tasks of the env section's task source (``rl.split``'s,
+    and ``rl.eval_tasks`` held out), the reward goal stage 1 was prepared with and the env opener."""
+    ensure_data(need, dist)
+    tasks = load_rl_tasks(need.dir, rl.split, env, rl.eval_tasks, need.seed)
+    goal = reward_goal_of(need.dir, reward_tokens.high, reward_tokens.low)
+    return RLTasks(tasks.suite, tasks.train, tasks.held_out, goal, make_opener(env, tasks.suite))
 
 
 def build_model(setup, stage: str, conditioned: bool, goal: RewardGoal) -> RLModel:
@@ -163,7 +163,7 @@ def build_rl(cfg: TrainConfig, dist: DistInfo) -> RLParts:
     seed_everything(cfg.seed)  # first: whatever a task source, an env or the model draws is seeded
     # the two views the policy side is built from: model, chat, reward tokens, generation, env; policy, trainer
     setup, build = cfg.policy_setup(), cfg.policy_build()
-    tasks = build_tasks(cfg, dist)
+    tasks = build_tasks(DataNeed.of(cfg), cfg.rl, cfg.env, cfg.reward_tokens, dist)
     model = build_model(setup, cfg.stage, cfg.stage_spec.conditioned, tasks.goal)
     policy = build_policy(build, model.model, dist, cfg.rl, cfg.trainer.max_steps)
     model.model = None  # the policy holds what it keeps of it (megatron drops it on the ranks that do not generate)

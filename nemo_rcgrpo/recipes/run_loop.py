@@ -69,9 +69,16 @@ class RunSettings:
         )
 
 
+def _check_settings(who: str, run: Any) -> None:
+    """A whole config is not what the loop takes: one line naming the call that makes its settings."""
+    if not isinstance(run, RunSettings):
+        raise TypeError(f"{who} takes RunSettings.of(cfg), not {type(run).__name__}")
+
+
 def open_run(run: RunSettings, dist: DistInfo, policy, fingerprint: str) -> tuple[Path | None, dict[str, Any]]:
     """The run folder checked and this invocation's config kept; where ``trainer.resume`` finds a checkpoint, its
     weights, optimizer, scheduler and RNG state restored. Returns (that checkpoint, its trainer state) or (None, {})."""
+    _check_settings("open_run", run)
     t, run_dir = run.trainer, run.run_dir
     # every rank refuses another run's folder; then rank 0 keeps this invocation's config (config.N.yaml)
     check_run_dir(run_dir, run.config, resume=t.resume, overwrite=run.overwrite, may_change=t.resume_may_change)
@@ -152,6 +159,7 @@ class RunLoop:
         total: int,
         fingerprint: str,
     ):
+        _check_settings("RunLoop", run)
         self.run, self.dist, self.policy, self.tokenizer, self.record = run, dist, policy, tokenizer, record
         self.start, self.total, self.fingerprint = start, total, fingerprint
         t = run.trainer

@@ -33,6 +33,8 @@ def start_banner(
     the run's `recipes/run_loop.py: RunSettings`). ``steps`` says the run's length in the unit ``trainer.max_steps``
     counts in the stage: optimizer steps in stage 1, RL steps in stage 2 (with the optimizer steps they make:
     rl.ppo_epochs x rl.mini_batches each)."""
+    if hasattr(run, "to_dict"):  # a whole config is not what it takes
+        raise TypeError(f"start_banner takes the run's RunSettings.of(cfg), not {type(run).__name__}")
     name = recipe or "(a config given in code)"
     start = f"resumes from {checkpoint} (step {start_step})" if checkpoint is not None else "fresh start"
     lines = [

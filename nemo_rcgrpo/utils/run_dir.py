@@ -162,7 +162,7 @@ def differences(saved: dict[str, Any], now: dict[str, Any], may_change: tuple[st
     a, b = _upgraded(flat_config(saved)), flat_config(now)
     # the old env section held BFCL's settings whatever the env: those today's env does not take were never read
     a = {k: v for k, v in a.items() if k in b or k not in RENAMED.values()}
-    allowed = RESUME_FREE + tuple(may_change)
+    allowed = RESUME_FREE + tuple(RENAMED.get(k, RENAMED_RL.get(k, k)) for k in may_change)  # old names too
     out = []
     for key in sorted(set(a) | set(b)):
         if _free(key, allowed):

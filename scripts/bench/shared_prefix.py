@@ -109,7 +109,7 @@ def main() -> int:
     if args.side:
         return measure_side(args, trainer, groups, rewards, adv, stats)
     layouts = [group_layout([t.token_ids for t in g]) for g in groups]
-    smol = trainer.flop_shape
+    smol = trainer.parts.model.flop_shape
     rows = counted(args, groups, layouts, smol)
     attention = getattr(trainer.policy.model.config, "_attn_implementation", None)
     hows = sorted({tree_pass("cpu", attention, layout) for layout in layouts})  # how the rest of each tree runs
@@ -140,7 +140,7 @@ def measure_side(args, trainer, groups, rewards, adv, stats) -> int:
     out = {k: statistics.median(m[k] for m in runs) for k in keys}
     out.update(
         side=args.side,
-        micro_batch_size=trainer.cfg.trainer.micro_batch_size,
+        micro_batch_size=trainer.updater.settings.micro_batch_size,
         peak_before_gib=before,
         peak_gib=peak_gib(),
     )

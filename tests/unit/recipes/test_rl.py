@@ -61,3 +61,17 @@ def test_a_run_starts_its_generator_on_the_version_of_the_steps_done(resumed):
     trainer.dist, banners[:] = DistInfo(rank=1, world_size=2), []
     trainer._start()
     assert banners == [] and trainer.generator.versions == [resumed, resumed]
+
+
+def test_step_k_hands_the_generator_the_weights_of_k_plus_1_steps():
+    """After step k's update (the trainer holds k steps done) the generator samples from version k + 1."""
+    import torch
+
+    from tests.unit.recipes.test_rl_update import _groups
+
+    update, events = _step_trainer()
+    trainer = RLTrainer.__new__(RLTrainer)
+    trainer.updater, trainer.step = update, 3
+    adv = torch.tensor([[-1.0, 1.0], [-1.0, 1.0]])
+    trainer.update(_groups(), torch.tensor([[0.0, 1.0], [0.0, 1.0]]), adv, {})
+    assert update.generator.versions == [4] and events[-2:] == ["sync", "versioned"]

@@ -143,3 +143,18 @@ def test_a_stop_decides_what_to_save_from_memory_not_from_the_disk(tmp_path, mon
         loop.finish()
     assert ran == [1, 2, 3] and stop.value.step == 3
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_3"]
+
+
+def test_a_whole_config_is_refused_in_one_line_naming_the_settings_to_pass(tmp_path):
+    from nemo_rcgrpo.prepare_data import ensure_data
+    from nemo_rcgrpo.utils.banner import start_banner
+
+    cfg = TrainConfig.from_dict(compose("smoke_stage1", [f"run_dir={tmp_path / 'run'}"]))
+    with pytest.raises(TypeError, match=r"open_run takes RunSettings.of\(cfg\), not TrainConfig"):
+        open_run(cfg, DistInfo(), FakePolicy(), "fp")
+    with pytest.raises(TypeError, match=r"RunLoop takes RunSettings.of\(cfg\), not TrainConfig"):
+        RunLoop(cfg, DistInfo(), FakePolicy(), None, {}, 0, 3, "fp")
+    with pytest.raises(TypeError, match=r"ensure_data takes DataNeed.of\(cfg\), not TrainConfig"):
+        ensure_data(cfg, DistInfo())
+    with pytest.raises(TypeError, match=r"start_banner takes the run's RunSettings.of\(cfg\), not TrainConfig"):
+        start_banner(cfg, recipe=None, parameters=1, data="", steps="", checkpoint=None, start_step=0)

@@ -192,6 +192,12 @@ def test_a_run_saved_with_the_group_filters_former_names_resumes(tmp_path):
     assert differences(saved, now, ()) == []
     more = {**now, "rl": {**now["rl"], "group_filter_refills": 4}}
     assert differences(saved, more, ()) == ["rl.group_filter_refills is 2 there and 4 now"]
+    # a launcher that still allows the change under the old name: allowed under the new one
+    assert (
+        differences(saved, more, ("rl.dapo_max_rounds",))
+        == []
+        == differences(saved, more, ("rl.group_filter_refills",))
+    )
     strict = {**now, "rl": {**now["rl"], "group_filter_shortfall": "error"}}
     assert differences(saved, strict, ()) == ["rl.group_filter_shortfall is 'train' there and 'error' now"]
     # the folder as the trainer finds it: the old run's config.yaml and a checkpoint
