@@ -165,12 +165,13 @@ class VLLMConfig:
 
 @dataclass(frozen=True)
 class ScriptedConfig:
-    """generation.backend=scripted (nemo_rcgrpo/envs/bfcl/scripted.py): plays the ground truth or a failure."""
+    """generation.backend=scripted (nemo_rcgrpo/generation/scripted.py): plays the ground truth or a failure."""
 
     success_rate: float = 0.5  # P(a rollout plays the ground truth) without a reward token
     success_high: float = 1.0  # ... with the high reward token in its prompt (a perfectly conditioned RCTP-FT model)
     success_low: float = 0.0  # ... with the low reward token
-    # preferred failure type of the failing rollouts: wrong_tool | wrong_param | premature_termination (envs/bfcl/failures.py)
+    # preferred failure type of the failing rollouts where the suite scripts its own failures (BFCL's: wrong_tool |
+    # wrong_param | premature_termination, envs/bfcl/failures.py); another env's drop an oracle call and ignore it
     failure_type: str = "wrong_param"
     seed: int = 0
 

@@ -32,7 +32,12 @@ class Suite(Protocol):
     - ``split(seed, test_fraction)``: the train / held-out ids (`envs/splits.py`). ``prepare-data`` and the paper
       protocol of ``rcgrpo eval`` need it (or the data's ``rl_test.jsonl``).
     - ``category_order(category)``: a sort key, the order of the per-category tables (default: by name).
-    - ``oracle_calls(task)``: the calls an oracle makes, per user turn (``rcgrpo eval policy=oracle``).
+    - ``oracle_calls(task)``: the calls an oracle makes, per user turn (``rcgrpo eval policy=oracle``; the scripted
+      generator, ``generation.backend=scripted``, plays them and verified reward-0 plans with fewer calls).
+    - ``scripted_messages(task, success, variant, settings, failure_type)``: the conversation a scripted rollout
+      plays instead (opening, assistant messages, tool results): the ground truth (``success``) or a verified
+      reward-0 failure (``variant``: which of a few, 0-3; ``failure_type``: the preferred registered ``failure``),
+      for the env's ``settings``; None where no failure can be built (`generation/scripted.py`).
     - ``title``: what the evaluation results say they were run on (default: the task source's name).
     - ``data_builder``: the registered data builder of ``prepare-data`` where none has the task source's name
       (a suite built on `BFCLSuite` gets BFCL's).

@@ -54,6 +54,32 @@ _vllm.check = _check_vllm  # a generator's ``check(setup)``: its settings, valid
 _vllm.server_gpus = lambda generation: generation.vllm.tp  # a server of its own, on layout.generation_gpus
 
 
+@register("generator", "scripted")
+def _scripted(cfg: PolicySetup, model: Any, tokenizer: Any):
+    """Scripted rollouts of the run's env (`generation/scripted.py`): the RL loop's tests and benchmarks."""
+    from nemo_rcgrpo.generation.scripted import make_scripted_generator
+
+    return make_scripted_generator(cfg, model, tokenizer)
+
+
+def _check_scripted(setup: PolicySetup) -> None:
+    """``generation.scripted``'s settings, checked when the config is validated (one ConfigError line). Any env
+    may be scripted; a suite that offers no oracle_calls (nor scripted_messages) is refused when the generator is
+    built, naming it."""
+    from nemo_rcgrpo.utils.config import ConfigError
+
+    s = setup.generation.scripted
+    # a registered failure type (read by a suite that scripts its own failures: BFCL's)
+    lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
+    for key in ("success_rate", "success_high", "success_low"):
+        value = getattr(s, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
+
+
+_scripted.check = _check_scripted
+
+
 def make_generator(setup: PolicySetup, model: Any, tokenizer: Any, gated: bool = False):
     """The ``generation.backend``'s generator. ``gated``: it is called from two threads (rollouts generated ahead),
     so it comes behind `GatedGenerator`'s lock, unless it samples from the policy's own module (shares its weights:

@@ -709,7 +709,7 @@ def test_a_generator_that_dies_is_one_resumable_line(data_dir, tmp_path, uninter
     """The generator fails (a dead server) once it holds step 1's weights: in step 2 with the synchronous loop; with
     rollouts generated ahead while step 2 trains (or in step 2). Either way the run stops with one line that names
     the checkpoint to resume from, and the resumed run is the uninterrupted one."""
-    from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
+    from nemo_rcgrpo.generation.scripted import ScriptedGenerator
     from nemo_rcgrpo.generation.vllm_client import GeneratorError
 
     original = ScriptedGenerator.generate

@@ -116,8 +116,8 @@ class _SyncedPolicy:
 
 
 def test_a_generator_that_shares_the_policys_weights_is_told_the_version_only():
-    from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
     from nemo_rcgrpo.generation.hf_local import HFGenerator
+    from nemo_rcgrpo.generation.scripted import ScriptedGenerator
     from nemo_rcgrpo.models.factory import sync_generator
 
     shared, policy = HFGenerator(torch.nn.Linear(2, 2), 0), _SyncedPolicy()

@@ -1,5 +1,6 @@
 """What BFCL brings to the registry, as a plugin would: its task sources, environment and settings, rewards,
-failure types, scripted generator, data builder, official evaluation pipeline and the ``rcgrpo score`` command.
+failure types, data builder, official evaluation pipeline and the ``rcgrpo score`` command (its suites also script
+their own rollouts for ``generation.backend=scripted``: `suite.py: BFCLSuite.scripted_messages`).
 
 Imported by `envs/builtin.py` (the one module outside this folder that imports it). What is heavy is imported when
 it is first used, inside the registered functions.
@@ -8,7 +9,7 @@ it is first used, inside the registered functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from nemo_rcgrpo.envs.bfcl import failures as _failures  # noqa: F401 - registers wrong_tool, wrong_param, ...
 from nemo_rcgrpo.envs.bfcl import reward as _reward  # noqa: F401 - registers state_x_action, state, action
@@ -46,35 +47,6 @@ def bfcl_env(settings: BFCLSettings, suite):
     from nemo_rcgrpo.envs.bfcl.config import BFCLOpener
 
     return BFCLOpener(settings, suite)
-
-
-@register("generator", "scripted")
-def scripted(cfg, model: Any, tokenizer: Any):
-    """Scripted rollouts of BFCL's tasks (`envs/bfcl/scripted.py`): the RL loop's tests and benchmarks."""
-    from nemo_rcgrpo.envs.bfcl.scripted import make_scripted_generator
-
-    return make_scripted_generator(cfg, model, tokenizer)
-
-
-def _check_scripted(setup) -> None:
-    """``generation.scripted``'s settings, checked when the config is validated: it plays BFCL's env."""
-    from nemo_rcgrpo.registry import lookup
-    from nemo_rcgrpo.utils.config import ConfigError
-
-    s = setup.generation.scripted
-    if not isinstance(setup.env.settings, BFCLSettings):
-        raise ConfigError(
-            f"generation.backend=scripted plays BFCL's tasks through BFCL's env; env.name="
-            f"{setup.env.name} is another environment: use generation.backend=hf (or vllm)"
-        )
-    lookup("failure", s.failure_type, setting="generation.scripted.failure_type")
-    for key in ("success_rate", "success_high", "success_low"):
-        value = getattr(s, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            raise ConfigError(f"generation.scripted.{key}={value!r}: must be a probability in [0, 1]")
-
-
-scripted.check = _check_scripted
 
 
 def _build_records(cfg, suite, split, rng):

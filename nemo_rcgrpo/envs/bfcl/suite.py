@@ -57,6 +57,15 @@ class BFCLSuite:
 
         return gold_plan(task)
 
+    def scripted_messages(self, task: BFCLTask, success: bool, variant: int, settings, failure_type: str):
+        """The conversation a scripted rollout plays (``generation.backend=scripted``; `scripted.py`): the ground
+        truth, or a verified failure (``variant``: the seed of the perturbation, ``failure_type`` the preferred
+        one), in the episode mode of the env's ``settings`` (BFCL's; merged for settings without one)."""
+        from nemo_rcgrpo.envs.bfcl.scripted import scripted_messages
+
+        mode = getattr(settings, "mode", "merged")
+        return scripted_messages(task, self.gold(task), success, variant, mode, failure_type)
+
     def _make_tasks(self, categories: tuple[str, ...]) -> list[BFCLTask]:
         """The tasks of ``categories`` (BFCL's, checked; ``self.docs`` is loaded): those of BFCL v4 multi-turn."""
         return [task for category in categories for task in self._load_category(category)]

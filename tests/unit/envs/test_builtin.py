@@ -35,7 +35,9 @@ def test_bfcls_parts_are_registered_by_name():
 
     assert {"bfcl", "bfcl_micro"} <= set(names("task_source")) and names("env")[:1] == ("bfcl",)
     assert {"bfcl", "bfcl_micro"} <= set(names("data_builder")) and "bfcl" in names("official_pipeline")
-    assert "scripted" in names("generator") and callable(table("generator")["scripted"].check)
+    # the scripted generator is the generic layer's (generation/scripted.py): it plays any env, BFCL's included
+    scripted = table("generator")["scripted"]
+    assert scripted.__module__ == "nemo_rcgrpo.generation" and callable(scripted.check)
     assert table("command")["score"].help
     from nemo_rcgrpo.envs.sources import source_categories
 

@@ -1,14 +1,16 @@
-"""The scripted generator (generation=scripted): the ground truth or a verified failure per rollout, chosen by a
-seeded coin that follows the prompt's reward token; token-in, token-out through the real rollout engine."""
+"""The scripted generator (generation=scripted) on BFCL's tasks: the ground truth or a verified failure of
+`envs/bfcl/failures.py` per rollout (the plans BFCL's suite scripts itself, `scripted_messages`), chosen by a seeded
+coin that follows the prompt's reward token; token-in, token-out through the real rollout engine. The generic
+generator on other envs: tests/unit/generation/test_scripted.py."""
 
 import pytest
 
 from nemo_rcgrpo.data.reward_goal import RewardGoal
 from nemo_rcgrpo.data.tokenize import ChatRenderer
-from nemo_rcgrpo.envs.bfcl.scripted import ScriptedGenerator
 from nemo_rcgrpo.envs.config import EnvConfig
 from nemo_rcgrpo.envs.sources import make_opener
 from nemo_rcgrpo.generation.base import SamplingParams
+from nemo_rcgrpo.generation.scripted import ScriptedGenerator
 from nemo_rcgrpo.models.hf import load_tokenizer
 from nemo_rcgrpo.rollout.multi_turn import RolloutEngine, RolloutSpec
 
@@ -29,8 +31,13 @@ def base_suite():
     return BFCLSuite(["base"])
 
 
+def _scripted(renderer, suite, **kw):
+    config = EnvConfig(categories=("base",))
+    return ScriptedGenerator(renderer, suite, make_opener(config, suite), settings=config.settings, **kw)
+
+
 def _engine(renderer, suite, **kw):  # the suite the generator knows
-    gen = ScriptedGenerator(renderer, suite, **kw)
+    gen = _scripted(renderer, suite, **kw)
     engine = RolloutEngine(
         gen,
         renderer,
@@ -79,8 +86,8 @@ def test_coins_are_seeded_and_follow_the_probability(renderer, base_suite):
 
 def test_bad_settings_and_unknown_prompts(renderer, suite, base_suite):
     with pytest.raises(ValueError, match=r"success_high=1.5: must be in \[0, 1\]"):
-        ScriptedGenerator(renderer, suite, success_high=1.5)
-    gen = ScriptedGenerator(renderer, suite)
+        _scripted(renderer, suite, success_high=1.5)
+    gen = _scripted(renderer, suite)
     with pytest.raises(ValueError, match="holds no known task's first user message"):
         gen.generate([renderer.tokenizer("hello")["input_ids"]], SamplingParams())
     # base_20, miss_func_20 and long_context_20 ask the same: with both categories a prompt cannot name its task
