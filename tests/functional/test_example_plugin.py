@@ -218,23 +218,35 @@ def test_the_generic_commands_work_on_the_plugin_env(tmp_path):
     assert refused.stderr.strip().endswith("the kv_store environment plays merged episodes only (mode=merged)")
 
 
-def test_the_minimal_env_of_the_docs_trains_from_the_cli(tmp_path):
-    """docs/extending.md's minimal environment, as a user takes it: its python block saved as minimal_env.py, its
-    bash block run as it stands (data, then two GRPO steps and a held-out evaluation through the CLI)."""
+@pytest.fixture
+def docs_minimal_env(tmp_path):
+    """docs/extending.md's minimal environment, as a user takes it: its python block saved as minimal_env.py in a
+    folder of its own; returns the folder and the page's section (its bash blocks are the commands to run there)."""
     page = (REPO / "docs" / "extending.md").read_text()
     section = page[page.index("### A minimal environment") :]
     code = re.search(r"```python\n(# minimal_env\.py.*?)```", section, re.S).group(1)
-    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     assert len(code.splitlines()) < 80  # the page promises a minimal one
     (tmp_path / "minimal_env.py").write_text(code)
+    return tmp_path, section
+
+
+def _bash(commands: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "PYTHONWARNINGS": "ignore",
     }
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", commands], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", commands], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
     )
+
+
+def test_the_minimal_env_of_the_docs_trains_from_the_cli(docs_minimal_env):
+    """docs/extending.md's minimal environment, as a user takes it: its python block saved as minimal_env.py, its
+    bash block run as it stands (data, then two GRPO steps and a held-out evaluation through the CLI)."""
+    tmp_path, section = docs_minimal_env
+    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    proc = _bash(commands, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "runs" / "add"
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -253,3 +265,67 @@ def test_the_minimal_env_of_the_docs_trains_from_the_cli(tmp_path):
         assert result["tasks"] == 4 and set(result["categories"]) == {"small", "large"}
     assert json.loads((tmp_path / "eval" / "trained" / "results.json").read_text())["policy"]["policy"] == "checkpoint"
     assert "| run | large | small | overall | tasks |" in (tmp_path / "eval" / "add.md").read_text()
+
+
+def test_the_scripted_generator_plays_the_minimal_env_of_the_docs(docs_minimal_env):
+    """generation=scripted on the page's environment, by the page's command (its "Scripted rollouts" section) after
+    its data script: each rollout plays the suite's oracle_calls (reward 1) or a verified failure (the one call
+    dropped: a closing text, reward 0), by a seeded coin (GRPO: success_rate 0.5)."""
+    tmp_path, section = docs_minimal_env
+    scripted = section[section.index("### Scripted rollouts of your environment") :]
+    command = re.search(r"```bash\n(.*?)```", scripted, re.S).group(1)
+    assert "generation=scripted" in command
+    proc = _bash("python minimal_env.py data/add\n" + command, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(l) for l in (tmp_path / "runs" / "add_scripted" / "rollouts" / "step_1.jsonl").open()]
+    assert len(records) == 8 and {r["category"] for r in records} <= {"small", "large"}
+    assert {r["reward"] for r in records} == {0.0, 1.0}  # mixed: successes and failures
+    for r in records:
+        category, i = r["task_id"].split("_")
+        a, b = int(i), int(i) + 1 if category == "small" else 1000 * int(i)
+        oracle = [[{"name": "add", "arguments": {"a": a, "b": b}}]]
+        assert r["turns"] == (oracle if r["reward"] == 1.0 else [[]]) and r["truncated"] is None, r
+    metrics = [json.loads(l) for l in (tmp_path / "runs" / "add_scripted" / "metrics.jsonl").open()]
+    assert metrics[0]["reward_mean"] == sum(r["reward"] for r in records) / 8
+
+
+def test_the_scripted_generator_plays_the_plugin_env(kv, tmp_path):
+    """generation=scripted on examples/plugins/kv_store from the command line: RC-GRPO with stratified reward tokens
+    (two high, two low per group), success_high=1 and success_low=0 (the defaults): every high rollout plays the
+    suite's oracle calls and then done() (reward 1), every low one a failure verified to score 0 (an oracle call
+    dropped), each in the plugin's own categories."""
+    make_data, kv_store = kv
+    data = tmp_path / "data"
+    make_data.build(data)
+    proc = _rcgrpo(
+        "train",
+        "--config-dir",
+        str(PLUGIN),
+        "--config-name",
+        "kv_rcgrpo",
+        f"data.dir={data}",
+        f"run_dir={tmp_path / 'rl'}",
+        "model.path=tiny-llama",
+        "rl.stage1_recipe=null",
+        "generation=scripted",
+        "trainer.max_steps=1",
+        "rl.tasks_per_step=2",
+        "rl.group_size=4",
+        "rl.sampling.max_new_tokens=128",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = kv_store.make_tasks()
+    records = [json.loads(l) for l in (tmp_path / "rl" / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and {r["category"] for r in records} <= {"put", "copy", "delete"}
+    assert [r["reward"] for r in records] == [float(r["reward_token"] == "high") for r in records]
+    assert {r["reward_token"] for r in records} == {"high", "low"}
+    for r in records:
+        oracle = [{"name": name, "arguments": dict(args)} for name, args in tasks[r["task_id"]].gold]
+        played = [c for calls in r["turns"] for c in calls]
+        assert played[-1] == {"name": "done", "arguments": {}} and r["truncated"] is None, r
+        if r["reward"] == 1.0:
+            assert played[:-1] == oracle, r
+        else:  # the oracle's calls with one dropped
+            assert any(played[:-1] == oracle[:i] + oracle[i + 1 :] for i in range(len(oracle))), r
