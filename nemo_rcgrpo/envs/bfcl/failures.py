@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from nemo_rcgrpo.envs.bfcl.suite import BFCLSuite
 from nemo_rcgrpo.envs.bfcl.tasks import BFCLTask, ToolDoc
 from nemo_rcgrpo.envs.bfcl.trajectories import Plan, PlayedTrajectory, play, replay_messages
+from nemo_rcgrpo.envs.interfaces import Suite
 from nemo_rcgrpo.registry import lookup, names, register
 from nemo_rcgrpo.types import ToolCall
 
@@ -194,7 +194,7 @@ def assign_types(n: int, weights: Mapping[str, float], rng: random.Random) -> li
 
 
 def load_rollout_failures(
-    paths: Iterable[str | Path], suite: BFCLSuite, mode: str
+    paths: Iterable[str | Path], suite: Suite, mode: str
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
     """Reward-0 trajectories recorded by a training/eval run, re-verified by replay.
 
