@@ -10,7 +10,7 @@ appends its messages. Both paths end in the same env scoring.
 Reference policies (they make the harness itself testable):
 - ``oracle`` plays the suite's ``oracle_calls(task)`` (BFCL's: the ground truth): per turn, the turn's calls in one
   message, then (per-turn episodes) a closing text; in merged episodes every
-  non-empty gold turn in order, then ``done()``. It must score 100%.
+  non-empty gold turn in order, then ``done()`` where the env offers it (else a closing text). It must score 100%.
 - ``null`` never calls a tool. It must score 0%.
 """
 
@@ -63,7 +63,11 @@ class OracleAgent:
             if self.next_turn < len(self.plan):
                 self.next_turn += 1
                 return AgentReply(calls=list(self.plan[self.next_turn - 1]))
-            return AgentReply(calls=[ToolCall("done")])
+            if any(
+                t["function"]["name"] == "done" for t in tools
+            ):  # the env's way to end an episode (envs/interfaces.py)
+                return AgentReply(calls=[ToolCall("done")])
+            return AgentReply(content=self.closing.completed)  # a message without a call ends it
         if self.plan[turn] and turn not in self.emitted:
             self.emitted.add(turn)
             return AgentReply(calls=list(self.plan[turn]))
