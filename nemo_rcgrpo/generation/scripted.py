@@ -34,9 +34,11 @@ A suite with neither is refused when the generator is built, in one line.
 
 Token-in, token-out like every generator: the task is recognised in the decoded prompt by its first user message,
 as the env opens it (each task of the suite is opened once, at the first call, to read it; the longest match wins,
-one text may contain another). Tasks that open alike are played alike when their plans are the same messages (as
-bfcl_micro's twins that differ only in files the request does not touch), and refused otherwise (as BFCL's base and
-long_context with both categories in the run). Later turns of a rollout are recognised because their prompt
+one text may contain another). Tasks that open alike are played alike as long as their plans are the same messages
+(as bfcl_micro's twins that differ only in files the request does not touch); where their plans part, the rollout
+keeps the tasks whose env answered as the prompt shows (kv_store's copy tasks: the same request on other stores,
+told apart by what ``get`` returned), and a prompt that still cannot tell them apart is an error in one line (as
+BFCL's base and long_context with both categories in the run, whose first messages differ). Later turns of a rollout are recognised because their prompt
 extends an earlier prompt plus completion, and a completion is the token ids of the planned assistant message as
 the chat format renders it (the trained tokens: content and end-of-turn). Sampler logprobs are 0.0 (the completion
 is a choice, not a sample). Weights sent to it are consumed and ignored; ``version`` records the last update.
@@ -73,10 +75,43 @@ _CLOSE = object()  # a plan's last move: a done() call where the env offers the 
 
 @dataclass
 class _Script:
-    messages: list[dict[str, Any]]  # the planned assistant messages, in order
-    turn: int  # index of the next message to play
+    """A live rollout: the conversations it may be playing (one per task that opens alike and still fits what the
+    env answered), and the index of the next assistant message to play."""
+
+    candidates: list[list[dict[str, Any]]]  # each a whole conversation played through the env, in the same order
+    turn: int
     success: bool
-    task_id: str
+    task_ids: list[str]  # the tasks that open alike (named in the error where the prompt cannot tell them apart)
+
+    def next_message(self) -> dict[str, Any] | None:
+        """The next planned assistant message (the same in every candidate), or None once the plan is played out."""
+        plans = [[m for m in c if m["role"] == "assistant"] for c in self.candidates]
+        nexts = [plan[self.turn] if self.turn < len(plan) else None for plan in plans]
+        if any(n != nexts[0] for n in nexts[1:]):
+            raise ValueError(
+                f"scripted generator: tasks {self.task_ids} open with the same user message but are played "
+                "differently, and what the env answered so far does not tell them apart; restrict env.categories "
+                "for scripted runs"
+            )
+        return nexts[0]
+
+    def narrow(self, answered: str) -> None:
+        """Keep the candidates whose env answered the last message as the prompt shows (``answered``: the prompt's
+        text after the last completion); where none fits exactly (a renderer that reshapes the answer), all stay."""
+        fitting = [c for c in self.candidates if all(text in answered for text in _answers(c, self.turn))]
+        if fitting:
+            self.candidates = fitting
+
+
+def _answers(conversation: list[dict[str, Any]], turn: int) -> list[str]:
+    """The texts the env answered assistant message ``turn - 1`` of ``conversation`` with (stripped, non-empty)."""
+    seen, out = 0, []
+    for m in conversation:
+        if m["role"] == "assistant":
+            seen += 1
+        elif seen == turn and isinstance(m.get("content"), str) and m["content"].strip():
+            out.append(m["content"].strip())
+    return out
 
 
 class ScriptedGenerator:
@@ -120,6 +155,8 @@ class ScriptedGenerator:
         self._opening: dict[str, list[Task]] | None = None  # first user message -> the tasks that open with it
         self._opening_lock = threading.Lock()
         self._plans: dict[tuple[str, bool, int | None], list[dict[str, Any]]] = {}
+        self._conversations: dict[tuple[str, bool, int | None], list[dict[str, Any]]] = {}  # the plans, played
+        self._twins: dict[tuple[tuple[str, ...], bool, int | None], list[list[dict[str, Any]]]] = {}
         self._per_turn: dict[str, bool] = {}  # task id -> its oracle plan closes every user turn with a text
         # prompt + completion so far -> the scripts of the live rollouts with exactly these ids (rollouts of one
         # group can share them), handed out in order: the engine passes live rollouts in a fixed order
@@ -143,7 +180,7 @@ class ScriptedGenerator:
                 f"scripted generator: env {self.env_name} opens task {task.id} without a user message; "
                 "a scripted rollout's task is recognised by its first user message"
             )
-        return text
+        return text.strip()  # a chat format may strip a message's edges (llama3_json)
 
     def _openings(self) -> dict[str, list[Task]]:
         with self._opening_lock:
@@ -165,23 +202,29 @@ class ScriptedGenerator:
             )
         return openings[max(found, key=len)]
 
-    def _script_for(self, tasks: list[Task], success: bool, variant: int) -> tuple[Task, list[dict]]:
-        """The task to play and its plan. Tasks that open with the same request (e.g. a base task and its
-        long_context twin, or generated tasks that differ only in files the request does not touch) are
-        played alike when their plans are the same messages; otherwise the prompt cannot choose, and it is an
-        error."""
-        plans = [self._plan(t, success, variant) for t in tasks]
-        if any(p != plans[0] for p in plans[1:]):
-            raise ValueError(
-                f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message "
-                "but are played differently, so a prompt cannot tell them apart; restrict "
-                "env.categories for scripted runs"
-            )
-        return tasks[0], plans[0]
+    def _conversations_for(self, tasks: list[Task], success: bool, variant: int) -> list[list[dict[str, Any]]]:
+        """The conversations a rollout that opens like ``tasks`` may be playing, one per distinct plan: tasks that
+        open with the same request (a base task and its long_context twin, generated tasks that differ only in what
+        the request does not show) are told apart later by what the env answers, where their plans differ."""
+        out: list[list[dict[str, Any]]] = []
+        for t in tasks:
+            self._plan(t, success, variant)
+            conversation = self._conversations[(t.id, success, None if success else variant)]
+            if conversation not in out:
+                out.append(conversation)
+        firsts = [next((m for m in c if m["role"] == "assistant"), None) for c in out]
+        if any(f != firsts[0] for f in firsts[1:]) and not callable(self._suite_script):
+            key = (tuple(t.id for t in tasks), success, None if success else variant)
+            if key not in self._twins:
+                twins = self._twin_conversations(tasks, success, variant)
+                self._twins[key] = [c for i, c in enumerate(twins) if c not in twins[:i]]
+            return self._twins[key]
+        return out
 
     # ------------------------------------------------------------------ plans
     def _plan(self, task: Task, success: bool, variant: int) -> list[dict[str, Any]]:
-        """The assistant messages a rollout of ``task`` plays (``variant``: which of a few failures, 0-3)."""
+        """The assistant messages a rollout of ``task`` plays (``variant``: which of a few failures, 0-3); the
+        whole conversation is kept in ``_conversations``."""
         key = (task.id, success, None if success else variant)
         if key not in self._plans:
             if callable(self._suite_script):
@@ -192,19 +235,33 @@ class ScriptedGenerator:
                 messages = self._oracle_plan(task) if success else self._failure_plan(task, variant)
             if self.renderer.spec.one_call_per_message:  # one call per message, as the format allows
                 messages = one_call_per_message(messages)
+            self._conversations[key] = list(messages)
             self._plans[key] = [m for m in messages if m["role"] == "assistant"]
         return self._plans[key]
 
     def _turns(self, task: Task) -> list[list[ToolCall]]:
-        return [list(calls) for calls in self._oracle_calls(task)]
+        """The suite's ``oracle_calls(task)``, checked: a list of user turns, each a list of ``ToolCall``s."""
+        from nemo_rcgrpo.registry import error_line
 
-    def _moves(self, turns: Sequence[Sequence[ToolCall]], per_turn: bool) -> list[Any]:
+        try:
+            turns = [list(calls) for calls in self._oracle_calls(task)]
+        except Exception as e:  # noqa: BLE001 - the plugin's error, one line with where it was raised
+            raise ValueError(f"scripted generator: oracle_calls({task.id}) failed: {error_line(e)}") from e
+        if not all(isinstance(c, ToolCall) for calls in turns for c in calls):
+            raise ValueError(
+                f"scripted generator: oracle_calls({task.id}) must give a list of user turns, each a list of ToolCall"
+            )
+        return turns
+
+    def _moves(self, turns: Sequence[Sequence[ToolCall]], per_turn: bool, split: bool = False) -> list[Any]:
         """What the assistant says, message by message: each user turn's calls (one message, or one per call where
-        the chat format renders no more), a closing text after each turn (``per_turn``) or a close at the end."""
+        the chat format renders no more, or ``split``), a closing text after each turn (``per_turn``) or a close at
+        the end."""
         moves: list[Any] = []
         for calls in turns:
             if calls:
-                moves += [[c] for c in calls] if self.renderer.spec.one_call_per_message else [list(calls)]
+                alone = split or self.renderer.spec.one_call_per_message
+                moves += [[c] for c in calls] if alone else [list(calls)]
             if per_turn:
                 moves.append(FINAL_TEXT)
         return moves if per_turn else [*moves, _CLOSE]
@@ -226,25 +283,58 @@ class ScriptedGenerator:
             f"({how}), not 1: a scripted success plays the suite's oracle_calls, which must solve the task"
         )
 
-    def _failure_plan(self, task: Task, variant: int) -> list[Message]:
-        """A reward-0 plan: the oracle plan with one call dropped (the calls in an order seeded by ``variant``),
-        else with no call at all; the first that scores 0 through the env."""
-        if task.id not in self._per_turn:
-            self._oracle_plan(task)
-        turns, per_turn = self._turns(task), self._per_turn[task.id]
+    def _failure_candidates(self, task: Task, variant: int) -> list[list[list[ToolCall]]]:
+        """The plans a failure tries, in order: the oracle's with one call dropped (the calls in an order seeded by
+        ``variant``), then no call at all."""
+        turns = self._turns(task)
         positions = [(t, i) for t, calls in enumerate(turns) for i in range(len(calls))]
         random.Random(variant).shuffle(positions)
         candidates = [
             [[c for i, c in enumerate(calls) if (t, i) != p] for t, calls in enumerate(turns)] for p in positions
         ]
-        candidates.append([[] for _ in turns])
-        for plan in candidates:
+        return [*candidates, [[] for _ in turns]]
+
+    def _failure_plan(self, task: Task, variant: int) -> list[Message]:
+        """A reward-0 plan: the first of ``_failure_candidates`` that scores 0 through the env."""
+        if task.id not in self._per_turn:
+            self._oracle_plan(task)
+        per_turn = self._per_turn[task.id]
+        for plan in self._failure_candidates(task, variant):
             messages, reward = self._play(task, self._moves(plan, per_turn))
             if reward == 0.0:
                 return messages
         raise ValueError(
             f"scripted generator: no reward-0 plan of {task.id}: its oracle calls with one dropped, and no call at "
             f"all, score > 0 through env {self.env_name}"
+        )
+
+    def _twin_conversations(self, tasks: list[Task], success: bool, variant: int) -> list[list[Message]]:
+        """Conversations for tasks that open alike but whose plans differ from their first message: each call in a
+        message of its own, so that what the env answers tells the tasks apart before they part (a get before the
+        put of what it returned); a failure plays the first candidate plan that is the same for all of them and
+        scores 0 for each. Refused in one line where there is none (the error names the tasks)."""
+        for t in tasks:
+            if t.id not in self._per_turn:
+                self._oracle_plan(t)
+        shapes = {self._per_turn[t.id] for t in tasks}  # closing texts after each user turn, or one close
+        if len(shapes) == 1:
+            per_turn = shapes.pop()
+            if success:
+                played = [self._play(t, self._moves(self._turns(t), per_turn, split=True)) for t in tasks]
+                if all(reward == 1.0 for _, reward in played):
+                    return [messages for messages, _ in played]
+            else:
+                options = [self._failure_candidates(t, variant) for t in tasks]
+                for plans in zip(*options):
+                    if any(repr(plan) != repr(plans[0]) for plan in plans[1:]):
+                        continue  # another plan for each task: the prompt could not follow it
+                    played = [self._play(t, self._moves(plans[0], per_turn, split=True)) for t in tasks]
+                    if all(reward == 0.0 for _, reward in played):
+                        return [messages for messages, _ in played]
+        raise ValueError(
+            f"scripted generator: tasks {[t.id for t in tasks]} open with the same user message but are played "
+            "differently, and no plan lets what the env answers tell them apart; restrict env.categories for "
+            "scripted runs"
         )
 
     def _play(self, task: Task, moves: Sequence[Any]) -> tuple[list[Message], float]:
@@ -323,9 +413,9 @@ class ScriptedGenerator:
         rng = random.Random(int(digest[:16], 16))
         success = rng.random() < p
         variant = rng.randrange(4)  # a few different failures per task
-        task, plan = self._script_for(tasks, success, variant)
+        script = _Script(self._conversations_for(tasks, success, variant), 0, success, [t.id for t in tasks])
         self.played["success" if success else "failure"] += 1
-        return _Script(plan, 0, success, task.id)
+        return script
 
     # ------------------------------------------------------------------ generator interface
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -333,9 +423,8 @@ class ScriptedGenerator:
         out = []
         for position, prompt in enumerate(prompts):
             script = self._continue(prompt) or self._start(prompt, params.seed, position)
-            if script.turn < len(script.messages):
-                message = script.messages[script.turn]
-            else:  # the plan is played out: a message without tool calls ends the episode
+            message = script.next_message()
+            if message is None:  # the plan is played out: a message without tool calls ends the episode
                 message = {"role": "assistant", "content": FINAL_TEXT}
             script.turn += 1
             ids = self._completion_ids(message)
@@ -350,9 +439,13 @@ class ScriptedGenerator:
         return out
 
     def _continue(self, prompt: list[int]) -> _Script | None:
+        """The live rollout whose prompt and completion ``prompt`` extends, narrowed by what the env answered."""
         for key, scripts in self._live.items():
             if scripts and len(prompt) > len(key) and tuple(prompt[: len(key)]) == key:
-                return scripts.pop(0)
+                script = scripts.pop(0)
+                if len(script.candidates) > 1:
+                    script.narrow(self.tokenizer.decode(prompt[len(key) :], skip_special_tokens=False))
+                return script
         return None
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:

@@ -224,3 +224,82 @@ def test_what_cannot_be_scripted_is_one_line(renderer):
         gen._plan(suite["never"], True, 0)
     with pytest.raises(ValueError, match="holds no known task's first user message"):
         gen.generate([renderer.tokenizer("hello")["input_ids"]], SamplingParams())
+
+
+READ, WRITE = _tool("read", []), _tool("write", ["v"])
+
+
+@dataclass
+class VaultEnv:
+    """Tasks that open alike ("Copy the secret.") on other secrets: read() tells them apart, write(v) must give it."""
+
+    secret: int
+    written: int | None = None
+    done: bool = False
+    truncated: str | None = None
+    tools: tuple = (READ, WRITE, DONE)
+
+    def step(self, calls):
+        out = []
+        for c in calls:
+            if c.name == "done":
+                self.done = True
+                continue
+            if c.name == "write":
+                self.written = c.kwargs.get("v")
+            out.append(
+                Observation(f"the secret is {self.secret}" if c.name == "read" else "written", True, c.name, c.id)
+            )
+        messages = [{"role": "tool", "tool_call_id": o.tool_call_id, "content": o.content} for o in out]
+        self.done = self.done or not calls
+        return SimpleNamespace(observations=out, messages=messages, tools_changed=False)
+
+    def truncate(self, reason):
+        self.done, self.truncated = True, reason
+
+    def reward(self):
+        ok = self.written == self.secret
+        return RewardInfo(float(ok), ok, ok, {})
+
+    def official_verdict(self):
+        return None
+
+
+class VaultOpener:
+    def open(self, task):
+        return VaultEnv(task.turns[0][0]), [{"role": "user", "content": "Copy the secret."}]
+
+
+def test_tasks_that_open_alike_are_told_apart_by_what_the_env_answers(renderer):
+    """Twins whose oracle plans differ from their first message (read, then write what it returned): each call goes
+    in a message of its own, the rollout keeps the twin whose env answered as the prompt shows, and a success pays
+    1 on every twin; a failure plays a plan common to all of them (here: no write) and pays 0."""
+    twins = [Task(f"v{s}", "vault", ((s,),)) for s in (17, 42, 99)]
+    suite = Suite(*twins)
+    suite.oracle_calls = lambda task: [[ToolCall("read", {}), ToolCall("write", {"v": task.turns[0][0]})]]
+    gen = ScriptedGenerator(renderer, suite, VaultOpener(), env_name="vault", success_high=1.0, success_low=0.0)
+    engine = RolloutEngine(
+        gen, renderer, VaultOpener(), SamplingParams(max_new_tokens=256), max_turns=8, max_total_tokens=4096,
+        reward_goal=RewardGoal(),
+    )  # fmt: skip
+    specs = [RolloutSpec(t, g, token) for g, t in enumerate(twins) for token in (True, False)]
+    trajs = engine.rollout(specs, seed=0)
+    assert [t.reward for t in trajs] == [1.0, 0.0] * 3
+    for t, twin in zip(trajs[::2], twins):  # read alone, then the write of this twin's own secret, then done()
+        assert [[c["name"] for c in calls] for calls in t.calls] == [["read"], ["write"], ["done"]]
+        assert t.calls[1][0]["arguments"] == {"v": twin.turns[0][0]}
+    for t in trajs[1::2]:
+        assert all(c["name"] != "write" for calls in t.calls for c in calls)
+
+
+def test_an_oracle_that_fails_or_gives_another_shape_is_one_line_naming_the_task(renderer):
+    for oracle, said in (
+        (lambda task: {}["missing"], r"oracle_calls\(b\) failed: KeyError"),
+        (lambda task: [ToolCall("add", {"n": 7})], r"oracle_calls\(b\) failed: TypeError"),  # not per turn
+        (lambda task: [["add(7)"]], r"oracle_calls\(b\) must give a list of user turns, each a list of ToolCall"),
+    ):
+        suite = Suite(*TASKS)
+        suite.oracle_calls = oracle
+        gen = ScriptedGenerator(renderer, suite, Opener(), env_name="counter")
+        with pytest.raises(ValueError, match=said):
+            gen._plan(suite["b"], True, 0)
