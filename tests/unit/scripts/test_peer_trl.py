@@ -1,0 +1,105 @@
+"""The pure parts of scripts/bench/peer_trl.py (no TRL needed): the env adapter that TRL's ``environment_factory``
+drives plays the project's own BFCL env, and the equal-work checks."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from nemo_rcgrpo.envs.bfcl.config import BFCLOpener, BFCLSettings
+from nemo_rcgrpo.envs.bfcl.trajectories import gold_plan
+from nemo_rcgrpo.envs.sources import make_suite
+from scripts.bench import peer_trl
+
+
+@pytest.fixture(scope="module")
+def opened():
+    suite = make_suite("bfcl_micro", ["base"])
+    opener = BFCLOpener(BFCLSettings(mode="merged"), suite)
+    task = next(t for t in suite if sum(map(len, t.ground_truth)) >= 2)
+    env, messages = opener.open(task)
+    cls = peer_trl.adapter_class(task.id, env.tools, lambda tid: opener.open(suite[tid]))
+    return task, env, messages, cls
+
+
+def _tools(adapter):
+    """What TRL makes of an env instance: its public methods but reset / get_reward, by attribute name."""
+    members = inspect.getmembers(type(adapter), predicate=inspect.isfunction)
+    return [getattr(adapter, n) for n, _ in members if n not in ("reset", "get_reward") and not n.startswith("_")]
+
+
+def test_the_adapter_offers_the_envs_tools_in_its_order_with_its_schemas(opened):
+    _, env, _, cls = opened
+    tools = _tools(cls())
+    assert [t.__name__ for t in tools] == [t["function"]["name"] for t in env.tools]
+    assert tools[-1].__name__ == "done"
+    schema = peer_trl.schema_of(lambda f: {"derived": f.__name__})
+    assert [schema(t) for t in tools] == env.tools  # bound methods hand over the env's own schemas
+    assert schema(len) == {"derived": "len"}  # any other function: the original
+
+
+def test_tool_calls_are_the_envs_steps_and_done_ends_the_episode(opened):
+    task, _, messages, cls = opened
+    adapter = cls()
+    assert adapter.reset(prompt=messages, task_id=task.id) is None
+    by_name = {t.__name__: t for t in _tools(adapter)}
+    for call in [c for turn in gold_plan(task) for c in turn]:
+        assert not by_name[call.name](**call.kwargs).startswith("Error"), call
+    assert len(adapter.env.executed) == adapter.calls > 0
+    done = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "done", "arguments": {}}}]}]
+    assert peer_trl.rollout_reward(adapter, done, stopped=True) == (0.0, "turn cap or context budget")
+    assert by_name["done"]() == peer_trl.DONE_MARKER and adapter.finished and adapter.env.done
+    executed = len(adapter.env.executed)
+    assert by_name[task.ground_truth[0][0].split("(")[0]]() == peer_trl.DONE_MARKER  # runs nothing after done()
+    assert len(adapter.env.executed) == executed
+    assert peer_trl.rollout_reward(adapter, done, stopped=True) == (1.0, None)  # the gold calls: reward 1
+
+    adapter.reset(prompt=messages, task_id=task.id)  # a fresh episode: nothing carried over
+    assert not adapter.finished and adapter.env.executed == []
+    cut = [{"role": "assistant", "content": "<tool_call>\n{"}]
+    assert peer_trl.rollout_reward(adapter, cut, stopped=False) == (0.0, "max_new_tokens without a stop token")
+    answered = [{"role": "assistant", "content": "All set."}]
+    assert peer_trl.rollout_reward(adapter, answered, stopped=True) == (0.0, None)  # the env's reward: nothing done
+
+
+def test_a_message_runs_its_calls_up_to_done():
+    calls = [{"function": {"name": n, "arguments": {}}} for n in ("ls", "done", "rm")]
+    assert [c["function"]["name"] for c in peer_trl.cut_at_done(calls)] == ["ls", "done"]
+    assert peer_trl.cut_at_done(calls[:1]) == calls[:1]
+
+
+def _run(tasks, rollouts_per_step=4, turns=2, tokens=50, calls=1, sha="a"):
+    steps = [
+        {
+            "tasks": list(t),
+            "rollouts": [
+                {
+                    "task": t[0],
+                    "turns": turns,
+                    "tokens": tokens,
+                    "calls": calls,
+                    "reward": 0.0,
+                    "truncated": None,
+                    "prompt_sha": sha,
+                }
+                for _ in range(rollouts_per_step)
+            ],
+        }
+        for t in tasks
+    ]
+    return {"steps": steps}
+
+
+def test_equal_work_checks_tasks_rollouts_and_the_turn_cap():
+    plan = [("a", "b"), ("c", "d")]
+    lines, ok = peer_trl.equal_work([_run(plan)], [_run(plan, tokens=60)], tasks=2, group=2, max_turns=4)
+    assert ok and any("comparable" in line and "NOT" not in line for line in lines)
+    assert not any("single-turn" in line for line in lines)
+    assert not peer_trl.equal_work([_run(plan)], [_run(plan[::-1])], 2, 2, 4)[1]  # other tasks
+    assert not peer_trl.equal_work([_run(plan)], [_run(plan, rollouts_per_step=3)], 2, 2, 4)[1]  # other counts
+    assert not peer_trl.equal_work([_run(plan)], [_run(plan, turns=5)], 2, 2, 4)[1]  # past the cap
+    lines, ok = peer_trl.equal_work([_run(plan)], [_run(plan, tokens=500, calls=0, sha="b")], 2, 2, 4)
+    assert ok  # reported, not refused: tokens differ by sampling, prompts by rendering
+    text = "\n".join(lines)
+    assert "NOT comparable" in text and "identical on both sides: NO" in text and "single-turn GRPO" in text
