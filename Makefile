@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.megatron_cpu --out docs/benchmarks.md
 	$(PY) -m scripts.bench.rl_step --out docs/benchmarks.md
 	$(PY) -m scripts.bench.async_rl --out docs/benchmarks.md
+	$(PY) -m scripts.bench.recipe_steps --out docs/benchmarks.md
 	$(PY) -m scripts.bench.peer_trl --out docs/benchmarks.md
 
 # the RC-GRPO mechanism measured at CPU scale on the bfcl_micro tasks: stage 1, conditioning, reward variance, the

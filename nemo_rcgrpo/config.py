@@ -190,8 +190,11 @@ class TrainConfig:
             if value is None or value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
         budget = t.micro_batch_tokens
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
-            raise ConfigError(f"trainer.micro_batch_tokens={budget!r}: must be an integer > 0 or null")
+        if budget == "auto" and not self.is_rl:  # stage 1: micro_batch_size examples each (written out, as saved)
+            budget = None
+            object.__setattr__(self, "trainer", dataclasses.replace(t, micro_batch_tokens=None))
+        if budget not in (None, "auto") and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+            raise ConfigError(f"trainer.micro_batch_tokens={budget!r}: must be an integer > 0, auto or null")
         if self.is_rl:
             self._validate_rl()
         else:
@@ -209,7 +212,7 @@ class TrainConfig:
                 f"trainer.micro_batch_tokens={budget}: must be >= chat.max_length={self.chat.max_length} "
                 "(an example is never split across micro-batches), or null"
             )
-        if budget is None and t.global_batch_size % t.micro_batch_size:
+        if budget in (None, "auto") and t.global_batch_size % t.micro_batch_size:
             raise ConfigError(
                 f"trainer.global_batch_size={t.global_batch_size} must be a multiple of "
                 f"trainer.micro_batch_size={t.micro_batch_size}"
@@ -218,6 +221,18 @@ class TrainConfig:
             raise ConfigError("trainer.warmup_steps >= 0, 0 <= trainer.min_lr_ratio <= 1 and trainer.grad_clip >= 0")
         if self.data.max_examples is not None and self.data.max_examples <= 0:
             raise ConfigError(f"data.max_examples={self.data.max_examples}: must be > 0 or null")
+
+    def micro_batch_budget(self, device_type: str) -> int | None:
+        """``trainer.micro_batch_tokens`` as a stage-2 run on ``device_type`` ("cpu" | "cuda") fills its
+        micro-batches: ``auto`` resolved (`auto_micro_batch_tokens`), else as set."""
+        budget = self.trainer.micro_batch_tokens
+        if budget != "auto":
+            return budget
+        backend = lookup("policy_backend", self.policy.backend, setting="policy.backend")
+        pp = getattr(backend, "model_parallel", lambda policy: (1, 1, 1))(self.policy)[1]
+        return auto_micro_batch_tokens(
+            self.rl.group_size, self.rl.max_total_tokens, self.rl.mini_batches, pp, device_type
+        )
 
     def _validate_megatron_section(self) -> None:
         """``policy.megatron``'s own bounds, whichever backend runs (what Megatron needs installed: its factory's
@@ -267,6 +282,7 @@ class TrainConfig:
             if value <= 0:
                 raise ConfigError(f"{key}={value}: must be > 0")
         budget = self.trainer.micro_batch_tokens
+        budget = None if budget == "auto" else budget  # auto: a budget only where it can hold (micro_batch_budget)
         if budget is not None and rl.mini_batches > 1:
             raise ConfigError(
                 f"trainer.micro_batch_tokens={budget} with rl.mini_batches={rl.mini_batches}: a budget "
@@ -329,6 +345,24 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return plain(dataclasses.asdict(self))
+
+
+def auto_micro_batch_tokens(
+    group_size: int, max_total_tokens: int, mini_batches: int, pp: int, device: str
+) -> int | None:
+    """``trainer.micro_batch_tokens=auto`` in stage 2: the forward positions a micro-batch is filled to, so that a
+    group's prompt is computed once and its rollouts share one pass wherever memory allows.
+
+    - On CPU, a whole group of max-length rollouts (``group_size x max_total_tokens``): host memory holds it (the
+      shipped CPU recipes' peaks are measured in docs/benchmarks.md), and every group then fits one micro-batch.
+    - On GPU, ``max_total_tokens``: the positions of one max-length rollout, which a micro-batch of one rollout must
+      hold anyway, so the peak memory is that of ``micro_batch_size=1``; a group fits where its prompt, computed
+      once, and its responses add up to no more.
+    - None (``micro_batch_size`` rollouts each) where a budget cannot hold: with ``mini_batches > 1`` (each update's
+      slice is fixed in rollouts) or pipeline stages (``pp > 1``: one activation shape for every micro-batch)."""
+    if mini_batches > 1 or pp > 1:
+        return None
+    return group_size * max_total_tokens if device == "cpu" else max_total_tokens
 
 
 def _build(cls: type, cfg: dict[str, Any] | None, prefix: str):

@@ -67,8 +67,12 @@ class TrainerConfig:
     global_batch_size: int = 16  # sequences per optimizer step (across ranks)
     micro_batch_size: int = 1  # sequences per forward/backward
     # micro-batches filled to this many forward positions instead (the prefix tree's, packed rows' or padded rows',
-    # as the policy runs them): in stage 2 whole groups where they fit, else rollouts; null: micro_batch_size each
-    micro_batch_tokens: int | None = None
+    # as the policy runs them): in stage 2 whole groups where they fit, else rollouts; null: micro_batch_size each;
+    # auto (stage 2's default): on CPU a whole group of max-length rollouts (rl.group_size x rl.max_total_tokens), on
+    # GPU one max-length rollout's positions (rl.max_total_tokens: what micro_batch_size=1 must hold anyway; a group
+    # fits where its prompt, computed once, and its responses add up to no more); null with rl.mini_batches > 1 or
+    # pipeline stages, and in stage 1
+    micro_batch_tokens: int | Literal["auto"] | None = None
     grad_clip: float = 1.0
     # a NaN or infinite loss or gradient norm: stop (one line, exit 2, nothing saved from that step) | skip (no
     # update from a non-finite gradient; the run stops after 5 such steps in a row)

@@ -70,7 +70,7 @@ def eval_reward_token(setting: str, reward_conditioned: bool) -> bool | None:
 
 @dataclass(frozen=True)
 class RLSettings:
-    """What the RL loop reads of its config beside its parts and the run's settings (``RLSettings.of(cfg)``)."""
+    """What the RL loop reads of its config beside its parts and the run's settings (``RLSettings.of(cfg, device_type)``)."""
 
     rl: RLConfig
     stage: str
@@ -82,9 +82,9 @@ class RLSettings:
     data_dir: str  # data.dir (the banner)
 
     @classmethod
-    def of(cls, cfg: TrainConfig) -> "RLSettings":
-        t = cfg.trainer
-        update = UpdateSettings(cfg.rl, t.micro_batch_size, t.micro_batch_tokens)
+    def of(cls, cfg: TrainConfig, device_type: str = "cpu") -> "RLSettings":
+        t = cfg.trainer  # the micro-batches' token budget as this device fills them (``auto`` resolved)
+        update = UpdateSettings(cfg.rl, t.micro_batch_size, cfg.micro_batch_budget(device_type))
         return cls(cfg.rl, cfg.stage, cfg.stage_spec, cfg.seed, t.max_steps, update, t.lr, cfg.data.dir)
 
 
@@ -110,7 +110,7 @@ class RLTrainer:
     @classmethod
     def from_config(cls, cfg: TrainConfig, dist: DistInfo, recipe: str | None = None) -> "RLTrainer":
         """The trainer of ``cfg``: its parts built (`build_rl`), its settings and the run's taken from it."""
-        return cls(build_rl(cfg, dist), RLSettings.of(cfg), RunSettings.of(cfg), dist, recipe)
+        return cls(build_rl(cfg, dist), RLSettings.of(cfg, dist.device.type), RunSettings.of(cfg), dist, recipe)
 
     # ------------------------------------------------------------------ one step
     def collect(self, step: int, cursor: int) -> StepRollouts:
@@ -179,6 +179,13 @@ class RLTrainer:
         """The categories of the run's training tasks (in the suite's ``category_order``, else by name)."""
         return sorted({self.suite[t].category for t in self.task_ids}, key=category_key(self.suite))
 
+    def _micro_batching(self) -> str:
+        """How the updates split a step's rollouts (``trainer.micro_batch_tokens``, ``auto`` resolved)."""
+        u = self.settings.update
+        if u.micro_batch_tokens is None:
+            return f"micro-batches of {u.micro_batch_size} rollout{'s' if u.micro_batch_size != 1 else ''}"
+        return f"micro-batches filled to {u.micro_batch_tokens} forward positions (whole groups first)"
+
     def _banner(self, ckpt: Path | None) -> None:
         s, rl = self.settings, self.settings.rl
         start = int(ckpt.name.split("_")[-1]) if ckpt is not None else 0
@@ -196,7 +203,7 @@ class RLTrainer:
                 steps=f"{s.max_steps} RL steps (= {s.max_steps * rl.ppo_epochs * rl.mini_batches} optimizer steps) "
                 f"of {rl.tasks_per_step} tasks x G={rl.group_size}{tokens}, "
                 f"lr {s.lr:g}, beta {rl.loss.kl_beta:g}, {rl.max_turns} turns x "
-                f"{rl.sampling.max_new_tokens} new tokens at most",
+                f"{rl.sampling.max_new_tokens} new tokens at most; {self._micro_batching()}",
             )
         )
 

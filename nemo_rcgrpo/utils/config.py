@@ -339,8 +339,14 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
 
 
 def _describe(hint: Any) -> str:
-    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(hint)]
-    return " or ".join("null" if n == "NoneType" else n for n in names)
+    """A union's options as a reader writes them: ``int or auto or null``."""
+    names = []
+    for option in typing.get_args(hint):
+        if typing.get_origin(option) is Literal:
+            names += [str(v) for v in typing.get_args(option)]
+        else:
+            names.append("null" if option is type(None) else getattr(option, "__name__", str(option)))
+    return " or ".join(names)
 
 
 def check_fields(cls: type, values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

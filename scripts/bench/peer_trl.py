@@ -18,9 +18,9 @@ The same work on both sides:
   reward tokens on the project's side (``stage=grpo``).
 
 Two configurations: ``equal`` (one rollout per forward/backward on both sides: the project's
-``trainer.micro_batch_size=1``, TRL's ``per_device_train_batch_size=1``) and ``fastest`` (each side's fastest
-documented CPU setting: the project's ``trainer.micro_batch_tokens`` budget, so that a group shares its prompt in
-one micro-batch; TRL's whole batch in one micro-batch and generation by transformers' continuous batching,
+``trainer.micro_batch_size=1 trainer.micro_batch_tokens=null``, TRL's ``per_device_train_batch_size=1``) and ``fastest`` (each side's fastest
+documented CPU setting: the project's defaults, whose ``trainer.micro_batch_tokens=auto`` puts a whole group in
+one micro-batch, so that it computes its prompt once; TRL's whole batch in one micro-batch and generation by transformers' continuous batching,
 ``use_transformers_continuous_batching``, TRL's documented speed-up for generation without vLLM; its other
 documented ones, vLLM, Liger kernels and FlashAttention, need a GPU).
 
@@ -382,7 +382,8 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
     labels = {
         ("equal", "project"): "`trainer.micro_batch_size=1`",
         ("equal", "trl"): "`per_device_train_batch_size=1`, `gradient_accumulation_steps`=tasks x G",
-        ("fastest", "project"): f"`trainer.micro_batch_tokens={args.fast_tokens}` (a group per micro-batch)",
+        ("fastest", "project"): f"`trainer.micro_batch_tokens={args.fast_tokens}` (the default: whole groups per "
+        "micro-batch)",
         (
             "fastest",
             "trl",
@@ -441,7 +442,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2, help="measured steps per run (after one warm-up step)")
     p.add_argument("--runs", type=int, default=2, help="runs per side and configuration, alternating")
     p.add_argument("--configs", default=",".join(CONFIGS), help="equal, fastest or both")
-    p.add_argument("--fast-tokens", type=int, default=4096, help="the project's micro_batch_tokens when fastest")
+    p.add_argument("--fast-tokens", default="auto", help="the project's micro_batch_tokens when fastest (its default)")
     p.add_argument("--trl-dir", type=Path, default=REPO / ".bench" / f"trl-{TRL_VERSION}")
     p.add_argument("--out", type=Path)
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child: one run of one side
@@ -511,10 +512,10 @@ def recipe_config(args, run_dir: str):
         "logging.progress=false",
         "logging.tensorboard=false",
     ]
-    if args.config == "fastest":
+    if args.config == "fastest":  # the project's default (auto: a whole group per micro-batch on CPU) or a budget
         overrides.append(f"trainer.micro_batch_tokens={args.fast_tokens}")
     else:
-        overrides.append("trainer.micro_batch_size=1")
+        overrides += ["trainer.micro_batch_size=1", "trainer.micro_batch_tokens=null"]
     cfg = TrainConfig.from_dict(compose(RECIPE, overrides))
     if cfg.rl.max_turns > cfg.env.settings.max_steps:
         raise SystemExit("--max-turns must be at most env.settings.max_steps (the env would end episodes first)")

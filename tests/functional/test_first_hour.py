@@ -111,6 +111,10 @@ def test_smoke_run_from_an_empty_folder(data_dir, tmp_path):
     run = tmp_path / "runs" / "smoke_rl"
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and "eval_accuracy" in metrics[1]
+    # the fast path by default: micro-batches filled to a whole group of max-length rollouts (4 x 1536 on CPU), so
+    # the 2 groups take at most 2 passes instead of the 4 of trainer.micro_batch_size=2
+    assert "micro-batches filled to 6144 forward positions (whole groups first)" in err
+    assert all(1.0 <= m["micro_batches"] <= 2.0 for m in metrics), [m["micro_batches"] for m in metrics]
     # one step number everywhere: metrics, rollouts/, eval/, checkpoints/
     assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_1.jsonl", "step_2.jsonl"]
     assert sorted(p.name for p in (run / "eval").iterdir()) == ["step_2.jsonl"]

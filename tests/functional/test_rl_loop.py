@@ -44,6 +44,7 @@ def _args(data_dir, run_dir, *extra):
         "trainer.lr=1e-3",
         "trainer.max_steps=3",
         "trainer.micro_batch_size=2",
+        "trainer.micro_batch_tokens=null",  # two rollouts a micro-batch, as recorded (the default fills whole groups)
         "trainer.save_every=1",
         "trainer.export_hf=false",
         "logging.progress=false",

@@ -429,8 +429,19 @@ _BOUNDS = [  # (extra overrides, refused override, message start, accepted overr
     ([], "rl.loss.clip_high=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.clip_high=0"),
     ([], "rl.loss.kl_beta=-0.1", "rl.loss.clip_low, clip_high and kl_beta must be >= 0", "rl.loss.kl_beta=0"),
     ([], "trainer.max_steps=null", "stage=rcgrpo needs trainer.max_steps (RL steps)", None),
-    ([], "trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens=0: must be an integer > 0 or null", None),
-    ([], "trainer.micro_batch_tokens=2.5", "trainer.micro_batch_tokens=2.5 must be an integer or null", None),
+    (
+        [],
+        "trainer.micro_batch_tokens=autox",
+        "trainer.micro_batch_tokens='autox' has the wrong type",
+        "trainer.micro_batch_tokens=auto",
+    ),
+    ([], "trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens=0: must be an integer > 0, auto or null", None),
+    (
+        [],
+        "trainer.micro_batch_tokens=2.5",
+        "trainer.micro_batch_tokens=2.5 has the wrong type (expected int or auto or null)",
+        None,
+    ),
     (
         ["rl.max_total_tokens=4096"],
         "trainer.micro_batch_tokens=4095",
@@ -573,3 +584,53 @@ def test_env_categories_default_to_what_the_task_source_declares():
             )
     finally:
         table("task_source").pop("two_kinds")
+
+
+def test_auto_micro_batch_tokens_by_device_and_where_a_budget_cannot_hold():
+    from nemo_rcgrpo.config import auto_micro_batch_tokens
+
+    assert auto_micro_batch_tokens(5, 2048, 1, 1, "cpu") == 10240  # a whole group of max-length rollouts
+    assert auto_micro_batch_tokens(5, 2048, 1, 1, "cuda") == 2048  # one max-length rollout's positions
+    assert auto_micro_batch_tokens(5, 2048, 2, 1, "cpu") is None  # mini-batches: slices fixed in rollouts
+    assert auto_micro_batch_tokens(5, 2048, 1, 2, "cuda") is None  # pipeline stages: one activation shape
+
+
+def test_every_shipped_rl_recipe_fills_micro_batches_with_whole_groups_by_default():
+    """The fast path is the default: every stage-2 recipe leaves trainer.micro_batch_tokens at auto, and a shipped
+    CPU recipe's budget holds a whole group of max-length rollouts (one prompt computed once per group)."""
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    rl_recipes = [p.stem for p in CONF.glob("*.yaml") if "rl:" in p.read_text() or "grpo" in p.stem]
+    assert {"rcgrpo_smollm_cpu", "smoke_rl", "micro_rcgrpo", "rcgrpo_llama8b"} <= set(rl_recipes)
+    for name in rl_recipes:
+        cfg = TrainConfig.from_dict(compose_recipe(name, []))
+        if not cfg.is_rl:
+            continue
+        assert cfg.trainer.micro_batch_tokens == "auto", name
+        rl = cfg.rl
+        expected_cpu = None if rl.mini_batches > 1 else rl.group_size * rl.max_total_tokens
+        assert cfg.micro_batch_budget("cpu") == expected_cpu, name
+    gpu = TrainConfig.from_dict(compose_recipe("rcgrpo_llama8b", []))
+    assert gpu.micro_batch_budget("cuda") == gpu.rl.max_total_tokens == 16384
+    pipeline = TrainConfig.from_dict(compose_recipe("rcgrpo_llama8b", ["policy.megatron.pp=2"]))
+    assert pipeline.micro_batch_budget("cuda") is None
+
+
+@pytest.mark.parametrize("override", ["rl.mini_batches=2", "trainer.micro_batch_size=4"])
+def test_auto_gives_way_to_a_users_micro_batch_settings(override):
+    """auto never refuses what a user sets beside it: with mini-batches it falls back to micro_batch_size rows."""
+    from nemo_rcgrpo.config import TrainConfig
+
+    cfg = TrainConfig.from_dict(_with([], override))
+    assert cfg.trainer.micro_batch_tokens == "auto"
+    budget = cfg.micro_batch_budget("cpu")
+    assert budget == (None if "mini_batches" in override else cfg.rl.group_size * cfg.rl.max_total_tokens)
+
+
+def test_auto_in_stage_1_is_micro_batch_size_examples_written_out():
+    from nemo_rcgrpo.config import TrainConfig
+    from nemo_rcgrpo.utils.config import compose as compose_recipe
+
+    cfg = TrainConfig.from_dict(compose_recipe("sft_smollm_cpu", ["trainer.micro_batch_tokens=auto"]))
+    assert cfg.trainer.micro_batch_tokens is None

@@ -103,3 +103,21 @@ def test_equal_work_checks_tasks_rollouts_and_the_turn_cap():
     assert ok  # reported, not refused: tokens differ by sampling, prompts by rendering
     text = "\n".join(lines)
     assert "NOT comparable" in text and "identical on both sides: NO" in text and "single-turn GRPO" in text
+
+
+@pytest.mark.parametrize("config", ["equal", "fastest"])
+def test_equal_runs_a_rollout_per_pass_and_fastest_the_projects_default(config, tmp_path):
+    """equal: one rollout per forward/backward, as TRL's per_device_train_batch_size=1; fastest: the project as
+    shipped, whole groups per micro-batch (trainer.micro_batch_tokens=auto: G x max_total_tokens on CPU)."""
+    import argparse
+
+    args = argparse.Namespace(
+        model=tmp_path / "model", data=tmp_path / "data", tasks=2, group_size=5, max_turns=4, max_new_tokens=128,
+        temperature=1.0, steps=2, config=config, fast_tokens="auto",
+    )  # fmt: skip
+    cfg = peer_trl.recipe_config(args, str(tmp_path / "run"))
+    if config == "equal":
+        assert (cfg.trainer.micro_batch_size, cfg.micro_batch_budget("cpu")) == (1, None)
+    else:
+        assert cfg.trainer.micro_batch_tokens == "auto"
+        assert cfg.micro_batch_budget("cpu") == 5 * cfg.rl.max_total_tokens
