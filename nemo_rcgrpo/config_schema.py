@@ -140,7 +140,12 @@ class PolicyConfig:
 class VLLMConfig:
     """generation.backend=vllm (nemo_rcgrpo/generation/vllm_generator.py, vllm_server.py)."""
 
-    url: str | None = None  # attach to a running server (`rcgrpo serve`), e.g. http://gen-node:8000; null: start one
+    # attach to running servers (`rcgrpo serve`): one, e.g. http://gen-node:8000, or a list (an engine each); null:
+    # start them
+    url: str | tuple[str, ...] | None = None
+    # vLLM engines, each of tp GPUs (on CPU: each bound to its own cores); auto: attached, one per url; started, as
+    # many as the servers' GPUs hold (layout.generation_gpus or devices, / tp), 1 on CPU
+    engines: int | Literal["auto"] = "auto"
     host: str = "127.0.0.1"  # a started server's address
     port: int = 0  # 0: a free port
     devices: str | None = None  # CUDA_VISIBLE_DEVICES of a started server, e.g. "4,5,6,7"

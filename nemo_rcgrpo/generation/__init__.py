@@ -39,8 +39,25 @@ def _check_vllm(setup: PolicySetup) -> None:
     from nemo_rcgrpo.utils.config import ConfigError
 
     v = setup.generation.vllm  # weight_sync and dtype: Literal choices, checked where the config is read
-    if v.url is not None and not str(v.url).startswith(("http://", "https://")):
-        raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of a running server, or null")
+    urls = [v.url] if isinstance(v.url, str) else list(v.url or ())
+    for url in urls:
+        if not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"generation.vllm.url={v.url!r}: give http://HOST:PORT of each running server, or null")
+    if isinstance(v.url, (list, tuple)) and (not urls or len(set(urls)) != len(urls)):
+        raise ConfigError(f"generation.vllm.url={list(v.url)}: a list of distinct server addresses (one per engine)")
+    if v.engines != "auto" and (isinstance(v.engines, bool) or not isinstance(v.engines, int) or v.engines < 1):
+        raise ConfigError(f"generation.vllm.engines={v.engines!r}: an integer >= 1, or auto")
+    if urls and v.engines not in ("auto", len(urls)):
+        raise ConfigError(
+            f"generation.vllm.engines={v.engines} with {len(urls)} server address(es) in generation.vllm.url: "
+            "attached, the engines are the servers listed (engines=auto)"
+        )
+    gpus = setup.generation_gpus  # a training job's layout.generation_gpus (0 elsewhere: CPU, eval)
+    if not urls and isinstance(v.engines, int) and gpus and v.engines * v.tp > gpus:
+        raise ConfigError(
+            f"generation.vllm.engines={v.engines} x tp={v.tp} needs {v.engines * v.tp} GPUs; "
+            f"layout.generation_gpus={gpus} (engines=auto fills them)"
+        )
     for key in ("tp", "kv_cache_gib", "max_concurrency", "startup_timeout", "request_timeout"):
         if getattr(v, key) <= 0:
             raise ConfigError(f"generation.vllm.{key}={getattr(v, key)}: must be > 0")
@@ -51,7 +68,7 @@ def _check_vllm(setup: PolicySetup) -> None:
 
 
 _vllm.check = _check_vllm  # a generator's ``check(setup)``: its settings, validated with the config
-_vllm.server_gpus = lambda generation: generation.vllm.tp  # a server of its own, on layout.generation_gpus
+_vllm.server_gpus = lambda generation: generation.vllm.tp  # engines of their own, on layout.generation_gpus
 
 
 @register("generator", "scripted")

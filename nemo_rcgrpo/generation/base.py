@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 import torch
 
@@ -46,6 +46,9 @@ class Generator(Protocol):
     version: the policy version (RL steps whose updates its weights hold) it samples from; 0 before the first.
     shares_policy_weights: it samples from the policy's own HF module (the in-process generator): a weight update
     hands it no tensor, only the version (`models/factory.py: sync_generator`); otherwise it is sent the weights.
+    places_groups (optional, False where not declared; read by ``places_groups(generator)``): ``generate`` takes a
+    third argument, ``groups``, one key per prompt (a group's rollouts, every turn, share it), and keeps a group on
+    one engine (`vllm_engines.py`); without it a generator is called with prompts and params only.
     """
 
     version: int
@@ -63,6 +66,12 @@ class Generator(Protocol):
     def close(self) -> None:
         """Release what it holds (a started server, a process group); idempotent."""
         ...
+
+
+def places_groups(generator: Any) -> bool:
+    """The Generator's optional ``places_groups`` capability, False where a generator does not declare it (the one
+    place it is read: a plugin written before it keeps working)."""
+    return bool(getattr(generator, "places_groups", False))
 
 
 @runtime_checkable

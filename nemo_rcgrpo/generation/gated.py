@@ -18,7 +18,7 @@ from typing import Iterable
 
 import torch
 
-from nemo_rcgrpo.generation.base import Completion, Generator, SamplingParams
+from nemo_rcgrpo.generation.base import Completion, Generator, SamplingParams, places_groups
 from nemo_rcgrpo.generation.vllm_client import GeneratorError
 
 
@@ -28,6 +28,7 @@ class GatedGenerator:
     def __init__(self, generator: Generator):
         self.inner = generator
         self.shares_policy_weights = generator.shares_policy_weights
+        self.places_groups = places_groups(generator)
         self._lock = threading.Lock()
         self._closed = False
         self._waits = {"generation_blocked_seconds": 0.0, "update_waited_seconds": 0.0}
@@ -36,14 +37,21 @@ class GatedGenerator:
     def version(self) -> int:
         return self.inner.version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, groups: list | None = None
+    ) -> list[Completion]:
+        """The inner generator's completions (``groups`` handed on where it places groups), each with its version."""
         asked = time.perf_counter()
         with self._lock:
             if self._closed:  # the run has ended: a collection still in flight stops here (a closed server
                 raise GeneratorError("the generator is closed: the run has ended")  # would start again)
             self._waits["generation_blocked_seconds"] += time.perf_counter() - asked
             version = self.inner.version
-            out = self.inner.generate(prompts, params)
+            out = (
+                self.inner.generate(prompts, params, groups)
+                if self.places_groups
+                else self.inner.generate(prompts, params)
+            )
         return [dataclasses.replace(c, version=version) for c in out]
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | Path, version: int) -> None:

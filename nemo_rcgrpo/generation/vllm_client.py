@@ -147,9 +147,14 @@ class VLLMClient:
         return data.get("weight_version") if isinstance(data, dict) else None
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, indices: list[int] | None = None
+    ) -> list[Completion]:
+        """``indices``: each prompt's index in the caller's whole batch (its request seed is ``seed + index``; by
+        default its position here), so that a batch split over engines samples as it would on one."""
         if not prompts:
             return []
+        indices = list(range(len(prompts))) if indices is None else indices
         model, max_len = self.model_info()
         bodies = []
         for i, prompt in enumerate(prompts):
@@ -172,7 +177,7 @@ class VLLMClient:
             if params.stop_token_ids:  # stop on these only, as the HF generator does (eos counts only if listed)
                 body.update(stop_token_ids=list(params.stop_token_ids), ignore_eos=True)
             if params.seed is not None:
-                body["seed"] = params.seed + i
+                body["seed"] = params.seed + indices[i]
             bodies.append(body)
         return asyncio.run(self._generate_all(bodies))
 

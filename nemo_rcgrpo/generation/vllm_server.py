@@ -108,6 +108,9 @@ class ServerSpec:
     worker_extension: bool = True  # load vllm_worker.WeightReceiver into the workers (the collective transfer)
     extension_dir: str | None = None  # where its standalone copy is written (default: beside the log)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    # a CPU engine among several: the cores its threads are bound to (VLLM_CPU_OMP_THREADS_BIND, e.g. "0-3"); set, the
+    # engine also gets no VLLM_DP_* / VLLM_PORT of this process (each engine is a vLLM of its own)
+    cpu_bind: str | None = None
 
     @classmethod
     def from_config(cls, vcfg: VLLMConfig, model: str, **given) -> "ServerSpec":
@@ -195,6 +198,9 @@ class VLLMServer:
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=str(self.spec.kv_cache_gib))
         if self.spec.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.devices
+        if self.spec.cpu_bind is not None:
+            env = {k: v for k, v in env.items() if not k.startswith("VLLM_DP_") and k != "VLLM_PORT"}
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.spec.cpu_bind
         if self.spec.worker_extension:  # the server's interpreter (its own venv) imports the standalone copy
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.extension_dir), env.get("PYTHONPATH")]))
         return env
@@ -211,6 +217,13 @@ class VLLMServer:
         shutil.copyfile(vllm_worker.__file__, self.extension_dir / f"{EXTENSION_MODULE}.py")
 
     def start(self, timeout: float) -> str:
+        """Launch the process and wait for its /health; its URL."""
+        self.launch()
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> None:
+        """Start the process (in the calling thread: the server gets SIGTERM when the thread that started it ends,
+        so engines are launched from the generator's own thread, then waited for)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.spec.worker_extension:
             self._write_extension()
@@ -224,7 +237,11 @@ class VLLMServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        (self.log_path.parent / "server.pid").write_text(f"{self.proc.pid}\n")
+        if self.log_path.parent != Path("/dev"):  # beside the log: server.pid, server1.pid, ... (not /dev/stderr's)
+            self.log_path.with_suffix(".pid").write_text(f"{self.proc.pid}\n")
+
+    def wait_healthy(self, timeout: float) -> str:
+        """Wait for the launched server's /health (GeneratorUnavailable if it exits or ``timeout`` s pass); its URL."""
         client = VLLMClient(self.url)
         deadline = time.monotonic() + timeout
         while not client.healthy():
@@ -301,6 +318,57 @@ def managed_server_devices(
     return devices
 
 
+def engine_count(engines: int | str, devices: str | None, tp: int) -> int:
+    """``generation.vllm.engines`` of started servers: as set, or ``auto``: as many engines of ``tp`` GPUs as
+    ``devices`` (the servers' GPUs) hold, 1 on CPU (``devices`` None)."""
+    if engines != "auto":
+        return int(engines)
+    if devices is None:
+        return 1
+    return max(1, len([d for d in devices.split(",") if d.strip()]) // tp)
+
+
+def engine_devices(devices: str | None, tp: int, engines: int) -> list[str | None]:
+    """Each engine's CUDA_VISIBLE_DEVICES: ``devices`` (the started servers' GPUs) cut into ``engines`` runs of ``tp``,
+    in order; None for each on CPU (``devices`` None)."""
+    if devices is None:
+        return [None] * engines
+    gpus = [d.strip() for d in devices.split(",") if d.strip()]
+    if len(gpus) < tp * engines:
+        raise GeneratorError(
+            f"generation.vllm.engines={engines} x tp={tp} needs {tp * engines} GPUs; the servers have "
+            f"{len(gpus)} ({devices}): set layout.generation_gpus (or generation.vllm.devices) to {tp * engines}"
+        )
+    return [",".join(gpus[i * tp : (i + 1) * tp]) for i in range(engines)]
+
+
+def engine_cores(engines: int, cores: list[int], tp: int = 1) -> list[str | None]:
+    """Each CPU engine's cores (VLLM_CPU_OMP_THREADS_BIND): ``cores`` (this process's, sorted) cut into ``engines``
+    even runs, the first ones a core longer where they do not divide, each cut again into its ``tp`` workers' runs
+    (joined by ``|``, as vLLM reads them); None for a single engine (vLLM binds itself). GeneratorError where there
+    are fewer cores than engines x tp."""
+    if engines == 1:
+        return [None]
+    if len(cores) < engines * tp:
+        raise GeneratorError(
+            f"{engines} CPU engines of tp={tp} need {engines * tp} cores, this process has {len(cores)}: "
+            "set generation.vllm.engines (or rcgrpo serve --engines) lower"
+        )
+
+    def runs(part: list[int], n: int) -> list[list[int]]:
+        per, extra = divmod(len(part), n)
+        bounds = [0]
+        for i in range(n):
+            bounds.append(bounds[-1] + per + (i < extra))
+        return [part[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def written(run: list[int]) -> str:
+        contiguous = run == list(range(run[0], run[-1] + 1))
+        return f"{run[0]}-{run[-1]}" if contiguous and len(run) > 1 else ",".join(map(str, run))
+
+    return ["|".join(written(w) for w in runs(engine, tp)) for engine in runs(cores, engines)]
+
+
 def visible_gpus() -> list[str] | None:
     if not torch.cuda.is_available():
         return None
@@ -363,7 +431,17 @@ def serve_parser() -> argparse.ArgumentParser:
         default=["<|high_reward|>", "<|low_reward|>"],
         help="tokens the served tokenizer must have (empty: no check)",
     )
-    p.add_argument("--log", default=None, help="server log file (default: stderr of this command)")
+    p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="vLLM engines to start, each of --tp GPUs of --devices (on CPU: each on its own cores), on ports "
+        "--port, --port + 1, ... (a free one each with --port 0); the run attaches with "
+        "generation.vllm.url=[URL,URL,...] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log", default=None, help="server log file; engine i > 0 writes NAME-i.log (default: stderr of this command)"
+    )
     return p
 
 
@@ -388,32 +466,72 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
             f"{folder} has no reward tokens {missing}: serve a stage-1 export (its hf/ folder), or "
             f"pass --reward-tokens with no value to serve it anyway"
         )
-    spec = ServerSpec(
-        model=str(folder),
-        worker_extension=args.weight_transfer != "none",
-        extra_args=tuple(extra),
-        **{name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"},
-    )
-    log = Path(args.log) if args.log else Path("/dev/stderr")
-    server = VLLMServer(spec, log)
-    server.command()  # extra arguments that clash with the server's own are refused before anything starts
-    stop = []
+    servers = _serve_engines(args, folder, extra)
+    stop, gone = [], set()
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     try:
-        server.start(timeout=1800)
-        print(
-            f"serving {folder} at {server.url} (generation.vllm.url={server.url.replace('0.0.0.0', socket.getfqdn())})",
-            flush=True,
-        )
-        while not stop and server.exit_reason() is None:
+        start_all(servers, 1800)
+        urls = [s.url.replace("0.0.0.0", socket.getfqdn()) for s in servers]
+        attach = urls[0] if len(urls) == 1 else "[" + ",".join(urls) + "]"
+        print(f"serving {folder} at {', '.join(s.url for s in servers)} (generation.vllm.url={attach})", flush=True)
+        while not stop and len(gone) < len(servers):
+            for i, server in enumerate(servers):
+                if i not in gone and (why := server.exit_reason()) is not None:
+                    gone.add(i)
+                    print(f"engine {i} ({server.url}) ended: {why}", file=sys.stderr, flush=True)
             time.sleep(1.0)
-    except GeneratorUnavailable as e:  # the server ended on its own: exit 1, as below
+    except GeneratorUnavailable as e:  # a server ended while starting: exit 1, as below
         raise CommandError(str(e), exit_code=1) from None
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
-    return 0 if stop or server.proc is None or server.proc.returncode in (0, -signal.SIGTERM) else 1
+        for server in servers:
+            server.stop()
+    ended = [s.proc.returncode for s in servers if s.proc is not None and s.proc.poll() is not None]
+    return 0 if stop or len(gone) < len(servers) or all(c in (0, -signal.SIGTERM) for c in ended) else 1
+
+
+def _serve_engines(args: argparse.Namespace, folder: Path, extra: list[str]) -> list[VLLMServer]:
+    """`rcgrpo serve`'s servers, one per engine (``--engines``), their commands checked before any starts."""
+    if args.engines < 1:
+        raise GeneratorError(f"--engines={args.engines}: at least 1")
+    devices = args.devices
+    if devices is None and args.engines > 1 and (visible := visible_gpus()) is not None:
+        devices = ",".join(visible)
+    per_engine = engine_devices(devices, args.tp, args.engines)
+    cores = (
+        engine_cores(args.engines, sorted(os.sched_getaffinity(0)), args.tp)
+        if devices is None
+        else [None] * args.engines
+    )
+    servers = []
+    for i in range(args.engines):
+        values = {name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"}
+        values.update(devices=per_engine[i], seed=args.seed + i, port=args.port + i if args.port else 0)
+        spec = ServerSpec(
+            model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra), **values
+        )
+        spec.cpu_bind = cores[i]
+        log = Path(args.log) if args.log else Path("/dev/stderr")
+        if args.log and i:
+            log = log.with_name(f"{log.stem}-{i}{log.suffix or '.log'}")
+        servers.append(VLLMServer(spec, log))
+        servers[-1].command()  # extra arguments that clash with the server's own are refused before anything starts
+    return servers
+
+
+def start_all(servers: list[VLLMServer], timeout: float) -> None:
+    """Launch every server from this thread (a server dies with the thread that started it), then wait for each
+    one's /health, so they start at once; all stopped if one fails."""
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_healthy(timeout)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@ path's fallback): the HF-named tensors are checked against the served names and 
 crashes the engine on a wrong shape and only warns on a missing tensor, so nothing unchecked reaches it), written
 to ``weight_dir/v<version>`` whole (`utils/atomic.py`), and every worker reloads them (``/collective_rpc`` of
 ``reload_weights(weights_path=...)``). A reload that fails on the server is rolled back to the previous folder and
-raises ``WeightSyncError``: the old weights keep serving.
+raises ``WeightSyncError``: the old weights keep serving. Many engines (`vllm_engines.EnginePool`) reload the same
+folder at once, and are all rolled back if one fails.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -58,7 +62,9 @@ class FolderSync:
     """Weights through the filesystem: checked, written to ``weight_dir/v<version>``, reloaded by every worker (a
     `generation.base.WeightSync`)."""
 
-    def __init__(self, client: VLLMClient, weight_dir: Path, rpc_timeout: float, version: int = 0):
+    def __init__(self, client: VLLMClient | Any, weight_dir: Path, rpc_timeout: float, version: int = 0):
+        """``client``: one server's client, or an `vllm_engines.EnginePool` (every live engine reloads the same
+        folder, and all of them are rolled back if one fails)."""
         self.client, self.weight_dir, self.rpc_timeout = client, Path(weight_dir), rpc_timeout
         self.manifest: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
         self.serving: Path | None = None  # the folder the server holds now (rollback target)
@@ -111,17 +117,14 @@ class FolderSync:
             self.manifest = _manifest(folder)
 
     def reload(self, folder: Path, version: int) -> None:
-        previous = self.serving
-        self.client.pause()
-        try:
+        previous, clients = self.serving, engines_of(self.client)
+        with paused(clients):
             try:
-                self.client.collective_rpc("reload_weights", {"weights_path": str(folder.resolve())}, self.rpc_timeout)
+                fan_out(clients, lambda c: c.collective_rpc("reload_weights", _path(folder), self.rpc_timeout))
             except GeneratorUnavailable:
                 raise
             except GeneratorError as e:
                 self._roll_back(previous, version, e)
-        finally:
-            self.client.resume()
         self.serving, self.version = folder, version
         self.keep_only(folder)
 
@@ -138,7 +141,9 @@ class FolderSync:
         if previous is None:
             raise WeightSyncError(f"weight update to version {version} failed on the server: {error}") from None
         try:
-            self.client.collective_rpc("reload_weights", {"weights_path": str(previous.resolve())}, self.rpc_timeout)
+            fan_out(
+                engines_of(self.client), lambda c: c.collective_rpc("reload_weights", _path(previous), self.rpc_timeout)
+            )
         except GeneratorError as again:
             raise GeneratorUnavailable(
                 f"weight update to version {version} failed ({error}) and reloading the "
@@ -148,6 +153,61 @@ class FolderSync:
             f"weight update to version {version} failed on the server ({error}); "
             f"the previous weights ({previous.name}) are still serving"
         ) from None
+
+
+def engines_of(client: VLLMClient | Any) -> list[VLLMClient]:
+    """The clients a sync addresses: an `EnginePool`'s live engines, or the one client."""
+    live = getattr(client, "live", None)
+    return list(live) if isinstance(live, list) else [client]
+
+
+@contextmanager
+def paused(clients: list) -> Iterator[None]:
+    """Every engine paused (in-flight requests finish first) for the block, and resumed after it, even when it
+    fails: an engine that cannot be paused (gone) resumes the ones paused before it, and its error is raised."""
+    done = []
+    try:
+        for c in clients:
+            c.pause()
+            done.append(c)
+        yield
+    finally:
+        failed = None
+        for c in done:
+            try:
+                c.resume()
+            except GeneratorError as e:  # raised below unless the block's own error is on its way
+                failed = failed or e
+        if failed is not None and sys.exc_info()[0] is None:
+            raise failed
+
+
+def fan_out(clients: list, call: Callable[[Any], Any]) -> list:
+    """``call(client)`` on every client at once (a reload takes seconds per engine); the answers in client order,
+    or the first error once all have answered (a GeneratorUnavailable before any other)."""
+    if len(clients) == 1:
+        return [call(clients[0])]
+    answers: list = [None] * len(clients)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            answers[i] = call(clients[i])
+        except BaseException as e:  # noqa: BLE001 - raised below, once every engine has answered
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise next((e for e in errors if isinstance(e, GeneratorUnavailable)), errors[0])
+    return answers
+
+
+def _path(folder: Path) -> dict[str, str]:
+    return {"weights_path": str(folder.resolve())}
 
 
 def _with_lm_head(weights: Iterable[tuple[str, torch.Tensor]], tied: bool) -> dict[str, torch.Tensor]:

@@ -94,9 +94,18 @@ class WeightReceiver:
         return versions()
 
     def rcgrpo_join(
-        self, host: str, port: int, world_size: int, backend: str, group: str, timeout_s: float = 600.0
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        group: str,
+        timeout_s: float = 600.0,
+        rank_offset: int = 0,
     ) -> int:
-        rank = 1 + int(self.rank)  # the trainer is rank 0
+        """Join the transfer group: the trainer is rank 0, this engine's workers follow the ``rank_offset`` workers
+        of the engines before it."""
+        rank = 1 + int(rank_offset) + int(self.rank)
         if backend == "nccl":
             torch.cuda.set_device(self.device)
         self._rcgrpo_store, self._rcgrpo_group = make_group(host, port, rank, world_size, backend, group, timeout_s)

@@ -12,6 +12,10 @@ Before anything is sent, the tensors are checked against the served names and sh
 A transfer that fails (a worker refuses, the group times out) is redone through the folder path with the same
 tensors, so the server never keeps a half-received model; if that fails too, the server's state is unknown and
 ``GeneratorUnavailable`` says to restart it. The group is rebuilt at the next sync.
+
+Many engines (`vllm_engines.EnginePool`): one group joins this process and every worker of every live engine
+(world ``1 + sum of the engines' TP sizes``, `group_ranks`), each bucket is broadcast once to all of them, and the
+group is rebuilt when an engine is lost.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Iterable
 import torch
 
 from nemo_rcgrpo.generation.vllm_client import GeneratorError, GeneratorUnavailable, VLLMClient, WeightSyncError
+from nemo_rcgrpo.generation.vllm_sync import engines_of, fan_out, paused
 from nemo_rcgrpo.generation.vllm_worker import broadcast, make_group, versions
 from nemo_rcgrpo.utils.weight_stream import WeightStream, nbytes
 from nemo_rcgrpo.utils.weight_stream import plan_buckets as buckets_of
@@ -91,63 +96,68 @@ class CollectiveSync:
         self.dtypes: dict[str, torch.dtype] = {}
         self.disabled: str | None = None  # why every sync goes through folders instead (said once)
         self.group = self.store = None
+        self.members: tuple = ()  # the engines' clients the group was built with (rebuilt when they change)
+        self.world_size = 0
         self.stats: dict[str, float] = {"syncs": 0, "broadcasts": 0, "bytes": 0, "fallbacks": 0}
         self.version = fallback.version  # of the weights the workers hold (set once a push has finished)
 
     # ------------------------------------------------------------------ group
-    def _rpc(self, method: str, kwargs: dict[str, Any], box: dict) -> None:
+    def _rpc(self, client: VLLMClient, method: str, kwargs: dict[str, Any], box: dict) -> None:
         try:
-            box["result"] = self.client.collective_rpc(method, kwargs, self.timeout)
+            box["result"] = client.collective_rpc(method, kwargs, self.timeout)
         except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
             box["error"] = e
 
     def _join(self) -> None:
         from nemo_rcgrpo.utils.dist import free_port
 
+        clients = engines_of(self.client)
         if self.backend == "nccl":
-            theirs = (self.client.collective_rpc("rcgrpo_versions", {}, self.timeout) or {}).get("results", [])
+            answers = fan_out(clients, lambda c: c.collective_rpc("rcgrpo_versions", {}, self.timeout))
+            theirs = [r for a in answers for r in (a or {}).get("results", [])]
             why = nccl_mismatch(versions()["nccl"], theirs)
             if why:
                 self.disabled = f"{why}: one communicator cannot join them; weights go through folders"
                 raise WeightSyncError(self.disabled)
-        world = int(self.client._call("GET", "/get_world_size", params={"include_dp": "false"})["world_size"])
+        sizes = [int(c._call("GET", "/get_world_size", params={"include_dp": "false"})["world_size"]) for c in clients]
+        offsets = group_ranks(sizes)  # engine i's workers are ranks 1 + offsets[i] + their rank in the engine
+        world = 1 + sum(sizes)
         host, _, port = (self.master or "").partition(":")
         host = host or (
             "127.0.0.1"
-            if self.backend == "gloo" and self.client.url.startswith("http://127.")
+            if self.backend == "gloo" and all(c.url.startswith("http://127.") for c in clients)
             else socket.gethostbyname(socket.gethostname())
         )
         port = int(port) if port else free_port("")
         group = f"rcgrpo-{uuid.uuid4().hex[:8]}"
-        box: dict = {}
-        rpc = threading.Thread(
-            target=self._rpc,
-            args=(
-                "rcgrpo_join",
-                {
-                    "host": host,
-                    "port": port,
-                    "world_size": world + 1,
-                    "backend": self.backend,
-                    "group": group,
-                    "timeout_s": self.timeout,
-                },
-                box,
-            ),
-            daemon=True,
-        )
-        rpc.start()
+        join = {"host": host, "port": port, "world_size": world, "backend": self.backend, "group": group}
+        # rank_offset only where it is not 0: a single engine's worker extension of an older release joins as before
+        kwargs = [{**join, "timeout_s": self.timeout, **({"rank_offset": o} if o else {})} for o in offsets]
+        boxes = self._rpcs(clients, "rcgrpo_join", kwargs)
         try:
-            self.store, self.group = make_group(host, port, 0, world + 1, self.backend, group, self.timeout)
+            self.store, self.group = make_group(host, port, 0, world, self.backend, group, self.timeout)
         finally:
-            rpc.join(self.timeout + 60)
-        if "error" in box or rpc.is_alive():
+            for rpc, _ in boxes:
+                rpc.join(self.timeout + 60)
+        if any("error" in box or rpc.is_alive() for rpc, box in boxes):
             self.group = self.store = None
-            error = box.get("error", "no answer")
+            error = next((box["error"] for _, box in boxes if "error" in box), "no answer")
             raise WeightSyncError(
                 f"the server's workers did not join the weight transfer ({error}); serve with "
                 f"--worker-extension-cls {EXTENSION} (`rcgrpo serve` and managed servers do)"
             )
+        self.members, self.world_size = tuple(clients), world
+
+    def _rpcs(self, clients: list, method: str, kwargs: list[dict[str, Any]]) -> list[tuple[threading.Thread, dict]]:
+        """``method`` on every engine's workers at once, each in a thread of its own (they block in the group's
+        collectives until this process joins them); (thread, its answer box) per engine."""
+        out = []
+        for client, kw in zip(clients, kwargs):
+            box: dict = {}
+            rpc = threading.Thread(target=self._rpc, args=(client, method, kw, box), daemon=True)
+            rpc.start()
+            out.append((rpc, box))
+        return out
 
     # ------------------------------------------------------------------ sync
     def push(self, weights: Iterable[tuple[str, torch.Tensor]] | WeightStream | Path, version: int) -> None:
@@ -171,15 +181,13 @@ class CollectiveSync:
             for n, _, d in stream.meta
         }
         failed = None
-        self.client.pause()
-        try:
-            self._send(stream)
-        except GeneratorUnavailable:
-            raise
-        except (GeneratorError, RuntimeError) as e:  # not ValueError: an export unlike its announcement is a bug
-            failed = e
-        finally:
-            self.client.resume()
+        with paused(engines_of(self.client)):
+            try:
+                self._send(stream)
+            except GeneratorUnavailable:
+                raise
+            except (GeneratorError, RuntimeError) as e:  # not ValueError: an export unlike its announcement is a bug
+                failed = e
         if failed is not None:  # the workers may hold part of the new weights: load all of them from a folder
             self.group = self.store = None  # rebuilt at the next sync
             self.stats["fallbacks"] += 1
@@ -202,32 +210,26 @@ class CollectiveSync:
             self.fallback.manifest = {n: (tuple(shape), self.dtypes[n]) for n, shape, _ in stream.meta}
 
     def _send(self, stream: WeightStream) -> None:
-        """One pass over ``stream``: each bucket is built from the tensors as they come and broadcast."""
-        if self.group is None:
+        """One pass over ``stream``: each bucket is built from the tensors as they come and broadcast once to every
+        engine's workers (the bytes this process hands the group do not depend on the number of engines)."""
+        clients = engines_of(self.client)
+        if self.group is None or self.members != tuple(clients):  # first sync, or an engine was lost since
+            self.group = self.store = None
             self._join()
         meta = [(name, tuple(int(d) for d in shape), dtype_name(self.dtypes[name])) for name, shape, _ in stream.meta]
         buckets = plan_buckets(meta, self.bucket_bytes)
-        box: dict = {}
-        rpc = threading.Thread(
-            target=self._rpc,
-            args=(
-                "rcgrpo_receive",
-                {
-                    "meta": [[n, list(s), d] for n, s, d in meta],
-                    "buckets": [list(b) for b in buckets],
-                    "timeout_s": self.timeout,
-                    "verify": self.verify,
-                },
-                box,
-            ),
-            daemon=True,
-        )
-        rpc.start()
+        receive = {
+            "meta": [[n, list(s), d] for n, s, d in meta],
+            "buckets": [list(b) for b in buckets],
+            "timeout_s": self.timeout,
+            "verify": self.verify,
+        }
+        rpcs = self._rpcs(clients, "rcgrpo_receive", [receive] * len(clients))
         sums = []
         tensors = iter(stream)
         try:
             for start, end in buckets:
-                if "error" in box:
+                if any("error" in box for _, box in rpcs):
                     break
                 dtype = self.dtypes[meta[start][0]]
                 parts = [next(tensors)[1].detach().to(self.device, dtype).reshape(-1) for _ in range(start, end)]
@@ -239,15 +241,22 @@ class CollectiveSync:
                 self.stats["broadcasts"] += 1
                 self.stats["bytes"] += flat.numel() * flat.element_size()
         finally:
-            rpc.join(self.timeout + 60)
-        if "error" in box:
-            raise box["error"] if isinstance(box["error"], GeneratorError) else GeneratorError(str(box["error"]))
-        if rpc.is_alive():
-            raise GeneratorError("the server's workers did not finish receiving the weights")
-        answer = box.get("result")
-        results = answer.get("results") if isinstance(answer, dict) else None  # one per worker
-        counts = [r.get("tensors") if isinstance(r, dict) else r for r in results or []]
-        if not counts or any(c != len(meta) for c in counts):
+            for rpc, _ in rpcs:
+                rpc.join(self.timeout + 60)
+        gone = next((box["error"] for _, box in rpcs if isinstance(box.get("error"), GeneratorUnavailable)), None)
+        if gone is not None:  # an engine is gone: the caller drops it and sends again, not a folder fallback
+            raise gone
+        for rpc, box in rpcs:
+            if "error" in box:
+                raise box["error"] if isinstance(box["error"], GeneratorError) else GeneratorError(str(box["error"]))
+            if rpc.is_alive():
+                raise GeneratorError("the server's workers did not finish receiving the weights")
+        results = []  # one per worker of every engine
+        for _, box in rpcs:
+            answer = box.get("result")
+            results += (answer.get("results") if isinstance(answer, dict) else None) or [None]
+        counts = [r.get("tensors") if isinstance(r, dict) else r for r in results]
+        if len(counts) != self.world_size - 1 or any(c != len(meta) for c in counts):
             raise GeneratorError(f"workers received {counts} tensors of {len(meta)}")
         if self.verify and any(
             len(r["sums"]) != len(sums)
@@ -259,3 +268,10 @@ class CollectiveSync:
 
     def close(self) -> None:
         self.group = self.store = None
+
+
+def group_ranks(sizes: list[int]) -> list[int]:
+    """Each engine's rank offset in the transfer group: the trainer is rank 0, then engine 0's ``sizes[0]`` workers
+    (its TP ranks), engine 1's, ...: worker r of engine i is rank ``1 + offsets[i] + r``, of a world of
+    ``1 + sum(sizes)``."""
+    return [sum(sizes[:i]) for i in range(len(sizes))]

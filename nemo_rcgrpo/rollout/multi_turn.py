@@ -32,6 +32,7 @@ environment that cannot open a task stops the run with one line naming the env a
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import time
@@ -43,12 +44,14 @@ from nemo_rcgrpo.data.tokenize import ChatRenderer, Tokenized
 from nemo_rcgrpo.data.tool_parsers import REJECTED_MESSAGE
 from nemo_rcgrpo.envs.contract import PluginContractError, check_messages, check_reward, check_step, check_tools, where
 from nemo_rcgrpo.envs.interfaces import Env, EnvOpener, Task
-from nemo_rcgrpo.generation.base import Generator, SamplingParams
+from nemo_rcgrpo.generation.base import Generator, SamplingParams, places_groups
 from nemo_rcgrpo.registry import error_line
 from nemo_rcgrpo.rollout.record import EpisodeRecord
 from nemo_rcgrpo.types import Message, RewardInfo, ToolCall, ToolCallError
 
 log = logging.getLogger(__name__)
+
+_CALLS = itertools.count()  # rollout calls in this process (rollouts generated ahead overlap a step's)
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ class RolloutEngine:
         live = [self._start(i, s) for i, s in enumerate(specs)]
         done: list[_Live] = []
         round_index = 0
+        call = next(_CALLS)  # group keys of this call's rollouts: (call, group), apart from another call's groups
         while live:
             budget = [self.max_total_tokens - len(s.seq.ids) for s in live]
             for s, b in zip(live, budget):
@@ -273,7 +277,11 @@ class RolloutEngine:
             )
             t0 = time.perf_counter()
             version = self.generator.version
-            completions = self.generator.generate([s.seq.ids for s in live], params)
+            prompts = [s.seq.ids for s in live]
+            if places_groups(self.generator):  # many engines: a group's rollouts on one of them
+                completions = self.generator.generate(prompts, params, [(call, s.spec.group) for s in live])
+            else:
+                completions = self.generator.generate(prompts, params)
             timings["generation"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             for s, c in zip(live, completions):

@@ -63,6 +63,7 @@ COMMANDS = {
             "generation.vllm.tp",
             "generation.vllm.devices",
             "generation.vllm.url",
+            "generation.vllm.engines",
         ),
     ),
     "eval": Command(

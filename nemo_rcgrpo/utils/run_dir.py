@@ -44,6 +44,7 @@ RESUME_FREE = (
     "data.prepare_if_missing",
     # where and how the generation server is reached
     "generation.vllm.url",
+    "generation.vllm.engines",
     "generation.vllm.host",
     "generation.vllm.port",
     "generation.vllm.devices",

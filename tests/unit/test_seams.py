@@ -22,7 +22,8 @@ RULES = [
     (
         "an attribute probe of a policy, generator or weight sync (declare it on the Protocol)",
         r"\b(getattr|hasattr)\(\s*(self\.)?(policy|generator|sync|env_config)\s*,\s*[\"']",
-        set(),
+        # generation/base.py: the Protocol's optional capability (places_groups) read in one place, with its default
+        {"base.py"},
     ),
     ("a raw registry table (registry.lookup / names / table)", r"\b_TABLES\b", {"registry.py"}),
     # evaluation/config.py validates each shipped policy's own section (checkpoint.path, endpoint.*) by its name;

@@ -70,3 +70,19 @@ def test_no_call_starts_after_close():
     with pytest.raises(GeneratorError, match="closed"):
         gated.generate([[5]], SamplingParams())
     assert ("generate", 0) not in inner.log
+
+
+def test_groups_reach_an_inner_generator_that_places_them_and_no_other():
+    class Placing(Slow):
+        places_groups = True
+
+        def generate(self, prompts, params, groups):
+            self.log.append(("groups", list(groups)))
+            return [Completion([1], [-0.1], "stop") for _ in prompts]
+
+    placing, plain = Placing(), Slow()
+    plain.release.set()
+    assert GatedGenerator(placing).places_groups and not GatedGenerator(plain).places_groups
+    out = GatedGenerator(placing).generate([[5], [6]], SamplingParams(), [("c", 0), ("c", 1)])
+    assert placing.log == [("groups", [("c", 0), ("c", 1)])] and [c.version for c in out] == [0, 0]
+    assert len(GatedGenerator(plain).generate([[5]], SamplingParams(), [("c", 0)])) == 1  # called without them

@@ -173,7 +173,8 @@ def test_the_server_settings_have_one_source():
 
     spec_fields = {f.name for f in dataclasses.fields(ServerSpec)}
     assert set(SERVER_FIELDS) <= {f.name for f in dataclasses.fields(VLLMConfig)} & spec_fields
-    assert spec_fields - set(SERVER_FIELDS) == {"model", "worker_extension", "extension_dir"}
+    # what the generator decides per engine (cpu_bind: each CPU engine's cores), not a setting
+    assert spec_fields - set(SERVER_FIELDS) == {"model", "worker_extension", "extension_dir", "cpu_bind"}
     v = VLLMConfig(
         host="10.0.0.1",
         port=9001,
@@ -211,3 +212,69 @@ def test_extra_arguments_may_not_replace_the_servers_own(tmp_path):
     for extra in (("--logprobs-mode", "raw_logprobs"), ("--served-model-name=x",), ("-tp", "2")):
         with pytest.raises(GeneratorError, match="set what this server sets itself"):
             VLLMServer(ServerSpec(model=str(tmp_path), extra_args=extra), tmp_path / "log").command()
+
+
+def test_a_cpu_engine_among_several_is_bound_to_its_cores_and_takes_no_data_parallel_settings(tmp_path, monkeypatch):
+    from nemo_rcgrpo.generation.vllm_server import ServerSpec, VLLMServer
+
+    monkeypatch.setenv("VLLM_DP_RANK", "1")
+    monkeypatch.setenv("VLLM_PORT", "29555")
+    alone = VLLMServer(ServerSpec(model=str(tmp_path)), tmp_path / "server.log").environment()
+    assert alone["VLLM_DP_RANK"] == "1" and "VLLM_CPU_OMP_THREADS_BIND" not in alone  # one engine: as before
+    one_of_two = VLLMServer(ServerSpec(model=str(tmp_path), cpu_bind="1"), tmp_path / "server1.log").environment()
+    assert one_of_two["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_DP_RANK" not in one_of_two and "VLLM_PORT" not in one_of_two
+
+
+def test_rcgrpo_serve_starts_an_engine_per_tp_gpus_on_consecutive_ports(tmp_path):
+    """`rcgrpo serve --engines 2`: each engine its GPUs, port, seed and log (the launchers attach to PORT, PORT+1);
+    on CPU, each its core. The commands are built (and checked) before anything starts."""
+    from nemo_rcgrpo.generation.vllm_server import _serve_engines, serve_parser
+
+    args, extra = serve_parser().parse_known_args(
+        [
+            str(tmp_path),
+            "--engines",
+            "2",
+            "--tp",
+            "2",
+            "--devices",
+            "4,5,6,7",
+            "--port",
+            "8000",
+            "--log",
+            str(tmp_path / "vllm.log"),
+        ]
+    )
+    gpu = _serve_engines(args, tmp_path, extra)
+    assert [(s.port, s.spec.devices, s.spec.seed, s.log_path.name) for s in gpu] == [
+        (8000, "4,5", 0, "vllm.log"),
+        (8001, "6,7", 1, "vllm-1.log"),
+    ]
+    args, extra = serve_parser().parse_known_args([str(tmp_path), "--engines", "2", "--port", "0"])
+    cpu = _serve_engines(args, tmp_path, extra)
+    assert [s.spec.cpu_bind for s in cpu] == ["0", "1"] and cpu[0].port != cpu[1].port
+    with pytest.raises(GeneratorError, match="engines=2 x tp=2 needs 4 GPUs"):
+        _serve_engines(
+            serve_parser().parse_known_args([str(tmp_path), "--engines", "2", "--tp", "2", "--devices", "6,7"])[0],
+            tmp_path,
+            [],
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["generation.vllm.url=[http://a:8000,http://a:8000]"], "a list of distinct server addresses"),
+        (["generation.vllm.url=[http://a:8000,b:8001]"], "give http://HOST:PORT of each running server"),
+        (["generation.vllm.url=[http://a:8000,http://b:8001]", "generation.vllm.engines=3"], "the engines are"),
+        (["generation.vllm.engines=0"], "an integer >= 1, or auto"),
+        (["generation.vllm.engines=2", "layout.generation_gpus=2"], "engines=2 x tp=2 needs 4 GPUs"),
+    ],
+)
+def test_many_engines_settings_are_checked_at_start_in_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        TrainConfig.from_dict(compose("rcgrpo_llama8b", overrides))
+    assert "\n" not in str(e.value)
+    cfg = TrainConfig.from_dict(compose("rcgrpo_llama8b", ["generation.vllm.url=[http://a:8000,http://b:8001]"]))
+    assert cfg.generation.vllm.url == ("http://a:8000", "http://b:8001") and cfg.generation.vllm.engines == "auto"

@@ -106,6 +106,32 @@ def test_gold_rollouts_score_one_and_tokens_equal_the_rendered_conversation(suit
     assert t0.calls[0][0] == {"name": "cd", "arguments": {"folder": "document"}}
 
 
+def test_a_generator_that_places_groups_gets_each_prompts_group_every_turn(suite, renderer):
+    """places_groups: every call names each prompt's group, the same key for a group's rollouts on every turn, and
+    another rollout call's groups get other keys (rollouts generated ahead overlap a step's)."""
+    tasks = [suite["multi_turn_base_0"], suite["multi_turn_base_5"]]
+    scripts = {t.id: _gold_script(renderer, t) for t in tasks}
+    engine, gen = _engine(renderer, suite, scripts)
+    seen = []
+
+    class Placing(type(gen)):
+        places_groups = True
+
+        def generate(self, prompts, params, groups):
+            seen.append(list(groups))
+            return super().generate(prompts, params)
+
+    engine.generator = placing = Placing(renderer, scripts, gen.header)
+    specs = [RolloutSpec(t, g, token) for g, t in enumerate(tasks) for token in (True, False)]
+    assert [t.reward for t in engine.rollout(specs)] == [1.0] * 4
+    assert len(seen) > 1 and len(seen) == len(placing.batches)  # one call per round, every round keyed
+    first = seen[0]
+    assert [g for _, g in first] == [0, 0, 1, 1] and len({c for c, _ in first}) == 1
+    assert all(set(keys) <= set(first) for keys in seen[1:])  # later turns keep their group's key
+    engine.rollout(specs[:1])
+    assert seen[-1][0] != first[0]  # the next rollout call: a key of its own
+
+
 def test_a_rejected_message_is_what_a_server_hands_its_client(suite, renderer):
     """chat.rejected_message=content (the default): a message the parser rejects whole is, as vLLM's parser hands it
     to a client, the whole text as content and no call: nothing runs, the turn ends (merged: the episode), the
