@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(PY) -m scripts.bench.train_throughput --out docs/benchmarks.md
 	$(PY) -m scripts.bench.rollout_overhead --out docs/benchmarks.md
 	$(PY) -m scripts.bench.vllm_rollout --out docs/benchmarks.md
+	$(PY) -m scripts.bench.vllm_engines --out docs/benchmarks.md
 	$(PY) -m scripts.bench.eval_throughput --out docs/benchmarks.md
 	$(PY) -m scripts.bench.megatron_cpu --out docs/benchmarks.md
 	$(PY) -m scripts.bench.rl_step --out docs/benchmarks.md

@@ -2,7 +2,8 @@
 start (`rcgrpo layout`, `nemo_rcgrpo/launch.py`; scripts/slurm/, scripts/launch_local.sh).
 
 A pure function of the ``layout`` section, the policy's model-parallel sizes and what the generator needs of GPUs
-of its own; config validation calls it (the layout must add up) and the launchers read its result.
+of its own; config validation calls it (the layout must add up) and the launchers read its result, the generation
+engines among it (every generation GPU in an engine of ``generation.vllm.tp`` GPUs).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ class ParallelPlan:
     generation_nodes: int
     generation_gpus: int
     generation_tp: int
+    # the generation engines (vLLM servers of generation_tp GPUs each) that fill the generation GPUs: how many in all
+    # and on each node that hosts them, that node's GPUs for them (CUDA indices), and the list as
+    # "node:devices node:devices ..." (node: the index among the nodes hosting engines)
+    generation_engines: int = 0
+    engines_per_node: int = 0
+    generation_devices: str = ""
+    engines: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +100,7 @@ def parallel_plan(
             raise ConfigError(
                 f"layout.generation_gpus={lay.generation_gpus} leave no training GPU on a {lay.gpus_per_node}-GPU node"
             )
+    engines = engine_layout(lay, server_tp)
     world = train_nodes * train_gpus
     tp, pp, cp = model_parallel
     mp = tp * pp * cp
@@ -111,4 +120,28 @@ def parallel_plan(
         generation_nodes=lay.generation_nodes,
         generation_gpus=lay.generation_gpus,
         generation_tp=server_tp or 1,
+        **engines,
     )
+
+
+def engine_layout(lay: LayoutConfig, server_tp: int | None) -> dict[str, Any]:
+    """The engines of ``server_tp`` GPUs each that fill ``layout.generation_gpus``: on the last GPUs of the node
+    (``generation_nodes=0``), or spread evenly over the generation nodes, from each one's first GPU."""
+    if server_tp is None or not lay.generation_gpus or lay.generation == "colocated":
+        return {}
+    hosts = max(1, lay.generation_nodes)
+    if lay.generation_gpus % (hosts * server_tp):
+        raise ConfigError(
+            f"layout.generation_gpus={lay.generation_gpus} must fill {hosts} generation node(s) with engines of "
+            f"generation.vllm.tp={server_tp} GPUs alike: a multiple of {hosts * server_tp}"
+        )
+    per_node = lay.generation_gpus // hosts
+    first = lay.gpus_per_node - per_node if lay.generation_nodes == 0 else 0
+    gpus = list(range(first, first + per_node))
+    runs = [",".join(map(str, gpus[i : i + server_tp])) for i in range(0, per_node, server_tp)]
+    return {
+        "generation_engines": hosts * len(runs),
+        "engines_per_node": len(runs),
+        "generation_devices": ",".join(map(str, gpus)),
+        "engines": " ".join(f"{node}:{run}" for node in range(hosts) for run in runs),
+    }

@@ -13,7 +13,7 @@
 #   DATA_DIR        prepared data (created on first use)
 #   MODEL_PATH      base model weights for stage 1 (Llama-3.1-8B-Instruct / Qwen2.5-7B-Instruct folder;
 #                   default: the recipe's, e.g. $RCGRPO_LLAMA8B_PATH); stage 2 starts from stage 1's export
-#   GEN_PORT        port of the vLLM server
+#   GEN_PORT        port of the first vLLM engine on a node (the next ones: GEN_PORT+1, ...)
 #   OVERRIDES       extra Hydra overrides for both stages (space separated)
 #   LOCAL=1         no Slurm: run the steps directly on this machine (scripts/launch_local.sh)
 #   DRY_RUN=1       print the commands instead of running them (what the tests check)
@@ -113,6 +113,32 @@ stage1_model() {
 # be requeued and every step resumes from its newest checkpoint on the next start.
 install_requeue_trap() {
     trap 'echo "time limit near: requeueing $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID"' USR1
+}
+
+# Stops the job, in one line, when the layout gives generation no engine (stage 2 runs on vLLM engines of
+# their own GPUs: layout.generation_gpus, a multiple of generation.vllm.tp).
+require_engines() {
+    if (( ${RCGRPO_GENERATION_ENGINES:-0} < 1 )); then
+        echo "error: the layout of $CONFIG gives generation no GPU (layout.generation_gpus=$RCGRPO_GENERATION_GPUS," \
+            "generation=$RCGRPO_GENERATION_BACKEND): the launchers run stage 2 with vLLM engines on GPUs of their own" >&2
+        exit 2
+    fi
+}
+
+# The generation engines' addresses as generation.vllm.url takes them: every engine of every host given
+# (RCGRPO_ENGINES_PER_NODE each, on ports GEN_PORT, GEN_PORT+1, ...); one address alone, several as [a,b,...].
+engine_urls() {
+    local urls=() host i
+    for host in "$@"; do
+        for ((i = 0; i < RCGRPO_ENGINES_PER_NODE; i++)); do
+            urls+=("http://$host:$((GEN_PORT + i))")
+        done
+    done
+    if (( ${#urls[@]} == 1 )); then
+        echo "${urls[0]}"
+    else
+        (IFS=,; echo "[${urls[*]}]")
+    fi
 }
 
 # Polls the server's /health until it answers (or gives up after $2 seconds).

@@ -111,6 +111,7 @@ def test_one_node_commands(tmp_path):
     gen = plan.generation_gpus
     assert gen > 0 and plan.train_gpus_per_node == 8 - gen
     data, stage1, serve, wait, stage2, *evals = lines
+    assert "--engines 1" in serve  # the recipe's 2 generation GPUs at TP=2: one engine
     assert "prepare-data" in data
     assert "torchrun --standalone --nproc-per-node=8" in stage1 and "--config-name rctp_llama8b" in stage1
     assert "model.path=/models/llama" in stage1
@@ -139,7 +140,11 @@ def test_four_node_commands(tmp_path):
         GEN_NODES="1",
         IMAGE="/images/nemo-rcgrpo.sqsh",
     )
-    data, stage1, serve, wait, stage2, *evals = lines
+    waits = [l for l in lines if l.startswith("wait_for_server")]
+    data, stage1, serve, stage2, *evals = [l for l in lines if l not in waits]
+    # 1 generation node: all 8 of its GPUs, 4 engines of TP=2, each waited for
+    assert "--engines 4 --devices 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7" in serve
+    assert waits == [f"wait_for_server http://gpu1:{8000 + i}" for i in range(4)]
     assert "--nodelist=gpu2" in data and "--container-image=/images/nemo-rcgrpo.sqsh" in data
     for train in (stage1, stage2):
         assert "--nodes=3" in train and "--nodelist=gpu2\\,gpu3\\,gpu4" in train
@@ -147,9 +152,64 @@ def test_four_node_commands(tmp_path):
         assert "--rdzv-backend=c10d" in train and "--rdzv-id=77" in train
     assert "--config-name rctp_qwen7b" in stage1 and "--config-name rcgrpo_qwen7b" in stage2
     assert "--nodelist=gpu1" in serve and "--weight-transfer collective" in serve
-    assert wait == "wait_for_server http://gpu1:8000"
-    assert "generation.vllm.url=http://gpu1:8000" in stage2 and "layout.generation_nodes=1" in stage2
+    assert "layout.generation_nodes=1" in stage2 and "layout.generation_gpus=8" in stage2
     assert len(evals) == 2
+
+
+def _engines_started(lines: list[str]) -> list[str]:
+    """``host:port`` of every engine the rendered serve commands start (RCGRPO_ENGINES_PER_NODE from --engines)."""
+    out = []
+    for line in lines:
+        if " serve " not in line:
+            continue
+        words = line.replace("\\", "").split()
+        host = next((w.split("=")[1] for w in words if w.startswith("--nodelist=")), "gpu1")
+        port, engines = int(words[words.index("--port") + 1]), int(words[words.index("--engines") + 1])
+        devices = words[words.index("--devices") + 1].split(",")
+        tp = int(words[words.index("--tp") + 1])
+        assert len(devices) == engines * tp  # every GPU given to the command is in an engine
+        out += [f"{host}:{port + i}" for i in range(engines)]
+    return out
+
+
+def test_one_node_with_two_engines_starts_both_and_the_run_attaches_to_both(tmp_path):
+    lines = _render(
+        tmp_path, "scripts/slurm/rcgrpo_1node.sbatch", 1, CONFIG="rcgrpo_llama8b", OVERRIDES="layout.generation_gpus=4"
+    )
+    serve = next(l for l in lines if " serve " in l)
+    assert "--engines 2 --devices 4\\,5\\,6\\,7" in serve and "--tp 2" in serve
+    assert _engines_started(lines) == ["gpu1:8000", "gpu1:8001"]
+    assert [l for l in lines if l.startswith("wait_for_server")] == [
+        "wait_for_server http://gpu1:8000",
+        "wait_for_server http://gpu1:8001",
+    ]
+    stage2 = next(l for l in lines if "--config-name rcgrpo_llama8b" in l)
+    assert "CUDA_VISIBLE_DEVICES=0\\,1\\,2\\,3" in stage2 and "--nproc-per-node=4" in stage2
+    assert "generation.vllm.url=\\[http://gpu1:8000\\,http://gpu1:8001\\]" in stage2
+    evals = [l for l in lines if " eval " in l]
+    assert len(evals) == 2 and all("generation.vllm.url=\\[http://gpu1:8000\\,http://gpu1:8001\\]" in e for e in evals)
+
+
+def test_four_nodes_with_two_generation_nodes_serve_on_all_sixteen_gpus(tmp_path):
+    lines = _render(tmp_path, "scripts/slurm/rcgrpo_multinode.sbatch", 4, CONFIG="rcgrpo_llama8b", GEN_NODES="2")
+    started = _engines_started(lines)
+    assert started == [f"gpu{n}:{8000 + i}" for n in (1, 2) for i in range(4)]  # 2 nodes x 4 engines x TP=2 = 16
+    serves = [l for l in lines if " serve " in l]
+    assert len(serves) == 2 and all("--devices 0\\,1\\,2\\,3\\,4\\,5\\,6\\,7" in l for l in serves)
+    assert sorted(l.split()[1] for l in lines if l.startswith("wait_for_server")) == sorted(
+        f"http://{h}" for h in started
+    )
+    stage2 = next(l for l in lines if "--config-name rcgrpo_llama8b" in l)
+    assert "--nodelist=gpu3\\,gpu4" in stage2 and "--nnodes=2 --nproc-per-node=8" in stage2
+    urls = ",".join(f"http://{h}" for h in started).replace(",", "\\,")
+    assert f"generation.vllm.url=\\[{urls}\\]" in stage2 and "layout.generation_gpus=16" in stage2
+    from nemo_rcgrpo.config import TrainConfig as Config
+
+    plan = Config.from_dict(
+        compose("rcgrpo_llama8b", ["layout.nodes=4", "layout.generation_nodes=2", "layout.generation_gpus=16"])
+    ).parallel_plan()
+    assert (plan.generation_engines, plan.engines_per_node, plan.world_size) == (8, 4, 16)
+    assert plan.engines.split() == [f"{n}:{2 * i},{2 * i + 1}" for n in (0, 1) for i in range(4)]
 
 
 def test_inconsistent_layout_stops_the_job_before_anything_runs(tmp_path):
@@ -177,6 +237,10 @@ def test_local_launcher_uses_the_gpus_it_is_given(tmp_path):
         (["layout.nodes=2", "layout.generation_nodes=0"], "set layout.generation_nodes"),
         (["policy.megatron.tp=4"], "not a multiple of TP x PP x CP"),
         (["generation.vllm.tp=4"], "multiple of generation.vllm.tp"),
+        (
+            ["layout.nodes=4", "layout.generation_nodes=2", "layout.generation_gpus=2"],
+            r"must fill 2 generation node\(s\) with engines of generation.vllm.tp=2 GPUs alike: a multiple of 4",
+        ),
     ],
 )
 def test_layout_that_does_not_add_up_is_refused(overrides, message):
@@ -190,3 +254,14 @@ def test_model_parallel_is_checked_by_the_launchers_not_by_hand_runs():
     with pytest.raises(ConfigError, match="not a multiple of TP x PP x CP"):
         cfg.parallel_plan()
     assert cfg.parallel_plan(model_parallel=False).world_size == 8
+
+
+def test_a_layout_without_generation_gpus_stops_the_job_in_one_line(tmp_path):
+    with pytest.raises(AssertionError, match=r"error: the layout of rcgrpo_llama8b gives generation no GPU"):
+        _render(
+            tmp_path,
+            "scripts/slurm/rcgrpo_1node.sbatch",
+            1,
+            CONFIG="rcgrpo_llama8b",
+            OVERRIDES="layout.generation_gpus=0",
+        )
