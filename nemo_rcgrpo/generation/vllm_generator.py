@@ -20,9 +20,8 @@ from nemo_rcgrpo.generation.vllm_server import (
     DTYPES,
     ServerSpec,
     VLLMServer,
-    engine_cores,
     engine_count,
-    engine_devices,
+    engine_specs,
     managed_server_devices,
     start_all,
     visible_gpus,
@@ -153,20 +152,14 @@ class VLLMGenerator:
         devices = managed_server_devices(
             v.devices, visible_gpus(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.generation_gpus
         )
-        n = engine_count(v.engines, devices, v.tp)
-        per_engine = engine_devices(devices, v.tp, n)
-        cores = engine_cores(n, sorted(os.sched_getaffinity(0)), v.tp) if devices is None else [None] * n
-        for i in range(n):
-            spec = ServerSpec.from_config(
-                v,
-                str(folder.resolve()),
-                dtype=self.dtype,
-                devices=per_engine[i],
-                worker_extension=self.weight_sync == "collective",
-                seed=v.seed + i,
-                port=v.port + i if v.port else 0,
-            )
-            spec.cpu_bind = cores[i]
+        base = ServerSpec.from_config(
+            v,
+            str(folder.resolve()),
+            dtype=self.dtype,
+            devices=devices,
+            worker_extension=self.weight_sync == "collective",
+        )
+        for i, spec in enumerate(engine_specs(base, engine_count(v.engines, devices, v.tp))):
             self.servers.append(VLLMServer(spec, self.weight_dir / ("server.log" if i == 0 else f"server{i}.log")))
         try:
             start_all(self.servers, v.startup_timeout)

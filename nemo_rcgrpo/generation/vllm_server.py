@@ -39,6 +39,7 @@ be started the same way (``rcgrpo serve`` does).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -495,29 +496,39 @@ def _serve_engines(args: argparse.Namespace, folder: Path, extra: list[str]) -> 
     """`rcgrpo serve`'s servers, one per engine (``--engines``), their commands checked before any starts."""
     if args.engines < 1:
         raise GeneratorError(f"--engines={args.engines}: at least 1")
-    devices = args.devices
-    if devices is None and args.engines > 1 and (visible := visible_gpus()) is not None:
-        devices = ",".join(visible)
-    per_engine = engine_devices(devices, args.tp, args.engines)
-    cores = (
-        engine_cores(args.engines, sorted(os.sched_getaffinity(0)), args.tp)
-        if devices is None
-        else [None] * args.engines
+    values = {name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"}
+    if values["devices"] is None and args.engines > 1 and (visible := visible_gpus()) is not None:
+        values["devices"] = ",".join(visible)
+    base = ServerSpec(
+        model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra), **values
     )
     servers = []
-    for i in range(args.engines):
-        values = {name: getattr(args, name) for name in SERVER_FIELDS if name != "extra_args"}
-        values.update(devices=per_engine[i], seed=args.seed + i, port=args.port + i if args.port else 0)
-        spec = ServerSpec(
-            model=str(folder), worker_extension=args.weight_transfer != "none", extra_args=tuple(extra), **values
-        )
-        spec.cpu_bind = cores[i]
+    for i, spec in enumerate(engine_specs(base, args.engines)):
         log = Path(args.log) if args.log else Path("/dev/stderr")
         if args.log and i:
             log = log.with_name(f"{log.stem}-{i}{log.suffix or '.log'}")
         servers.append(VLLMServer(spec, log))
         servers[-1].command()  # extra arguments that clash with the server's own are refused before anything starts
     return servers
+
+
+def engine_specs(base: ServerSpec, engines: int) -> list[ServerSpec]:
+    """``engines`` servers' specs from one: each its run of ``base.tp`` GPUs of ``base.devices`` (on CPU, its own
+    cores), seed ``base.seed + i`` and port ``base.port + i`` (0: a free one each)."""
+    per_engine = engine_devices(base.devices, base.tp, engines)
+    cores = (
+        engine_cores(engines, sorted(os.sched_getaffinity(0)), base.tp) if base.devices is None else [None] * engines
+    )
+    return [
+        dataclasses.replace(
+            base,
+            devices=per_engine[i],
+            seed=base.seed + i,
+            port=base.port + i if base.port else 0,
+            cpu_bind=cores[i],
+        )
+        for i in range(engines)
+    ]
 
 
 def start_all(servers: list[VLLMServer], timeout: float) -> None:
