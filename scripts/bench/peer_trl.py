@@ -3,8 +3,9 @@ each side in its own process, alternating.
 
 The same work on both sides:
 
-- the same model folder: the stage-1 export of ``rctp_smollm_cpu`` (SmolLM2-135M-Instruct with the project's
-  hermes chat template and compact tool list; produced into ``outputs/bench/rctp_smollm_cpu`` where missing,
+- the same model folder: a stage-1 export of ``sft_smollm_cpu`` trained until its rollouts call tools (48 steps at
+  lr 5e-5 on 192 expert trajectories: SmolLM2-135M-Instruct with the project's hermes chat template and compact tool
+  list; produced into ``outputs/bench/sft_smollm_cpu_tools`` where missing,
   ``--model`` points at another), fp32, HF generation (TRL: ``use_vllm=False``);
 - the same BFCL multi-turn tasks in the same order (the project's per-epoch shuffle of its training tasks, the
   ``rcgrpo_smollm_cpu`` recipe's data and env: merged episodes, base category), played in the project's own BFCL
@@ -20,9 +21,11 @@ The same work on both sides:
 Two configurations: ``equal`` (one rollout per forward/backward on both sides: the project's
 ``trainer.micro_batch_size=1 trainer.micro_batch_tokens=null``, TRL's ``per_device_train_batch_size=1``) and ``fastest`` (each side's fastest
 documented CPU setting: the project's defaults, whose ``trainer.micro_batch_tokens=auto`` puts a whole group in
-one micro-batch, so that it computes its prompt once; TRL's whole batch in one micro-batch and generation by transformers' continuous batching,
-``use_transformers_continuous_batching``, TRL's documented speed-up for generation without vLLM; its other
-documented ones, vLLM, Liger kernels and FlashAttention, need a GPU).
+one micro-batch, so that it computes its prompt once; TRL's group in one micro-batch (``--trl-fast-rows``, G by
+default: tasks x G rows in one pass need more memory than this machine has once its KV cache is held) and generation
+by transformers' continuous batching, ``use_transformers_continuous_batching``, TRL's documented speed-up for
+generation without vLLM; its other documented ones, vLLM, Liger kernels and FlashAttention, need a GPU). A run that
+fails (the kernel's OOM killer, an exception) is a row of the section with its peak RSS; the benchmark goes on.
 
 Every run is a child process (``--side project|trl``) that plays one warm-up step and ``--steps`` measured steps;
 the parent alternates the sides (project, TRL, TRL, project, ...), records the machine's load before each run and
@@ -58,7 +61,11 @@ from scripts.bench._common import REPO, cpu_name, dist_version, emit
 START, END = "<!-- bench:peer_trl:start -->", "<!-- bench:peer_trl:end -->"
 TRL_VERSION = "1.16.0"
 RECIPE = "rcgrpo_smollm_cpu"  # the CPU demo's RL recipe: its data, env, chat settings, lr
-STAGE1 = "rctp_smollm_cpu"
+# stage 1 of the benchmark's model: the CPU SFT recipe, trained until its rollouts call tools (the recipe's own 8
+# steps at lr 1e-5 leave SmolLM2 answering in prose: no tool call in 40 rollouts, so each step was single-turn GRPO;
+# after these 48 steps, 7 of 10 rollouts of a step call tools, 4 messages and up to 7 calls each); about 20 minutes
+STAGE1 = "sft_smollm_cpu"
+STAGE1_OVERRIDES = ("trainer.max_steps=48", "trainer.lr=5e-5", "data.max_examples=192", "trainer.save_every=48")
 # what a done() call answers on TRL's side: the rollouts whose last tool result it is generate no further message
 DONE_MARKER = "[episode over: done() was called]"
 COMPARABLE_TOKENS = (2 / 3, 3 / 2)  # generated tokens per rollout, TRL over project, taken as comparable work
@@ -174,6 +181,10 @@ def equal_work(project: list[dict], trl: list[dict], tasks: int, group: int, max
     """Lines saying whether both sides played the same work (``project`` / ``trl``: every run's result, measured and
     warm-up steps alike), and whether the hard checks held: the same tasks in every step, tasks x G rollouts per
     step, no rollout over the turn cap. Tokens per rollout and prompt ids are compared and reported."""
+    project, trl = completed(project), completed(trl)
+    if not project or not trl:
+        none = " and ".join(name for name, runs in (("the project", project), ("TRL", trl)) if not runs)
+        return [f"- Not checked: no run of {none} completed (see the runs above)."], False
     ok, lines = True, []
     p_tasks = {tuple(s["tasks"]) for run in project for s in run["steps"]}
     t_tasks = {tuple(s["tasks"]) for run in trl for s in run["steps"]}
@@ -227,8 +238,27 @@ def equal_work(project: list[dict], trl: list[dict], tasks: int, group: int, max
     return lines, ok
 
 
-def summarize(runs: list[dict]) -> dict[str, Any]:
-    """Medians over the measured steps (the first step of every run warms up and is left out)."""
+def failure(code: int, tail: Sequence[str]) -> str:
+    """How a child run ended without a result, in a few words: its signal or exit code and its last line."""
+    if code < 0:
+        how = f"killed by signal {-code}" + (" (SIGKILL: the kernel's OOM killer, as a rule)" if code == -9 else "")
+    else:
+        how = f"exit code {code}"
+    last = next((line.strip() for line in reversed(tail) if line.strip()), "")
+    return f"{how}; last line: {last[:160]}" if last else how
+
+
+def completed(runs: list[dict]) -> list[dict]:
+    """The runs that returned a result (a failed run is reported, never summarized)."""
+    return [run for run in runs if not run.get("failed")]
+
+
+def summarize(runs: list[dict]) -> dict[str, Any] | None:
+    """Medians over the measured steps of the runs that completed (the first step of every run warms up and is left
+    out); None when none did."""
+    runs = completed(runs)
+    if not runs:
+        return None
     steps = [s for run in runs for s in run["steps"][1:]]
     out = {k: statistics.median(s[k] for s in steps) for k in ("wall", "rollout", "generation", "train", "tokens")}
     out["min"], out["max"] = min(s["wall"] for s in steps), max(s["wall"] for s in steps)
@@ -264,13 +294,15 @@ def ensure_trl(folder: Path) -> Path:
 
 
 def ensure_model(model: Path, data: Path) -> Path:
-    """The stage-1 export (``rctp_smollm_cpu``) at ``model`` (``RUN/hf``), trained into RUN where missing."""
+    """The stage-1 export (`STAGE1` with `STAGE1_OVERRIDES`) at ``model`` (``RUN/hf``), trained into RUN where
+    missing."""
     if (model / "config.json").exists():
         return model
     run_dir = model.parent
-    print(f"no export at {model}: training {STAGE1} into {run_dir} (a few minutes)", file=sys.stderr)
+    print(f"no export at {model}: training {STAGE1} into {run_dir} (about 20 minutes)", file=sys.stderr)
     cmd = [sys.executable, "-m", "nemo_rcgrpo.cli", "train", f"--config-name={STAGE1}", f"run_dir={run_dir}"]
-    subprocess.run([*cmd, f"data.dir={data}", "logging.progress=false", "logging.tensorboard=false"], check=True)
+    cmd += [*STAGE1_OVERRIDES, f"data.dir={data}", "logging.progress=false", "logging.tensorboard=false"]
+    subprocess.run(cmd, check=True)
     if not (model / "config.json").exists():
         raise SystemExit(f"{STAGE1} ran but wrote no export at {model}")
     return model
@@ -299,11 +331,23 @@ def run_child(side: str, config: str, args, work: Path, rep: int, trl_dir: Path)
         proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(trl_dir), stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        tail = logfile.read_text().strip().splitlines()[-25:]
-        raise SystemExit(f"{config} {side} run {rep} failed ({code}); the end of {logfile}:\n" + "\n".join(tail))
+    seconds = time.perf_counter() - t0
+    if code != 0 or not result.exists():
+        # a run that fails is a row of the section (how, after how long, at what peak), and the benchmark goes on
+        tail = logfile.read_text(errors="replace").strip().splitlines()[-25:]
+        print(f"{config} {side} run {rep} failed ({code}); the end of {logfile}:", *tail, sep="\n", file=sys.stderr)
+        return {
+            "side": side,
+            "config": config,
+            "steps": [],
+            "failed": failure(code, tail),
+            "load": load,
+            "rss_kib": usage.ru_maxrss,
+            "seconds": seconds,
+            "rep": rep,
+        }
     out = json.loads(result.read_text())
-    out.update(load=load, rss_kib=usage.ru_maxrss, seconds=time.perf_counter() - t0, rep=rep)
+    out.update(load=load, rss_kib=usage.ru_maxrss, seconds=seconds, rep=rep)
     print(
         f"{config} {side} run {rep}: {out['seconds']:.0f} s, load {load[0]:.2f}, peak RSS "
         f"{usage.ru_maxrss / 2**20:.2f} GiB, steps {[round(s['wall'], 1) for s in out['steps']]}",
@@ -323,6 +367,8 @@ def shared_flags(args) -> list[str]:
         f"--steps={args.steps}",
         f"--temperature={args.temperature}",
         f"--fast-tokens={args.fast_tokens}",
+        f"--trl-fast-rows={args.trl_fast_rows}",
+        f"--trl-kv-memory={args.trl_kv_memory}",
     ]
 
 
@@ -357,6 +403,14 @@ DIFFERENCES = [
 ]
 
 
+def display(path: Path) -> str:
+    """``path`` as the section shows it: relative to the repository where it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str, str]) -> list[str]:
     import torch
 
@@ -370,8 +424,10 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
         f"(installed by the script into .bench/, same interpreter).",
         f"- Work per step: {args.tasks} BFCL tasks x G={args.group_size} rollouts (merged episodes, the "
         f"`{RECIPE}` recipe's data and env), up to {args.max_turns} assistant messages x {args.max_new_tokens} "
-        f"new tokens, temperature {args.temperature:g}, the stage-1 export `{args.model}` (SmolLM2-135M-Instruct, "
-        "fp32), HF generation, beta 0.1 with the initial model as reference, one optimizer step per batch. "
+        f"new tokens, temperature {args.temperature:g}, the stage-1 export `{display(args.model)}` "
+        f"(SmolLM2-135M-Instruct, fp32; by default `{STAGE1}` with {', '.join(f'`{o}`' for o in STAGE1_OVERRIDES)}, "
+        "so that its rollouts call tools), HF generation, beta 0.1 with the initial model as reference, one optimizer "
+        "step per batch. "
         f"{args.runs} runs per side and configuration, each its own process, alternating; each run one warm-up step "
         f"and {args.steps} measured steps; medians over the measured steps.",
         "",
@@ -387,18 +443,26 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
         (
             "fastest",
             "trl",
-        ): "one micro-batch of tasks x G, `use_transformers_continuous_batching=True` (KV cache: 20% of free RAM)",
+        ): f"`per_device_train_batch_size={args.trl_fast_rows}`, `use_transformers_continuous_batching=True` (KV "
+        f"cache: {args.trl_kv_memory:.0%} of free RAM)",
     }
     for config, sides in results.items():
         med = {side: summarize(runs) for side, runs in sides.items()}
         for side in SIDES:
-            m = med[side]
-            ratio = med["project"]["wall"] / med["trl"]["wall"] if side == "project" else 1.0
+            m, name = med[side], "project" if side == "project" else "TRL"
+            if m is None:  # no run of this side completed: how they ended, at what peak
+                worst = max(sides[side], key=lambda run: run["rss_kib"])
+                rows.append(
+                    f"| {config}: {labels[config, side]} | {name} | failed in {len(sides[side])} of "
+                    f"{len(sides[side])} runs: {worst['failed']} | - | - | - | - | {worst['rss_kib'] / 2**20:.2f} | - |"
+                )
+                continue
+            both = med["project"] is not None and med["trl"] is not None
+            ratio = f"{med['project']['wall'] / med['trl']['wall']:.2f}" if side == "project" and both else ""
             rows.append(
-                f"| {config}: {labels[config, side]} | {'project' if side == 'project' else 'TRL'} | "
+                f"| {config}: {labels[config, side]} | {name} | "
                 f"{m['wall']:.1f} [{m['min']:.1f}, {m['max']:.1f}] | {m['rollout']:.1f} | {m['generation']:.1f} | "
-                f"{m['train']:.1f} | {m['tokens']:.0f} | {m['rss']:.2f} | "
-                f"{f'{ratio:.2f}' if side == 'project' else ''} |"
+                f"{m['train']:.1f} | {m['tokens']:.0f} | {m['rss']:.2f} | {ratio} |"
             )
     rows += [
         "",
@@ -415,10 +479,11 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
     for config, sides in results.items():
         for side, runs in sides.items():
             for run in runs:
+                walls = ", ".join(format(s["wall"], ".1f") for s in run["steps"])
+                steps = f"failed after {run['seconds']:.0f} s: {run['failed']}" if run.get("failed") else walls
                 rows.append(
                     f"| {config} | {side} | {run['rep']} | {run['load'][0]:.2f} | "
-                    f"{', '.join(format(s['wall'], '.1f') for s in run['steps'])} (first: warm-up) | "
-                    f"{run['rss_kib'] / 2**20:.2f} |"
+                    f"{steps}{'' if run.get('failed') else ' (first: warm-up)'} | {run['rss_kib'] / 2**20:.2f} |"
                 )
     rows += ["", "Equal work, checked:", ""]
     for config, sides in results.items():
@@ -432,7 +497,7 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=Path("outputs/bench/rctp_smollm_cpu/hf"), help="stage-1 export")
+    p.add_argument("--model", type=Path, default=Path("outputs/bench/sft_smollm_cpu_tools/hf"), help="stage-1 export")
     p.add_argument("--data", type=Path, default=Path("data/bfcl_v4"), help="the recipe's data (prepared if missing)")
     p.add_argument("--tasks", type=int, default=2, help="tasks per step")
     p.add_argument("--group-size", type=int, default=5)
@@ -443,12 +508,21 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=2, help="runs per side and configuration, alternating")
     p.add_argument("--configs", default=",".join(CONFIGS), help="equal, fastest or both")
     p.add_argument("--fast-tokens", default="auto", help="the project's micro_batch_tokens when fastest (its default)")
+    p.add_argument(
+        "--trl-fast-rows", type=int, help="TRL's per_device_train_batch_size when fastest (default: G, a group a pass)"
+    )
+    p.add_argument(
+        "--trl-kv-memory", type=float, default=0.2, help="the share of free RAM for TRL's KV cache when fastest"
+    )
     p.add_argument("--trl-dir", type=Path, default=REPO / ".bench" / f"trl-{TRL_VERSION}")
     p.add_argument("--out", type=Path)
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child: one run of one side
     p.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.trl_fast_rows = args.trl_fast_rows or args.group_size
+    if (args.tasks * args.group_size) % args.trl_fast_rows:
+        raise SystemExit(f"--trl-fast-rows must divide tasks x G = {args.tasks * args.group_size}")
     args.model = (REPO / args.model).resolve() if not args.model.is_absolute() else args.model
     args.data = (REPO / args.data).resolve() if not args.data.is_absolute() else args.data
     if args.side:
@@ -473,7 +547,8 @@ def main() -> int:
     for config, sides in results.items():
         lines, ok = equal_work(sides["project"], sides["trl"], args.tasks, args.group_size, args.max_turns)
         print(f"equal work, {config}:", *lines, sep="\n", file=sys.stderr)
-        if not ok:
+        ran = all(completed(sides[side]) for side in SIDES)
+        if not ok and (ran or config == "equal"):  # a side of `fastest` that never ran is a row of the section
             failed.append(config)
     if failed:
         raise SystemExit(f"the sides did not play the same work ({failed}): see the lines above; {work} has the runs")
@@ -739,8 +814,8 @@ def run_trl(args) -> dict:
         adam_beta1=cfg.trainer.betas[0],
         adam_beta2=cfg.trainer.betas[1],
         max_grad_norm=cfg.trainer.grad_clip,
-        per_device_train_batch_size=n if fast else 1,
-        gradient_accumulation_steps=1 if fast else n,
+        per_device_train_batch_size=args.trl_fast_rows if fast else 1,
+        gradient_accumulation_steps=n // args.trl_fast_rows if fast else n,
         num_generations=args.group_size,
         max_completion_length=cfg.rl.max_total_tokens - longest,
         generation_kwargs={"max_new_tokens": args.max_new_tokens},
@@ -763,7 +838,7 @@ def run_trl(args) -> dict:
         use_transformers_continuous_batching=fast,
         # on a CPU its KV cache would take 80-90% of the free memory, which the update then lacks; 20% holds the
         # step's cache many times over (SmolLM2: about 46 KB a token)
-        transformers_continuous_batching_config={"max_memory_percent": 0.2} if fast else None,
+        transformers_continuous_batching_config={"max_memory_percent": args.trl_kv_memory} if fast else None,
         use_cpu=True,
         report_to="none",
         save_strategy="no",

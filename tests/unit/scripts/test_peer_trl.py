@@ -121,3 +121,40 @@ def test_equal_runs_a_rollout_per_pass_and_fastest_the_projects_default(config, 
     else:
         assert cfg.trainer.micro_batch_tokens == "auto"
         assert cfg.micro_batch_budget("cpu") == 5 * cfg.rl.max_total_tokens
+
+
+def test_a_failed_run_is_a_row_not_the_end_of_the_benchmark():
+    """A child killed by the kernel (or exiting non-zero) is reported with its peak RSS; its side's median is not
+    taken, the ratio is left blank, and the equal-work check says it could not be made."""
+    import argparse
+
+    plan = [("a", "b"), ("c", "d")]
+    for run, rep in ((_run(plan), 0), (_run(plan, tokens=60), 1)):
+        run.update(rep=rep, load=(1.5, 1.0, 1.0), rss_kib=5 * 2**20, seconds=100.0)
+        for k, step in enumerate(run["steps"]):
+            step.update(wall=10.0 + k, rollout=4.0, generation=3.0, train=6.0 + k, tokens=200)
+    killed = peer_trl.failure(-9, ["loading", "step 1", ""])
+    assert killed.startswith("killed by signal 9 (SIGKILL") and killed.endswith("last line: step 1")
+    assert peer_trl.failure(1, []) == "exit code 1"
+    dead = {"steps": [], "failed": killed, "rep": 0, "load": (2.0, 1.0, 1.0), "rss_kib": 24 * 2**20, "seconds": 80.0}
+    ok_run = _run(plan)
+    ok_run.update(rep=0, load=(1.0, 1.0, 1.0), rss_kib=6 * 2**20, seconds=90.0)
+    for step in ok_run["steps"]:
+        step.update(wall=20.0, rollout=8.0, generation=6.0, train=12.0, tokens=210)
+
+    assert peer_trl.summarize([dead]) is None
+    assert peer_trl.summarize([dead, ok_run])["wall"] == 20.0  # the completed run alone
+    lines, ok = peer_trl.equal_work([ok_run], [dead], 2, 2, 4)
+    assert not ok and lines == ["- Not checked: no run of TRL completed (see the runs above)."]
+
+    args = argparse.Namespace(
+        model="m", tasks=2, group_size=2, max_turns=4, max_new_tokens=128, temperature=1.0, runs=1, steps=1,
+        fast_tokens="auto", trl_fast_rows=2, trl_kv_memory=0.1,
+    )  # fmt: skip
+    results = {"fastest": {"project": [ok_run], "trl": [dead]}}
+    text = "\n".join(peer_trl.section(args, results, {"trl": "1.16.0"}))
+    row = next(line for line in text.splitlines() if line.startswith("| fastest:") and "| TRL |" in line)
+    assert "failed in 1 of 1 runs: killed by signal 9" in row and "| 24.00 | - |" in row
+    project = next(line for line in text.splitlines() if line.startswith("| fastest:") and "| project |" in line)
+    assert project.endswith("| 20.0 [20.0, 20.0] | 8.0 | 6.0 | 12.0 | 210 | 6.00 |  |")  # no ratio without TRL
+    assert "failed after 80 s: killed by signal 9" in text and "Not checked: no run of TRL completed" in text
