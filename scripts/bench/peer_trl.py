@@ -70,6 +70,11 @@ STAGE1_OVERRIDES = ("trainer.max_steps=48", "trainer.lr=5e-5", "data.max_example
 DONE_MARKER = "[episode over: done() was called]"
 COMPARABLE_TOKENS = (2 / 3, 3 / 2)  # generated tokens per rollout, TRL over project, taken as comparable work
 CONFIGS = ("equal", "fastest")
+# the settings a record keeps: what the section states
+RECORDED = (
+    "model", "tasks", "group_size", "max_new_tokens", "max_turns", "temperature", "steps", "runs", "fast_tokens",
+    "trl_fast_rows", "trl_kv_memory",
+)  # fmt: skip
 SIDES = ("project", "trl")
 
 
@@ -418,7 +423,7 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
         START,
         "## Against TRL's GRPOTrainer on the same multi-turn work (`scripts/bench/peer_trl.py`)",
         "",
-        f"- Date: {dt.date.today().isoformat()}; machine: {cpu_name()}, {os.cpu_count()} cores, "
+        f"- Date: {args.date}; machine: {cpu_name()}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch threads per process; Python {platform.python_version()}, torch "
         f"{torch.__version__}, transformers {dist_version('transformers')}, TRL {versions.get('trl', '?')} "
         f"(installed by the script into .bench/, same interpreter).",
@@ -516,10 +521,18 @@ def main() -> int:
     )
     p.add_argument("--trl-dir", type=Path, default=REPO / ".bench" / f"trl-{TRL_VERSION}")
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--record", type=Path, default=Path("outputs/bench/peer_trl_runs.json"), help="every run kept here as it ends"
+    )
+    p.add_argument("--render", type=Path, help="write the section from a --record file, running nothing")
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child: one run of one side
     p.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.render:
+        return render(args.render, args.out)
+    args.date = dt.date.today().isoformat()
+    args.record = (REPO / args.record).resolve() if not args.record.is_absolute() else args.record
     args.trl_fast_rows = args.trl_fast_rows or args.group_size
     if (args.tasks * args.group_size) % args.trl_fast_rows:
         raise SystemExit(f"--trl-fast-rows must divide tasks x G = {args.tasks * args.group_size}")
@@ -543,6 +556,30 @@ def main() -> int:
                 out = run_child(side, config, args, work, rep, trl_dir)
                 versions.update(out.get("versions", {}))
                 results[config][side].append(out)
+                save_record(args.record, args, results, versions)  # every run kept as it ends
+    return finish(args, results, versions, work)
+
+
+def save_record(path: Path, args, results: dict, versions: dict) -> None:
+    """The runs so far with the settings the section states (``--render`` writes the section from it again)."""
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in RECORDED}
+    settings["date"] = args.date
+    record = {"settings": settings, "argv": sys.argv, "results": results, "versions": versions}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def render(path: Path, out: Path | None) -> int:
+    """The section from a record of `save_record` (no run)."""
+    import argparse
+
+    saved = json.loads(path.read_text())
+    args = argparse.Namespace(**saved["settings"], out=out, record=path)
+    return finish(args, saved["results"], saved["versions"], None, argv=saved["argv"])
+
+
+def finish(args, results: dict, versions: dict, work: Path | None, argv: list[str] | None = None) -> int:
+    """Checks that both sides played the same work, and writes the section."""
     failed = []
     for config, sides in results.items():
         lines, ok = equal_work(sides["project"], sides["trl"], args.tasks, args.group_size, args.max_turns)
@@ -551,9 +588,12 @@ def main() -> int:
         if not ok and (ran or config == "equal"):  # a side of `fastest` that never ran is a row of the section
             failed.append(config)
     if failed:
-        raise SystemExit(f"the sides did not play the same work ({failed}): see the lines above; {work} has the runs")
-    code = emit(section(args, results, versions), args.out, START, END)
-    shutil.rmtree(work, ignore_errors=True)
+        raise SystemExit(
+            f"the sides did not play the same work ({failed}): see the lines above; {work or args.record} has the runs"
+        )
+    code = emit(section(args, results, versions), args.out, START, END, argv=argv)
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
     return code
 
 

@@ -149,12 +149,48 @@ def test_a_failed_run_is_a_row_not_the_end_of_the_benchmark():
 
     args = argparse.Namespace(
         model="m", tasks=2, group_size=2, max_turns=4, max_new_tokens=128, temperature=1.0, runs=1, steps=1,
-        fast_tokens="auto", trl_fast_rows=2, trl_kv_memory=0.1,
+        fast_tokens="auto", trl_fast_rows=2, trl_kv_memory=0.1, date="2026-12-08",
     )  # fmt: skip
     results = {"fastest": {"project": [ok_run], "trl": [dead]}}
     text = "\n".join(peer_trl.section(args, results, {"trl": "1.16.0"}))
+    assert "- Date: 2026-12-08;" in text
     row = next(line for line in text.splitlines() if line.startswith("| fastest:") and "| TRL |" in line)
     assert "failed in 1 of 1 runs: killed by signal 9" in row and "| 24.00 | - |" in row
     project = next(line for line in text.splitlines() if line.startswith("| fastest:") and "| project |" in line)
     assert project.endswith("| 20.0 [20.0, 20.0] | 8.0 | 6.0 | 12.0 | 210 | 6.00 |  |")  # no ratio without TRL
     assert "failed after 80 s: killed by signal 9" in text and "Not checked: no run of TRL completed" in text
+
+
+def test_a_record_renders_the_section_again_without_running(tmp_path, monkeypatch):
+    """Every run is kept in the record as it ends; ``--render RECORD`` writes the same section from it, with the
+    command that ran and its date, and refuses work that was not equal as the run itself does."""
+    import argparse
+
+    plan = [("a", "b"), ("c", "d")]
+    runs = {}
+    for side, wall in (("project", 20.0), ("trl", 40.0)):
+        run = _run(plan)
+        run.update(rep=0, load=(1.0, 1.0, 1.0), rss_kib=6 * 2**20, seconds=90.0)
+        for step in run["steps"]:
+            step.update(wall=wall, rollout=8.0, generation=6.0, train=wall - 8.0, tokens=210)
+        runs[side] = [run]
+    args = argparse.Namespace(
+        model=tmp_path / "model", data=tmp_path / "data", tasks=2, group_size=2, max_turns=4, max_new_tokens=128,
+        temperature=1.0, runs=1, steps=1, fast_tokens="auto", trl_fast_rows=2, trl_kv_memory=0.2, date="2026-12-08",
+        side=None, out=None,
+    )  # fmt: skip
+    record = tmp_path / "runs.json"
+    monkeypatch.setattr(peer_trl.sys, "argv", ["scripts/bench/peer_trl.py", "--runs", "1"])
+    peer_trl.save_record(record, args, {"equal": runs}, {"trl": "1.16.0"})
+    saved = peer_trl.json.loads(record.read_text())
+    assert saved["settings"]["date"] == "2026-12-08" and "side" not in saved["settings"]
+    out = tmp_path / "bench.md"
+    assert peer_trl.render(record, out) == 0
+    text = out.read_text()
+    assert "Command: `python -m scripts.bench.peer_trl --runs 1`" in text and "- Date: 2026-12-08;" in text
+    row = next(line for line in text.splitlines() if line.startswith("| equal:") and "| project |" in line)
+    assert row.endswith("| 0.50 |")  # 20 s against 40 s
+    runs["trl"][0]["steps"][0]["tasks"] = ["x", "y"]  # another task set on one side: refused
+    peer_trl.save_record(record, args, {"equal": runs}, {"trl": "1.16.0"})
+    with pytest.raises(SystemExit, match="did not play the same work"):
+        peer_trl.render(record, out)
