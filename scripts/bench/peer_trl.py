@@ -377,6 +377,28 @@ def shared_flags(args) -> list[str]:
     ]
 
 
+WHY = [
+    "Generation. Without vLLM, `_generate_single_turn` calls `model.generate` on every rollout of the step at once, "
+    "left-padded to the longest prompt, and a finished row stays in the batch until the last one ends (with "
+    "`use_transformers_continuous_batching`: `generate_batch`, paged, no padding). `_tool_call_loop` then calls it "
+    "again for the rollouts whose message called tools, each conversation prefilled whole. The project's generator "
+    "(`generation/hf_local.py`) prefills a group's one first prompt once and copies its KV cache to the G rows, "
+    "drops a finished row from the batch at once, and samples by inverse CDF (one uniform number per row and step) "
+    "where `generate` draws with `torch.multinomial` over the 49,152-token vocabulary; later turns are prefilled "
+    "whole on both sides.",
+    "Training. `_generate_and_score_completions` pads every rollout of the step to the longest prompt (left) and "
+    "the longest completion (right) of the whole batch, and the reference pass and the update run on those rows "
+    "(`_get_per_token_logps_and_entropies`, in chunks of `per_device_train_batch_size`): a task with a shorter "
+    "prompt than the other task of its step carries the difference as padding in every pass. The project pads "
+    "within a micro-batch only, and where a micro-batch holds a whole group (`fastest`: "
+    "`trainer.micro_batch_tokens=auto`) computes the group's prompt once for its G rows (`models/shared_prefix.py`) "
+    "in the reference pass and the update. With one update per batch neither side runs an old-logprob pass: both "
+    "take the ratio against the detached logprobs of the training pass.",
+    "Env, tools and reward: the same env on both sides (TRL through the adapter); what differs is the bookkeeping "
+    "around it (TRL re-renders the tool results through the chat template, `_get_tool_suffix_ids`, per rollout and "
+    "turn).",
+]
+
 DIFFERENCES = [
     "Tool documentation: TRL derives a tool's schema from its method's type hints and docstring; the adapter's "
     "methods carry BFCL's schema and transformers' `get_json_schema` returns it for them (patched in the TRL "
@@ -494,10 +516,40 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
     for config, sides in results.items():
         lines, ok = equal_work(sides["project"], sides["trl"], args.tasks, args.group_size, args.max_turns)
         rows += [f"`{config}` ({'checks held' if ok else 'CHECKS FAILED'}):", "", *lines, ""]
-    rows += ["Differences between the sides that the benchmark does not remove:", ""]
+    rows += ["Each part, project / TRL (medians; above 1: TRL faster there):", ""]
+    rows += [*part_lines(results), ""]
+    rows += [f"Why the parts differ (read in TRL {versions.get('trl', TRL_VERSION)}'s `GRPOTrainer` source):", ""]
+    rows += [f"- {w}" for w in WHY]
+    rows += ["", "Differences between the sides that the benchmark does not remove:", ""]
     rows += [f"- {d}" for d in DIFFERENCES]
     rows.append(END)
     return rows
+
+
+PARTS = (
+    ("step", "wall"),
+    ("generation", "generation"),
+    ("env, tools and reward", "env"),
+    ("training", "train"),
+)
+
+
+def part_lines(results: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Per configuration, each part's median ratio project / TRL (the env's share: rollouts less generation), and
+    the parts where TRL is faster; a configuration with a side that never completed is said to be unmeasured."""
+    lines = []
+    for config, sides in results.items():
+        med = {side: summarize(runs) for side, runs in sides.items()}
+        if med["project"] is None or med["trl"] is None:
+            lines.append(f"- `{config}`: not measured on both sides (a side's runs failed).")
+            continue
+        for m in med.values():
+            m["env"] = m["rollout"] - m["generation"]
+        ratios = {name: med["project"][k] / med["trl"][k] if med["trl"][k] > 0 else float("nan") for name, k in PARTS}
+        slower = [name for name, r in ratios.items() if r > 1]
+        said = ", ".join(f"{name} {r:.2f}" for name, r in ratios.items())
+        lines.append(f"- `{config}`: {said}; TRL faster: {', '.join(slower) if slower else 'on no part'}.")
+    return lines
 
 
 def main() -> int:

@@ -194,3 +194,26 @@ def test_a_record_renders_the_section_again_without_running(tmp_path, monkeypatc
     peer_trl.save_record(record, args, {"equal": runs}, {"trl": "1.16.0"})
     with pytest.raises(SystemExit, match="did not play the same work"):
         peer_trl.render(record, out)
+
+
+def test_each_part_is_compared_and_where_trl_is_faster_is_named():
+    """project / TRL per part, from the medians: generation, the env's share of the rollouts, training, the step;
+    a part above 1 is named as TRL's; a configuration with a side that never completed is unmeasured."""
+    plan = [("a", "b"), ("c", "d")]
+
+    def run(wall, rollout, generation):
+        r = _run(plan)
+        r.update(rep=0, load=(1.0, 1.0, 1.0), rss_kib=2**20, seconds=1.0)
+        for step in r["steps"]:
+            step.update(wall=wall, rollout=rollout, generation=generation, train=wall - rollout, tokens=1)
+        return r
+
+    results = {
+        "equal": {"project": [run(30.0, 12.0, 9.0)], "trl": [run(40.0, 10.0, 6.0)]},
+        "fastest": {"project": [run(10.0, 5.0, 4.0)], "trl": [{"steps": [], "failed": "exit code 1", "rep": 0}]},
+    }
+    lines = peer_trl.part_lines(results)
+    assert lines[0] == (
+        "- `equal`: step 0.75, generation 1.50, env, tools and reward 0.75, training 0.60; TRL faster: generation."
+    )
+    assert lines[1] == "- `fastest`: not measured on both sides (a side's runs failed)."
