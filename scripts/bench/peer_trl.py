@@ -548,7 +548,13 @@ def part_lines(results: dict[str, dict[str, list[dict]]]) -> list[str]:
         ratios = {name: med["project"][k] / med["trl"][k] if med["trl"][k] > 0 else float("nan") for name, k in PARTS}
         slower = [name for name, r in ratios.items() if r > 1]
         said = ", ".join(f"{name} {r:.2f}" for name, r in ratios.items())
-        lines.append(f"- `{config}`: {said}; TRL faster: {', '.join(slower) if slower else 'on no part'}.")
+        # the sides sample different rollouts: generation per token generated says what their lengths do not
+        per_token = {side: m["generation"] / m["tokens"] if m["tokens"] else float("nan") for side, m in med.items()}
+        lines.append(
+            f"- `{config}`: {said}; TRL faster: {', '.join(slower) if slower else 'on no part'}. Generation per "
+            f"token generated: {per_token['project'] * 1e3:.1f} ms against {per_token['trl'] * 1e3:.1f} ms "
+            f"({per_token['project'] / per_token['trl']:.2f})."
+        )
     return lines
 
 

@@ -214,6 +214,7 @@ def test_each_part_is_compared_and_where_trl_is_faster_is_named():
     }
     lines = peer_trl.part_lines(results)
     assert lines[0] == (
-        "- `equal`: step 0.75, generation 1.50, env, tools and reward 0.75, training 0.60; TRL faster: generation."
+        "- `equal`: step 0.75, generation 1.50, env, tools and reward 0.75, training 0.60; TRL faster: generation. "
+        "Generation per token generated: 9000.0 ms against 6000.0 ms (1.50)."
     )
     assert lines[1] == "- `fastest`: not measured on both sides (a side's runs failed)."
