@@ -25,7 +25,8 @@ one micro-batch, so that it computes its prompt once; TRL's group in one micro-b
 default: tasks x G rows in one pass need more memory than this machine has once its KV cache is held) and generation
 by transformers' continuous batching, ``use_transformers_continuous_batching``, TRL's documented speed-up for
 generation without vLLM; its other documented ones, vLLM, Liger kernels and FlashAttention, need a GPU). A run that
-fails (the kernel's OOM killer, an exception) is a row of the section with its peak RSS; the benchmark goes on.
+fails (the kernel's OOM killer, an exception) is a row of the section with its peak RSS and the benchmark goes on;
+only a side of ``equal`` (the row the ratio stands on) with no completed run stops it.
 
 Every run is a child process (``--side project|trl``) that plays one warm-up step and ``--steps`` measured steps;
 the parent alternates the sides (project, TRL, TRL, project, ...), records the machine's load before each run and
@@ -36,7 +37,9 @@ dependency of the project) with only the requirements the interpreter lacks, and
 same torch and transformers) with that folder on ``PYTHONPATH``.
 
 Usage: python -m scripts.bench.peer_trl [--runs 2] [--steps 2] [--tasks 2] [--group-size 5] [--max-new-tokens 128]
-       [--max-turns 4] [--model DIR] [--data DIR] [--configs equal,fastest] [--out docs/benchmarks.md]
+       [--max-turns 4] [--model DIR] [--data DIR] [--configs equal,fastest] [--trl-fast-rows G] [--trl-kv-memory 0.2]
+       [--record outputs/bench/peer_trl_runs.json] [--out docs/benchmarks.md]
+       python -m scripts.bench.peer_trl --render outputs/bench/peer_trl_runs.json [--out docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -61,9 +64,10 @@ from scripts.bench._common import REPO, cpu_name, dist_version, emit
 START, END = "<!-- bench:peer_trl:start -->", "<!-- bench:peer_trl:end -->"
 TRL_VERSION = "1.16.0"
 RECIPE = "rcgrpo_smollm_cpu"  # the CPU demo's RL recipe: its data, env, chat settings, lr
-# stage 1 of the benchmark's model: the CPU SFT recipe, trained until its rollouts call tools (the recipe's own 8
-# steps at lr 1e-5 leave SmolLM2 answering in prose: no tool call in 40 rollouts, so each step was single-turn GRPO;
-# after these 48 steps, 7 of 10 rollouts of a step call tools, 4 messages and up to 7 calls each); about 20 minutes
+# stage 1 of the benchmark's model: the CPU SFT recipe, trained until its rollouts call tools (the CPU demo's
+# rctp_smollm_cpu export, 8 steps at lr 1e-5, left SmolLM2 answering in prose: no tool call in 40 rollouts, so each
+# step was single-turn GRPO; after these 48 steps, 7 of 10 rollouts of a step call tools, 4 messages and up to 7
+# calls each); about 20 minutes
 STAGE1 = "sft_smollm_cpu"
 STAGE1_OVERRIDES = ("trainer.max_steps=48", "trainer.lr=5e-5", "data.max_examples=192", "trainer.save_every=48")
 # what a done() call answers on TRL's side: the rollouts whose last tool result it is generate no further message
@@ -186,6 +190,8 @@ def equal_work(project: list[dict], trl: list[dict], tasks: int, group: int, max
     """Lines saying whether both sides played the same work (``project`` / ``trl``: every run's result, measured and
     warm-up steps alike), and whether the hard checks held: the same tasks in every step, tasks x G rollouts per
     step, no rollout over the turn cap. Tokens per rollout and prompt ids are compared and reported."""
+    if not project or not trl:
+        return ["- Not checked: a side has not run yet (a record saved part way)."], False
     project, trl = completed(project), completed(trl)
     if not project or not trl:
         none = " and ".join(name for name, runs in (("the project", project), ("TRL", trl)) if not runs)
@@ -249,8 +255,8 @@ def failure(code: int, tail: Sequence[str]) -> str:
         how = f"killed by signal {-code}" + (" (SIGKILL: the kernel's OOM killer, as a rule)" if code == -9 else "")
     else:
         how = f"exit code {code}"
-    last = next((line.strip() for line in reversed(tail) if line.strip()), "")
-    return f"{how}; last line: {last[:160]}" if last else how
+    last = next((line.strip() for line in reversed(tail) if line.strip()), "")[:160].replace("|", "\\|")
+    return f"{how}; last line: {last}" if last else how
 
 
 def completed(runs: list[dict]) -> list[dict]:
@@ -477,6 +483,9 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
         med = {side: summarize(runs) for side, runs in sides.items()}
         for side in SIDES:
             m, name = med[side], "project" if side == "project" else "TRL"
+            if not sides[side]:  # a record saved part way: this side has not run yet
+                rows.append(f"| {config}: {labels[config, side]} | {name} | not run | - | - | - | - | - | - |")
+                continue
             if m is None:  # no run of this side completed: how they ended, at what peak
                 worst = max(sides[side], key=lambda run: run["rss_kib"])
                 rows.append(
@@ -486,6 +495,9 @@ def section(args, results: dict[str, dict[str, list[dict]]], versions: dict[str,
                 continue
             both = med["project"] is not None and med["trl"] is not None
             ratio = f"{med['project']['wall'] / med['trl']['wall']:.2f}" if side == "project" and both else ""
+            done = len(completed(sides[side]))
+            if done < len(sides[side]):  # the medians are the completed runs'
+                name += f" ({done} of {len(sides[side])} runs completed)"
             rows.append(
                 f"| {config}: {labels[config, side]} | {name} | "
                 f"{m['wall']:.1f} [{m['min']:.1f}, {m['max']:.1f}] | {m['rollout']:.1f} | {m['generation']:.1f} | "
@@ -541,13 +553,14 @@ def part_lines(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     for config, sides in results.items():
         med = {side: summarize(runs) for side, runs in sides.items()}
         if med["project"] is None or med["trl"] is None:
-            lines.append(f"- `{config}`: not measured on both sides (a side's runs failed).")
+            lines.append(f"- `{config}`: not measured on both sides (a side's runs failed or have not run).")
             continue
         for m in med.values():
             m["env"] = m["rollout"] - m["generation"]
         ratios = {name: med["project"][k] / med["trl"][k] if med["trl"][k] > 0 else float("nan") for name, k in PARTS}
         slower = [name for name, r in ratios.items() if r > 1]
         said = ", ".join(f"{name} {r:.2f}" for name, r in ratios.items())
+        said += f" ({med['project']['env']:.2f} s against {med['trl']['env']:.2f} s of env, tools and reward)"
         # the sides sample different rollouts: generation per token generated says what their lengths do not
         per_token = {side: m["generation"] / m["tokens"] if m["tokens"] else float("nan") for side, m in med.items()}
         lines.append(
@@ -629,8 +642,6 @@ def save_record(path: Path, args, results: dict, versions: dict) -> None:
 
 def render(path: Path, out: Path | None) -> int:
     """The section from a record of `save_record` (no run)."""
-    import argparse
-
     saved = json.loads(path.read_text())
     args = argparse.Namespace(**saved["settings"], out=out, record=path)
     return finish(args, saved["results"], saved["versions"], None, argv=saved["argv"])
@@ -643,7 +654,8 @@ def finish(args, results: dict, versions: dict, work: Path | None, argv: list[st
         lines, ok = equal_work(sides["project"], sides["trl"], args.tasks, args.group_size, args.max_turns)
         print(f"equal work, {config}:", *lines, sep="\n", file=sys.stderr)
         ran = all(completed(sides[side]) for side in SIDES)
-        if not ok and (ran or config == "equal"):  # a side of `fastest` that never ran is a row of the section
+        started = all(sides[side] for side in SIDES)  # a record saved part way may hold a side not run yet
+        if not ok and started and (ran or config == "equal"):  # a `fastest` side that failed is a row
             failed.append(config)
     if failed:
         raise SystemExit(

@@ -136,6 +136,7 @@ def test_a_failed_run_is_a_row_not_the_end_of_the_benchmark():
     killed = peer_trl.failure(-9, ["loading", "step 1", ""])
     assert killed.startswith("killed by signal 9 (SIGKILL") and killed.endswith("last line: step 1")
     assert peer_trl.failure(1, []) == "exit code 1"
+    assert peer_trl.failure(1, ["Loading weights: 100%|####| 272/272"]).endswith("100%\\|####\\| 272/272")
     dead = {"steps": [], "failed": killed, "rep": 0, "load": (2.0, 1.0, 1.0), "rss_kib": 24 * 2**20, "seconds": 80.0}
     ok_run = _run(plan)
     ok_run.update(rep=0, load=(1.0, 1.0, 1.0), rss_kib=6 * 2**20, seconds=90.0)
@@ -214,7 +215,37 @@ def test_each_part_is_compared_and_where_trl_is_faster_is_named():
     }
     lines = peer_trl.part_lines(results)
     assert lines[0] == (
-        "- `equal`: step 0.75, generation 1.50, env, tools and reward 0.75, training 0.60; TRL faster: generation. "
-        "Generation per token generated: 9000.0 ms against 6000.0 ms (1.50)."
+        "- `equal`: step 0.75, generation 1.50, env, tools and reward 0.75, training 0.60 (3.00 s against 4.00 s of "
+        "env, tools and reward); TRL faster: generation. Generation per token generated: 9000.0 ms against 6000.0 ms "
+        "(1.50)."
     )
-    assert lines[1] == "- `fastest`: not measured on both sides (a side's runs failed)."
+    assert lines[1] == "- `fastest`: not measured on both sides (a side's runs failed or have not run)."
+
+
+def test_a_record_saved_part_way_renders_what_ran(tmp_path, monkeypatch):
+    """The record is saved after every run: rendered after the first one alone, the other side is 'not run', the
+    check is not made (and refuses nothing), and a side with one failed run of two says so beside its medians."""
+    import argparse
+
+    plan = [("a", "b"), ("c", "d")]
+    first = _run(plan)
+    first.update(rep=0, load=(1.0, 1.0, 1.0), rss_kib=6 * 2**20, seconds=90.0)
+    for step in first["steps"]:
+        step.update(wall=20.0, rollout=8.0, generation=6.0, train=12.0, tokens=210)
+    args = argparse.Namespace(
+        model="m", tasks=2, group_size=2, max_turns=4, max_new_tokens=128, temperature=1.0, runs=2, steps=1,
+        fast_tokens="auto", trl_fast_rows=2, trl_kv_memory=0.2, date="2026-12-08",
+    )  # fmt: skip
+    monkeypatch.setattr(peer_trl.sys, "argv", ["scripts/bench/peer_trl.py"])
+    record, out = tmp_path / "runs.json", tmp_path / "bench.md"
+    partial = {"equal": {"project": [first], "trl": []}, "fastest": {"project": [], "trl": []}}
+    peer_trl.save_record(record, args, partial, {})
+    assert peer_trl.render(record, out) == 0
+    text = out.read_text()
+    assert "| TRL | not run | - |" in text and "Not checked: a side has not run yet" in text
+    dead = {"steps": [], "failed": "exit code 1", "rep": 1, "load": (1.0,), "rss_kib": 2**20, "seconds": 5.0}
+    partial["equal"]["project"].append(dead)
+    partial["equal"]["trl"].append(first)
+    peer_trl.save_record(record, args, partial, {})
+    assert peer_trl.render(record, out) == 0
+    assert "| project (1 of 2 runs completed) | 20.0 [20.0, 20.0] |" in out.read_text()
