@@ -66,8 +66,8 @@ TRL_VERSION = "1.16.0"
 RECIPE = "rcgrpo_smollm_cpu"  # the CPU demo's RL recipe: its data, env, chat settings, lr
 # stage 1 of the benchmark's model: the CPU SFT recipe, trained until its rollouts call tools (the CPU demo's
 # rctp_smollm_cpu export, 8 steps at lr 1e-5, left SmolLM2 answering in prose: no tool call in 40 rollouts, so each
-# step was single-turn GRPO; after these 48 steps, 7 of 10 rollouts of a step call tools, 4 messages and up to 7
-# calls each); about 20 minutes
+# step was single-turn GRPO; after these 48 steps, 15 of the 20 rollouts of two steps call tools, in up to 4
+# messages and 7 calls); about 20 minutes
 STAGE1 = "sft_smollm_cpu"
 STAGE1_OVERRIDES = ("trainer.max_steps=48", "trainer.lr=5e-5", "data.max_examples=192", "trainer.save_every=48")
 # what a done() call answers on TRL's side: the rollouts whose last tool result it is generate no further message
