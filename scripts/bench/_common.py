@@ -87,16 +87,18 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join([*env, *launcher, *target, *argv[1:]])
 
 
-def emit(rows: list[str], out: Path | None, start: str, end: str, argv: list[str] | None = None) -> int:
+def emit(
+    rows: list[str], out: Path | None, start: str, end: str, argv: list[str] | None = None, command: str | None = None
+) -> int:
     """Print a report section and, with ``out``, put it into that Markdown file.
 
     ``rows`` starts with the start marker and the section's heading; the exact command line that produced the
-    section (``argv``, default this process's) goes in below the heading, so every number in the section can be
-    traced to the flags it ran with.
+    section (``command``, as `command_line` gave it when the measurement ran; else ``argv``'s, default this
+    process's) goes in below the heading, so every number in the section can be traced to the flags it ran with.
     """
     rows = list(rows)
     at = 2 if len(rows) > 1 and rows[1].startswith("#") else 1
-    rows[at:at] = ["", f"Command: `{command_line(argv)}`"]
+    rows[at:at] = ["", f"Command: `{command or command_line(argv)}`"]
     section = "\n".join(rows)
     print(section)
     if out:

@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from scripts.bench._common import REPO, cpu_name, dist_version, emit
+from scripts.bench._common import REPO, command_line, cpu_name, dist_version, emit
 
 START, END = "<!-- bench:peer_trl:start -->", "<!-- bench:peer_trl:end -->"
 TRL_VERSION = "1.16.0"
@@ -635,7 +635,8 @@ def save_record(path: Path, args, results: dict, versions: dict) -> None:
     """The runs so far with the settings the section states (``--render`` writes the section from it again)."""
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in RECORDED}
     settings["date"] = args.date
-    record = {"settings": settings, "argv": sys.argv, "results": results, "versions": versions}
+    # the command as it ran, with the environment variables that change a measurement (not the render's)
+    record = {"settings": settings, "command": command_line(), "results": results, "versions": versions}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
 
@@ -644,10 +645,10 @@ def render(path: Path, out: Path | None) -> int:
     """The section from a record of `save_record` (no run)."""
     saved = json.loads(path.read_text())
     args = argparse.Namespace(**saved["settings"], out=out, record=path)
-    return finish(args, saved["results"], saved["versions"], None, argv=saved["argv"])
+    return finish(args, saved["results"], saved["versions"], None, command=saved["command"])
 
 
-def finish(args, results: dict, versions: dict, work: Path | None, argv: list[str] | None = None) -> int:
+def finish(args, results: dict, versions: dict, work: Path | None, command: str | None = None) -> int:
     """Checks that both sides played the same work, and writes the section."""
     failed = []
     for config, sides in results.items():
@@ -661,7 +662,7 @@ def finish(args, results: dict, versions: dict, work: Path | None, argv: list[st
         raise SystemExit(
             f"the sides did not play the same work ({failed}): see the lines above; {work or args.record} has the runs"
         )
-    code = emit(section(args, results, versions), args.out, START, END, argv=argv)
+    code = emit(section(args, results, versions), args.out, START, END, command=command)
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
     return code
